@@ -1,0 +1,130 @@
+"""Failures of launched workers, as data and as the exceptions the kernel sees."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+__all__ = ["PortInUseError", "WorkerError", "WorkerFailure"]
+
+# Errors a rank raises only because another rank went away first: never the root cause.
+_SECONDARY_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket closed",
+    "ProcessGroupGloo",
+    "NCCL communicator was aborted",
+)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """What is known about one rank that did not finish normally.
+
+    Attributes:
+        rank: Global rank of the worker.
+        exit_code: Exit status: negative for a signal (``-9`` for SIGKILL), None if unknown.
+        exception_type: Qualified name of the Python exception, None if it died without one.
+        message: The exception's message, or a description of the exit.
+        traceback: The worker's formatted traceback ("" when there was no Python exception).
+        time: ``time.monotonic()`` when the failure happened or was noticed.
+    """
+
+    rank: int
+    exit_code: int | None
+    exception_type: str | None
+    message: str
+    traceback: str
+    time: float
+
+    @property
+    def is_secondary(self) -> bool:
+        """True when this looks like a consequence of another rank's failure."""
+        if self.exception_type is None:
+            return False
+        if self.exception_type.endswith("DistBackendError"):
+            return True
+        text = self.message.lower()
+        return any(marker.lower() in text for marker in _SECONDARY_MARKERS)
+
+    def summary(self) -> str:
+        """One line: the exception, or how the process ended."""
+        if self.exception_type is not None:
+            return f"{self.exception_type}: {self.message}" if self.message else self.exception_type
+        return self.message
+
+
+def describe_exit(exit_code: int) -> str:
+    """Explain an exit status of a worker that did not raise a Python exception."""
+    if exit_code < 0:
+        number = -exit_code
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        hint = {
+            "SIGKILL": " (killed from outside, or by the out-of-memory killer)",
+            "SIGSEGV": " (a crash in native code)",
+            "SIGABRT": " (aborted by native code)",
+        }.get(name, "")
+        return f"died from {name} ({number}) without a Python exception{hint}"
+    return f"exited with code {exit_code} without a Python exception (os._exit or native code)"
+
+
+def choose_root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
+    """The failure to blame: the earliest one that is not a consequence of another."""
+    primary = [failure for failure in failures if not failure.is_secondary]
+    return min(primary or failures, key=lambda failure: failure.time)
+
+
+class WorkerError(RuntimeError):
+    """A launched worker failed; the message names the rank and holds its traceback.
+
+    Attributes:
+        failure: The root-cause failure.
+        failures: Every failure seen, root cause first.
+        world_size: Number of processes in the launch.
+
+    Example:
+        >>> try:
+        ...     notebook_launcher(train, num_processes=2)
+        ... except WorkerError as error:
+        ...     print(error.failure.rank)
+    """
+
+    def __init__(self, failures: list[WorkerFailure], world_size: int) -> None:
+        root = choose_root_cause(failures)
+        self.failure = root
+        self.failures = [root, *sorted((f for f in failures if f is not root), key=_by_time)]
+        self.world_size = world_size
+        super().__init__(self._format())
+
+    @property
+    def rank(self) -> int:
+        """Rank of the root-cause failure."""
+        return self.failure.rank
+
+    def _format(self) -> str:
+        root = self.failure
+        lines = [
+            f"Rank {root.rank} of {self.world_size} failed: {root.summary()}",
+            "The other workers were stopped; the kernel is still usable: fix the cause and "
+            "run the cell again.",
+        ]
+        others = self.failures[1:]
+        if others:
+            ranks = ", ".join(str(f.rank) for f in others)
+            noun = "Rank" if len(others) == 1 else "Ranks"
+            lines.append(f"{noun} {ranks} failed afterwards, likely as a consequence.")
+        if root.traceback:
+            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        return "\n".join(lines)
+
+
+def _by_time(failure: WorkerFailure) -> float:
+    return failure.time
+
+
+class PortInUseError(OSError):
+    """The requested rendezvous port is already taken."""

@@ -1,0 +1,106 @@
+"""Checks made in the kernel before anything is forked, and the rendezvous socket.
+
+Forking is only safe while the kernel holds no CUDA context and no process group. Both are
+checked here, with messages that say what happened and how to recover.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from notebook_kit.errors import PortInUseError
+
+__all__ = ["ForkSafetyError", "KernelState", "check_fork_safety", "open_rendezvous_socket"]
+
+
+class ForkSafetyError(RuntimeError):
+    """The kernel is in a state from which worker processes cannot be forked safely."""
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """What the fork probe found out about the kernel."""
+
+    cuda_bad_fork: bool
+    cuda_devices: int
+
+
+def _cuda_compiled() -> bool:
+    return bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
+
+
+def _cuda_state_in_child() -> tuple[int, int]:
+    """(in bad fork, device count) as seen from a freshly forked process."""
+    bad = bool(torch._C._cuda_isInBadFork())
+    return int(bad), 0 if bad else torch.cuda.device_count()
+
+
+def probe_kernel() -> KernelState:
+    """Fork a short-lived child that reports CUDA's state as a forked worker would see it.
+
+    ``torch.cuda.is_initialized()`` misses a CUDA context created behind torch's back (by an
+    imported library); torch's own bad-fork flag, read in a forked child, does not. The child
+    also counts the GPUs, so the kernel itself never touches the CUDA driver.
+    """
+    if not _cuda_compiled():
+        return KernelState(cuda_bad_fork=False, cuda_devices=0)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe: report and leave without running any cleanup of the kernel's
+        try:
+            os.write(write_end, struct.pack("ii", *_cuda_state_in_child()))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        data = os.read(read_end, 8)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    bad, count = struct.unpack("ii", data) if len(data) == 8 else (0, 0)
+    return KernelState(cuda_bad_fork=bool(bad), cuda_devices=count)
+
+
+def check_fork_safety() -> KernelState:
+    """Raise ForkSafetyError if workers cannot be forked from this process."""
+    if dist.is_available() and dist.is_initialized():
+        raise ForkSafetyError(
+            "A torch.distributed process group is already initialised in this kernel, so "
+            "forked workers would inherit it. Call torch.distributed.destroy_process_group() "
+            "in the kernel (or restart the kernel), then launch again."
+        )
+    state = probe_kernel()
+    if state.cuda_bad_fork or (_cuda_compiled() and torch.cuda.is_initialized()):
+        raise ForkSafetyError(
+            "CUDA is already initialised in this kernel, so forked workers cannot use the GPU. "
+            "Something ran CUDA code before the launch (a .cuda() or .to('cuda') call, or a "
+            "library doing so on import). Restart the kernel and keep all CUDA work inside the "
+            "launched function."
+        )
+    return state
+
+
+def open_rendezvous_socket(host: str, port: int | None) -> socket.socket:
+    """Bind and listen on the rendezvous port before forking.
+
+    Rank 0 serves the store on this very socket, so a free port can never be taken by someone
+    else between choosing and using it, and a busy explicit port fails before any fork.
+    """
+    try:
+        return socket.create_server((host, port or 0), backlog=1024)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                errno.EADDRINUSE,
+                f"Port {port} on {host} is already in use (by an earlier run that is still "
+                f"alive, or by another job). Leave use_port unset to pick a free port, or "
+                f"choose another one.",
+            ) from error
+        raise

@@ -1,0 +1,102 @@
+"""Per-process launch context: what a worker knows about the launch that started it.
+
+The launcher creates one :class:`LaunchContext` in every worker right after the fork (and
+around an in-process run with ``num_processes=1``). The Accelerator and the metrics channel
+read it; nothing else is shared between the kernel and the workers. A context made in the
+kernel never reaches a worker: the worker entry replaces it before the user's function runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LaunchContext", "StopFlag", "current_launch"]
+
+
+class StopFlag:
+    """A one-byte flag in memory shared between the kernel and its forked workers.
+
+    The kernel sets it (the Stop button); workers read it without any system call. It is an
+    anonymous shared mapping created before the fork, so it needs no file and no port.
+    """
+
+    def __init__(self) -> None:
+        self._memory = mmap.mmap(-1, 1)
+
+    def set(self) -> None:
+        self._memory[0] = 1
+
+    def clear(self) -> None:
+        self._memory[0] = 0
+
+    def is_set(self) -> bool:
+        return self._memory[0] == 1
+
+    def close(self) -> None:
+        self._memory.close()
+
+
+@dataclass
+class LaunchContext:
+    """What one process of a launch knows about it.
+
+    Attributes:
+        rank: Global rank of this process.
+        local_rank: Rank on this node.
+        world_size: Number of processes in the whole job.
+        local_world_size: Number of processes on this node.
+        node_rank: Index of this node.
+        num_nodes: Number of nodes.
+        backend: The torch.distributed backend of the process group ("gloo" or "nccl").
+        mixed_precision: Launch-level mixed precision (None: let the Accelerator decide).
+        gradient_accumulation_steps: Launch-level accumulation (None: Accelerator default).
+        send: Sends ``(kind, payload)`` to the kernel; None when there is no kernel to talk to
+            (a run in the calling process or under torchrun).
+        stop_flag: Set by the kernel to ask the training loop to stop; None if unsupported.
+        prepared_models: Modules given to ``Accelerator.prepare`` in this process, in order.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    backend: str = "gloo"
+    mixed_precision: str | None = None
+    gradient_accumulation_steps: int | None = None
+    send: Callable[[str, Any], None] | None = None
+    stop_flag: StopFlag | None = None
+    prepared_models: list[Any] = field(default_factory=list)
+
+    def stop_requested(self) -> bool:
+        """True once the kernel asked this launch to stop."""
+        return self.stop_flag is not None and self.stop_flag.is_set()
+
+    def register_prepared_model(self, model: Any) -> None:
+        """Remember a model given to ``prepare`` so its trained weights can go home."""
+        if not any(existing is model for existing in self.prepared_models):
+            self.prepared_models.append(model)
+
+
+_current: LaunchContext | None = None
+
+
+def current_launch() -> LaunchContext | None:
+    """The launch this process belongs to, or None outside any launch."""
+    return _current
+
+
+@contextlib.contextmanager
+def active_launch(context: LaunchContext) -> Iterator[LaunchContext]:
+    """Make ``context`` the current launch for the duration of the block."""
+    global _current
+    previous, _current = _current, context
+    try:
+        yield context
+    finally:
+        _current = previous

@@ -1,0 +1,300 @@
+"""The kernel's side of a launch: watch the workers, relay their output, stop them.
+
+One loop waits on every worker's pipes and exit at once (``multiprocessing.connection.wait``),
+so a large result is read while it is being written, output appears as it is printed, and a
+dead rank is noticed within one wake-up. Nothing here sleeps on a fixed schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal, Protocol
+
+from notebook_kit.errors import WorkerFailure, describe_exit
+
+Stream = Literal["stdout", "stderr"]
+
+# After the first failure, collect the others' reports this long before picking a culprit.
+_FAILURE_SETTLE_SECONDS = 0.1
+# How long a worker gets between SIGTERM and SIGKILL.
+_TERMINATE_GRACE_SECONDS = 0.5
+# Longest sleep of the loop: bounds how late a timeout or an observer tick can be.
+_TICK_SECONDS = 0.25
+
+
+class LaunchObserver(Protocol):
+    """What the kernel shows while a launch runs (console lines, widgets, plots)."""
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        """A whole line a worker printed, without its newline."""
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+        """A message a worker sent with ``LaunchContext.send`` (e.g. logged metrics)."""
+
+    def on_tick(self) -> None:
+        """Called at least every quarter second while the workers run."""
+
+
+@dataclass
+class LineReader:
+    """Reassembles whole lines from one worker's output pipe."""
+
+    fd: int
+    rank: int
+    stream: Stream
+    pending: bytes = b""
+    closed: bool = False
+
+    def read(self, emit: Callable[[int, Stream, str], None]) -> None:
+        """Read what is available without blocking and emit every complete line."""
+        while not self.closed:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.close(emit)
+                return
+            *lines, self.pending = (self.pending + chunk).split(b"\n")
+            for line in lines:
+                emit(self.rank, self.stream, line.decode("utf-8", "backslashreplace"))
+
+    def close(self, emit: Callable[[int, Stream, str], None]) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            emit(self.rank, self.stream, self.pending.decode("utf-8", "backslashreplace"))
+            self.pending = b""
+        self.closed = True
+        os.close(self.fd)
+
+
+@dataclass
+class WorkerProcess:
+    """The kernel's handle on one forked worker."""
+
+    rank: int
+    pid: int
+    stdout: LineReader
+    stderr: LineReader
+    messages: Connection
+    started: float = field(default_factory=time.monotonic)
+    pidfd: int | None = None
+    exit_code: int | None = None
+    ended: float | None = None
+    reported: bool = False  # sent its result (rank 0) or "done"
+    error: dict[str, Any] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+    def waitables(self) -> list[Any]:
+        objects: list[Any] = [r.fd for r in (self.stdout, self.stderr) if not r.closed]
+        if not self.messages.closed:
+            objects.append(self.messages)
+        if self.alive and self.pidfd is not None:
+            objects.append(self.pidfd)
+        return objects
+
+
+@dataclass
+class LaunchOutcome:
+    """How a launch ended: rank 0's payload, or the failures."""
+
+    result: dict[str, Any] | None
+    failures: list[WorkerFailure]
+    timed_out: bool = False
+
+
+class Supervisor:
+    """Runs the wait loop over forked workers and stops them when it must."""
+
+    def __init__(self, workers: list[WorkerProcess], observer: LaunchObserver) -> None:
+        self.workers = workers
+        self.observer = observer
+        self.result: dict[str, Any] | None = None
+        self.failures: list[WorkerFailure] = []
+        self._stopping = False  # exits from here on are ours, not failures
+
+    def run(self, timeout: float | None) -> LaunchOutcome:
+        """Wait until every worker ended, one failed, or ``timeout`` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(worker.alive for worker in self.workers):
+            now = time.monotonic()
+            if self.failures and now - self.failures[0].time > _FAILURE_SETTLE_SECONDS:
+                break
+            if deadline is not None and now >= deadline:
+                return LaunchOutcome(None, [], timed_out=True)
+            limit = _TICK_SECONDS if deadline is None else min(_TICK_SECONDS, deadline - now)
+            if self.failures:
+                limit = min(limit, _FAILURE_SETTLE_SECONDS / 4)
+            self._serve(wait(self._waitables(), timeout=max(limit, 0.0)))
+            self.observer.on_tick()
+        self._drain_all()
+        return LaunchOutcome(self.result, self.failures)
+
+    def shutdown(self) -> None:
+        """Stop every worker still alive (SIGTERM, then SIGKILL), reap all, close pipes."""
+        self._stopping = True
+        _signal_alive(self.workers, signal.SIGTERM)
+        deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
+        while any(w.alive for w in self.workers) and time.monotonic() < deadline:
+            for worker in self.workers:
+                self._poll_exit(worker)
+            time.sleep(0.005)
+        _signal_alive(self.workers, signal.SIGKILL)
+        for worker in self.workers:
+            if worker.alive:
+                self._reap(worker, block=True)
+        self._drain_all()
+        for worker in self.workers:
+            worker.messages.close()
+            for reader in (worker.stdout, worker.stderr):
+                reader.close(self.observer.on_output)
+            if worker.pidfd is not None:
+                os.close(worker.pidfd)
+                worker.pidfd = None
+
+    # -- the loop's steps ----------------------------------------------------------------
+
+    def _waitables(self) -> list[Any]:
+        return [obj for worker in self.workers for obj in worker.waitables()]
+
+    def _serve(self, ready: list[Any]) -> None:
+        ready_ids = {id(obj) for obj in ready} | {obj for obj in ready if isinstance(obj, int)}
+        for worker in self.workers:
+            for reader in (worker.stdout, worker.stderr):
+                if not reader.closed and reader.fd in ready_ids:
+                    reader.read(self.observer.on_output)
+            if not worker.messages.closed and id(worker.messages) in ready_ids:
+                self._receive(worker)
+            if worker.alive and (worker.pidfd is None or worker.pidfd in ready_ids):
+                self._poll_exit(worker)
+
+    def _receive(self, worker: WorkerProcess) -> None:
+        """Read every message waiting on a worker's connection."""
+        with contextlib.suppress(EOFError, OSError):
+            while not worker.messages.closed and worker.messages.poll():
+                kind, payload = pickle.loads(worker.messages.recv_bytes())
+                self._handle_message(worker, kind, payload)
+            return
+        worker.messages.close()  # the worker is gone; its exit status tells the rest
+
+    def _handle_message(self, worker: WorkerProcess, kind: str, payload: Any) -> None:
+        if kind == "result":
+            worker.reported = True
+            self.result = payload
+        elif kind == "done":
+            worker.reported = True
+        elif kind == "error":
+            worker.error = payload
+            self.failures.append(
+                WorkerFailure(
+                    rank=worker.rank,
+                    exit_code=None,
+                    exception_type=payload["type"],
+                    message=payload["message"],
+                    traceback=payload["traceback"],
+                    time=payload["time"],
+                )
+            )
+        else:
+            self.observer.on_message(worker.rank, kind, payload)
+
+    def _poll_exit(self, worker: WorkerProcess) -> None:
+        if worker.alive:
+            self._reap(worker, block=False)
+
+    def _reap(self, worker: WorkerProcess, *, block: bool) -> None:
+        """Collect a worker's exit status; sweep its process group first (no orphans)."""
+        flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
+        try:
+            status = os.waitid(os.P_PID, worker.pid, flags)
+        except ChildProcessError:
+            status = None
+        if status is None and not block:
+            return
+        # The zombie still holds its pid, so its group id cannot be reused yet.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(worker.pid, 0)
+        worker.ended = time.monotonic()
+        worker.exit_code = _exit_code(status)
+        self._drain(worker)
+        unexplained = worker.error is None and not (worker.exit_code == 0 and worker.reported)
+        if unexplained and not self._stopping:
+            self.failures.append(_failure_from_exit(worker))
+
+    def _drain(self, worker: WorkerProcess) -> None:
+        """Read what a worker left in its pipes (it wrote all of it before exiting)."""
+        if not worker.messages.closed:
+            self._receive(worker)
+        for reader in (worker.stdout, worker.stderr):
+            reader.read(self.observer.on_output)
+
+    def _drain_all(self) -> None:
+        for worker in self.workers:
+            self._drain(worker)
+
+
+def _exit_code(status: Any) -> int:
+    if status is None:
+        return -int(signal.SIGKILL)
+    if status.si_code == os.CLD_EXITED:
+        return status.si_status
+    return -status.si_status
+
+
+def _failure_from_exit(worker: WorkerProcess) -> WorkerFailure:
+    code = worker.exit_code if worker.exit_code is not None else -int(signal.SIGKILL)
+    if code == 0:
+        message = "exited with code 0 before its function returned (os._exit(0)?)"
+    else:
+        message = describe_exit(code)
+    return WorkerFailure(
+        rank=worker.rank,
+        exit_code=code,
+        exception_type=None,
+        message=message,
+        traceback="",
+        time=worker.ended or time.monotonic(),
+    )
+
+
+def _signal_alive(workers: list[WorkerProcess], signum: int) -> None:
+    for worker in workers:
+        if worker.alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signum)  # in case it has not left the kernel's group yet
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C while the workers are being cleaned up, then deliver it once.
+
+    The kernel's SIGINT handler is put back as it was before the block ends.
+    """
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        received: list[int] = []
+        signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main thread: nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt

@@ -1,0 +1,295 @@
+"""The code that runs in a forked worker: environment, process group, the user's function.
+
+Everything here runs after ``os.fork()`` in the child. The child never returns into the
+kernel's code: it always leaves through ``os._exit``, so no kernel cleanup runs twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker needs to know, decided by the kernel before forking."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    backend: str
+    threads: int
+    mixed_precision: str | None
+    gradient_accumulation_steps: int | None
+    rendezvous_timeout: float
+    listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
+    home_model_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class WorkerPipes:
+    """The write ends a worker talks through, and the kernel's descriptors it must close."""
+
+    stdout_fd: int
+    stderr_fd: int
+    messages: Connection
+    inherited_fds: tuple[int, ...]
+
+
+def run_worker(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    spec: WorkerSpec,
+    pipes: WorkerPipes,
+    stop_flag: StopFlag,
+) -> NoReturn:
+    """Entry point of a forked worker; never returns."""
+    exit_code = 1
+    try:
+        _detach_from_kernel(pipes)
+        send = _message_sender(pipes.messages)
+        exit_code = _run(function, args, kwargs, spec, send, stop_flag)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(exit_code)
+
+
+def _detach_from_kernel(pipes: WorkerPipes) -> None:
+    """Leave the kernel's signal handling, output streams and descriptors behind."""
+    os.setpgid(0, 0)  # own process group: the launcher can stop this worker and its children
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in pipes.inherited_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _redirect_output(pipes.stdout_fd, pipes.stderr_fd)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker if the kernel dies, so no orphan keeps training."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the kernel died before prctl took effect
+        os._exit(1)
+
+
+def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
+    """Send fd 1/2 and Python's streams into the pipes the kernel reads line by line.
+
+    Streams are unbuffered (write-through), so nothing printed is lost if the worker crashes.
+    """
+    old_streams = (sys.stdout, sys.stderr)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.close(stdout_fd)
+    os.close(stderr_fd)
+    sys.stdout = sys.__stdout__ = _unbuffered_text_stream(1)
+    sys.stderr = sys.__stderr__ = _unbuffered_text_stream(2)
+    loggers = [logging.root, *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):  # placeholders have none
+            if isinstance(handler, logging.StreamHandler) and handler.stream in old_streams:
+                handler.setStream(sys.stderr if handler.stream is old_streams[1] else sys.stdout)
+
+
+def _unbuffered_text_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(
+        raw, encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True
+    )
+
+
+def _message_sender(connection: Connection) -> Callable[[str, Any], None]:
+    lock = threading.Lock()
+
+    def send(kind: str, payload: Any) -> None:
+        data = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        with lock:
+            connection.send_bytes(data)
+
+    return send
+
+
+def _run(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    spec: WorkerSpec,
+    send: Callable[[str, Any], None],
+    stop_flag: StopFlag,
+) -> int:
+    _set_environment(spec)
+    torch.set_num_threads(spec.threads)
+    context = LaunchContext(
+        rank=spec.rank,
+        local_rank=spec.local_rank,
+        world_size=spec.world_size,
+        local_world_size=spec.local_world_size,
+        node_rank=spec.node_rank,
+        num_nodes=spec.num_nodes,
+        backend=spec.backend,
+        mixed_precision=spec.mixed_precision,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        send=send,
+        stop_flag=stop_flag,
+    )
+    try:
+        _init_process_group(spec)
+        with active_launch(context):
+            value = function(*args, **kwargs)
+    except SystemExit as exit_request:
+        if exit_request.code in (None, 0):
+            value = None
+        else:
+            return _report_exception(send, spec.rank)
+    except BaseException:
+        return _report_exception(send, spec.rank)
+    if not _report_result(send, spec, context, value):
+        return 1
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+    return 0
+
+
+def _set_environment(spec: WorkerSpec) -> None:
+    os.environ.update(
+        RANK=str(spec.rank),
+        LOCAL_RANK=str(spec.local_rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_WORLD_SIZE=str(spec.local_world_size),
+        NODE_RANK=str(spec.node_rank),
+        GROUP_RANK=str(spec.node_rank),
+        MASTER_ADDR=spec.master_addr,
+        MASTER_PORT=str(spec.master_port),
+        OMP_NUM_THREADS=str(spec.threads),
+    )
+    if spec.mixed_precision is not None:
+        os.environ["NOTEBOOK_KIT_MIXED_PRECISION"] = spec.mixed_precision
+    if spec.gradient_accumulation_steps is not None:
+        os.environ["NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS"] = str(
+            spec.gradient_accumulation_steps
+        )
+    if spec.num_nodes == 1 and sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
+
+
+def _init_process_group(spec: WorkerSpec) -> None:
+    """Join the store (rank 0 serves it on the kernel's socket) and create the group."""
+    timeout = timedelta(seconds=spec.rendezvous_timeout)
+    if spec.listen_fd is not None:
+        store = dist.TCPStore(
+            spec.master_addr,
+            spec.master_port,
+            spec.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=spec.listen_fd,
+        )
+    else:
+        store = dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master=False, timeout=timeout
+        )
+    device_id = None
+    if spec.backend == "nccl":
+        torch.cuda.set_device(spec.local_rank)
+        device_id = torch.device("cuda", spec.local_rank)
+    dist.init_process_group(
+        spec.backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        device_id=device_id,
+    )
+
+
+def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
+    """Send the exception to the kernel, which shows it once; print it only if that fails."""
+    error_type, error, trace = sys.exc_info()
+    # Skip this module's own frame: the traceback starts in the user's function.
+    user_trace = trace.tb_next if trace is not None and trace.tb_next is not None else trace
+    text = "".join(traceback.format_exception(error_type, error, user_trace))
+    qualified = f"{error_type.__module__}.{error_type.__qualname__}" if error_type else "Exception"
+    payload = {
+        "type": qualified.removeprefix("builtins."),
+        "message": str(error),
+        "traceback": text,
+        "time": time.monotonic(),
+    }
+    try:
+        send("error", payload)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            sys.stderr.write(f"rank {rank}: {text}")
+    return 1
+
+
+def _report_result(
+    send: Callable[[str, Any], None], spec: WorkerSpec, context: LaunchContext, value: Any
+) -> bool:
+    """Rank 0 sends its return value and the trained weights of kernel models home."""
+    if spec.rank != 0:
+        send("done", None)
+        return True
+    try:
+        payload = {"value": value, "weights": _home_weights(spec, context)}
+        send("result", payload)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        message = (
+            f"rank 0 returned a value of type {type(value).__module__}.{type(value).__qualname__} "
+            f"that cannot be pickled back to the kernel ({error}). Return plain data, tensors or "
+            f"a state_dict instead."
+        )
+        send(
+            "error",
+            {"type": "ResultError", "message": message, "traceback": "", "time": time.monotonic()},
+        )
+        return False
+    return True
+
+
+def _home_weights(spec: WorkerSpec, context: LaunchContext) -> dict[int, dict[str, Any]]:
+    """State dicts (on CPU) of prepared models that were created in the kernel."""
+    weights = {}
+    for model in context.prepared_models:
+        if id(model) in spec.home_model_ids:
+            weights[id(model)] = {
+                key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
+                for key, value in model.state_dict().items()
+            }
+    return weights

@@ -1,0 +1,305 @@
+"""notebook_launcher with real forked workers and real gloo process groups."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from notebook_kit import ForkSafetyError, PortInUseError, WorkerError, notebook_launcher
+from notebook_kit.runtime import current_launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+def _describe_worker() -> dict:
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    total = torch.tensor([dist.get_rank() + 1])
+    dist.all_reduce(total)
+    return {
+        "env": {name: os.environ.get(name) for name in names},
+        "initialized": dist.is_initialized(),
+        "backend": dist.get_backend(),
+        "sum": int(total.item()),
+        "pid": os.getpid(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def test_workers_get_environment_and_process_group(capsys):
+    result = notebook_launcher(_describe_worker, num_processes=2)
+    assert result["initialized"] and result["backend"] == "gloo"
+    assert result["sum"] == 3  # both ranks took part in the all_reduce
+    assert result["env"]["RANK"] == "0" and result["env"]["WORLD_SIZE"] == "2"
+    assert result["env"]["LOCAL_WORLD_SIZE"] == "2" and result["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert int(result["env"]["MASTER_PORT"]) > 0
+    assert result["pid"] != os.getpid()
+    assert "Launching 2 processes on CPU (gloo)" in capsys.readouterr().out
+    assert not dist.is_initialized()
+    assert "MASTER_PORT" not in os.environ  # never pinned in the kernel
+
+
+def test_every_rank_sees_its_own_rank():
+    def ranks():
+        gathered = [None, None]
+        dist.all_gather_object(gathered, (os.environ["RANK"], os.environ["LOCAL_RANK"]))
+        return gathered
+
+    assert notebook_launcher(ranks, num_processes=2) == [("0", "0"), ("1", "1")]
+
+
+def test_one_process_runs_in_the_caller():
+    result = notebook_launcher(_describe_worker, num_processes=1)
+    assert result["pid"] == os.getpid()
+    assert result["env"]["WORLD_SIZE"] == "1" and result["sum"] == 1
+    assert not dist.is_initialized()
+    assert "RANK" not in os.environ
+
+
+def test_one_process_raises_the_original_exception():
+    def broken():
+        raise KeyError("missing")
+
+    with pytest.raises(KeyError, match="missing"):
+        notebook_launcher(broken, num_processes=1)
+
+
+def test_closures_and_lambdas_are_never_pickled():
+    lock = threading.Lock()  # unpicklable, captured by the closure
+
+    def uses_lock():
+        with lock:
+            return dist.get_world_size()
+
+    assert notebook_launcher(uses_lock, num_processes=2) == 2
+    assert notebook_launcher(lambda a, b=0: a + b, args=(2,), kwargs={"b": 3}, num_processes=2) == 5
+
+
+def test_large_state_dict_comes_back():
+    def make_weights():
+        torch.manual_seed(0)
+        return nn.Linear(3200, 4096).state_dict()  # ~50 MB of float32
+
+    state = notebook_launcher(make_weights, num_processes=2)
+    torch.manual_seed(0)
+    expected = nn.Linear(3200, 4096).state_dict()
+    assert sum(t.numel() * 4 for t in state.values()) > 50e6
+    assert torch.equal(state["weight"], expected["weight"])
+
+
+def test_unpicklable_result_names_rank_and_type():
+    with pytest.raises(WorkerError, match=r"rank 0 returned a value of type _thread\.lock"):
+        notebook_launcher(lambda: threading.Lock(), num_processes=2)
+
+
+def _fail_on_rank_one():
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch on rank one")
+    dist.barrier()  # rank 0 waits in a collective rank 1 never joins
+
+
+def test_raising_rank_is_reported_with_traceback():
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(_fail_on_rank_one, num_processes=2)
+    assert time.monotonic() - started < 2.0
+    error = caught.value
+    assert isinstance(error, RuntimeError) and error.rank == 1
+    message = str(error)
+    assert message.startswith("Rank 1 of 2 failed: ValueError: bad batch on rank one")
+    assert "Traceback of rank 1" in message and "_fail_on_rank_one" in message
+    assert 'raise ValueError("bad batch on rank one")' in message
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("exit", "exited with code 3"),
+        ("kill", "died from SIGKILL (9)"),
+    ],
+)
+def test_rank_dying_without_exception_while_others_wait(how, expected):
+    def die():
+        if dist.get_rank() == 1:
+            if how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(torch.ones(1))
+
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(die, num_processes=2)
+    assert time.monotonic() - started < 2.0
+    assert caught.value.rank == 1
+    assert expected in str(caught.value)
+
+
+def test_timeout_stops_a_hanging_run():
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"timeout=0\.5"):
+        notebook_launcher(lambda: time.sleep(60), num_processes=2, timeout=0.5)
+    assert time.monotonic() - started < 2.5
+
+
+def test_interrupt_of_the_caller_stops_workers_and_restores_handlers():
+    handler_before = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(lambda: time.sleep(60), num_processes=2)
+    assert time.monotonic() - started < 2.5
+    assert not psutil.Process().children()
+    assert signal.getsignal(signal.SIGINT) is handler_before
+    assert notebook_launcher(lambda: dist.get_world_size(), num_processes=2) == 2
+
+
+def test_busy_port_fails_before_forking(tmp_path):
+    marker = tmp_path / "ran"
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(PortInUseError, match=f"Port {port}.*Leave use_port unset"):
+            notebook_launcher(marker.touch, num_processes=2, use_port=port)
+    assert not marker.exists()
+
+
+def test_explicit_free_port_is_used():
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    assert notebook_launcher(lambda: os.environ["MASTER_PORT"], num_processes=2, use_port=port) == (
+        str(port)
+    )
+
+
+def test_rendezvous_listens_on_loopback_only():
+    def listening_addresses():
+        connections = psutil.Process().net_connections(kind="tcp")
+        return sorted({c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN})
+
+    addresses = notebook_launcher(listening_addresses, num_processes=2)
+    assert addresses and all(ip.startswith("127.") for ip in addresses)
+
+
+def test_twenty_launches_leak_nothing():
+    process = psutil.Process()
+    notebook_launcher(lambda: None, num_processes=2)  # warm-up: lazily created objects
+    fds, threads = process.num_fds(), process.num_threads()
+    for _ in range(20):
+        assert notebook_launcher(lambda: dist.get_rank(), num_processes=2) == 0
+    assert process.num_fds() <= fds
+    assert process.num_threads() <= threads
+    assert not process.children()
+
+
+def test_existing_process_group_in_kernel_is_refused(tmp_path):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ForkSafetyError, match="destroy_process_group"):
+            notebook_launcher((tmp_path / "ran").touch, num_processes=2)
+    finally:
+        dist.destroy_process_group()
+    assert not (tmp_path / "ran").exists()
+
+
+def test_cuda_seen_as_initialised_by_the_fork_probe_is_refused(monkeypatch):
+    from notebook_kit import preflight
+
+    # The probe really forks; only what the child reads from CUDA is simulated (no GPU here).
+    monkeypatch.setattr(preflight, "_cuda_compiled", lambda: True)
+    monkeypatch.setattr(preflight, "_cuda_state_in_child", lambda: (1, 0))
+    with pytest.raises(ForkSafetyError, match="Restart the kernel"):
+        notebook_launcher(lambda: None, num_processes=2)
+
+
+def test_launch_context_of_the_kernel_does_not_leak_into_workers():
+    def context_rank():
+        return (current_launch().rank, current_launch().world_size)
+
+    # Run from inside a one-process launch, whose context is active in the caller.
+    def outer():
+        assert current_launch().world_size == 1
+        return notebook_launcher(context_rank, num_processes=2)
+
+    with pytest.raises(ForkSafetyError):  # the one-process group is live in the caller
+        notebook_launcher(outer, num_processes=1)
+    assert notebook_launcher(context_rank, num_processes=2) == (0, 2)
+
+
+def test_threads_are_split_between_workers():
+    cores = len(os.sched_getaffinity(0))
+    assert notebook_launcher(torch.get_num_threads, num_processes=2) == max(1, cores // 2)
+    assert notebook_launcher(torch.get_num_threads, num_processes=2, threads_per_process=3) == 3
+
+
+def test_output_is_prefixed_whole_lines(capsys):
+    logger = logging.getLogger("notebook_kit.tests.chatty")
+    handler = logging.StreamHandler(sys.stderr)  # made in the kernel, before the fork
+    logger.addHandler(handler)
+
+    def chatty():
+        rank = dist.get_rank()
+        for index in range(200):
+            print(f"line {index} from rank {rank} " + "x" * 50)
+        logger.warning("a warning from rank %d", rank)
+        print(f"careful on rank {rank}", file=sys.stderr)
+
+    try:
+        notebook_launcher(chatty, num_processes=2)
+    finally:
+        logger.removeHandler(handler)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.out.splitlines() if line.startswith("[rank")]
+    for rank in (0, 1):
+        mine = [line for line in lines if line.startswith(f"[rank {rank}] ")]
+        assert mine == [f"[rank {rank}] line {i} from rank {rank} " + "x" * 50 for i in range(200)]
+    assert "[rank 1] " in captured.err and "careful on rank 1" in captured.err
+    assert "a warning from rank 0" in captured.err
+
+
+def test_output_survives_a_crash_right_after_printing(capsys):
+    def crash():
+        print("last words", flush=False)
+        print("no newline at the end", end="")
+        os._exit(7)
+
+    with pytest.raises(WorkerError, match="exited with code 7"):
+        notebook_launcher(crash, num_processes=2)
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank {rank}] last words" in out
+        assert f"[rank {rank}] no newline at the end" in out
+
+
+def test_workers_with_grandchildren_leave_nothing_behind():
+    import subprocess
+
+    def spawn_grandchild():
+        subprocess.Popen(["sleep", "60"])
+        raise RuntimeError("leaving a sleeping grandchild")
+
+    with pytest.raises(WorkerError, match="leaving a sleeping grandchild"):
+        notebook_launcher(spawn_grandchild, num_processes=2)
+
+
+def test_weights_of_kernel_models_are_untouched_by_failed_runs():
+    model = nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def train_then_fail(net):
+        with torch.no_grad():
+            net.weight.add_(1.0)
+        raise RuntimeError("failed after changing weights")
+
+    with pytest.raises(WorkerError):
+        notebook_launcher(train_then_fail, args=(model,), num_processes=2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

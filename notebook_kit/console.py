@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from notebook_kit.supervisor import Stream
+from notebook_kit.observer import LaunchInfo, LaunchSummary, Stream
 
 __all__ = ["ConsolePrinter"]
 
@@ -15,6 +15,9 @@ class ConsolePrinter:
 
     Each line goes out in one write, so lines of different ranks never mix mid-line.
     """
+
+    def on_start(self, info: LaunchInfo) -> None:
+        print(info.banner, flush=True)
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         target = sys.stderr if stream == "stderr" else sys.stdout
@@ -26,3 +29,6 @@ class ConsolePrinter:
     def on_tick(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+
+    def on_finish(self, summary: LaunchSummary) -> None:
+        self.on_tick()

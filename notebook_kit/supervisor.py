@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from notebook_kit.errors import WorkerFailure, describe_exit
-
-Stream = Literal["stdout", "stderr"]
+from notebook_kit.observer import LaunchObserver, RankSummary, Stream
 
 # After the first failure, collect the others' reports this long before picking a culprit.
 _FAILURE_SETTLE_SECONDS = 0.1
@@ -27,19 +26,6 @@ _FAILURE_SETTLE_SECONDS = 0.1
 _TERMINATE_GRACE_SECONDS = 0.5
 # Longest sleep of the loop: bounds how late a timeout or an observer tick can be.
 _TICK_SECONDS = 0.25
-
-
-class LaunchObserver(Protocol):
-    """What the kernel shows while a launch runs (console lines, widgets, plots)."""
-
-    def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        """A whole line a worker printed, without its newline."""
-
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        """A message a worker sent with ``LaunchContext.send`` (e.g. logged metrics)."""
-
-    def on_tick(self) -> None:
-        """Called at least every quarter second while the workers run."""
 
 
 @dataclass
@@ -122,23 +108,56 @@ class Supervisor:
         self.observer = observer
         self.result: dict[str, Any] | None = None
         self.failures: list[WorkerFailure] = []
+        self.timed_out = False
+        self._deadline: float | None = None
         self._stopping = False  # exits from here on are ours, not failures
 
     def run(self, timeout: float | None) -> LaunchOutcome:
         """Wait until every worker ended, one failed, or ``timeout`` seconds passed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while any(worker.alive for worker in self.workers):
-            now = time.monotonic()
-            if self.failures and now - self.failures[0].time > _FAILURE_SETTLE_SECONDS:
-                break
-            if deadline is not None and now >= deadline:
-                return LaunchOutcome(None, [], timed_out=True)
-            limit = _TICK_SECONDS if deadline is None else min(_TICK_SECONDS, deadline - now)
-            if self.failures:
-                limit = min(limit, _FAILURE_SETTLE_SECONDS / 4)
-            self._serve(wait(self._waitables(), timeout=max(limit, 0.0)))
-            self.observer.on_tick()
+        self.start_clock(timeout)
+        while (limit := self.wait_limit()) is not None:
+            self.serve(wait(self.waitables(), timeout=limit))
+        return self.outcome()
+
+    def start_clock(self, timeout: float | None) -> None:
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def wait_limit(self) -> float | None:
+        """How long the next wait may block; None once the launch is over."""
+        if not any(worker.alive for worker in self.workers):
+            return None
+        now = time.monotonic()
+        if self.failures and now - self.failures[0].time > _FAILURE_SETTLE_SECONDS:
+            return None
+        if self._deadline is not None and now >= self._deadline:
+            self.timed_out = True
+            return None
+        limit = _TICK_SECONDS
+        if self._deadline is not None:
+            limit = min(limit, self._deadline - now)
+        if self.failures:
+            limit = min(limit, _FAILURE_SETTLE_SECONDS / 4)
+        return max(limit, 0.0)
+
+    def waitables(self) -> list[Any]:
+        """Every descriptor and connection the loop waits on."""
+        return [obj for worker in self.workers for obj in worker.waitables()]
+
+    def serve(self, ready: list[Any]) -> None:
+        """Handle what a wait returned, then let the observer refresh."""
+        self._serve(ready)
+        self.observer.on_tick()
+
+    def rank_summaries(self) -> tuple[RankSummary, ...]:
+        return tuple(
+            RankSummary(w.rank, w.exit_code, (w.ended or time.monotonic()) - w.started)
+            for w in self.workers
+        )
+
+    def outcome(self) -> LaunchOutcome:
         self._drain_all()
+        if self.timed_out:
+            return LaunchOutcome(None, [], timed_out=True)
         return LaunchOutcome(self.result, self.failures)
 
     def shutdown(self) -> None:
@@ -164,9 +183,6 @@ class Supervisor:
                 worker.pidfd = None
 
     # -- the loop's steps ----------------------------------------------------------------
-
-    def _waitables(self) -> list[Any]:
-        return [obj for worker in self.workers for obj in worker.waitables()]
 
     def _serve(self, ready: list[Any]) -> None:
         ready_ids = {id(obj) for obj in ready} | {obj for obj in ready if isinstance(obj, int)}

@@ -1,0 +1,108 @@
+"""Forking the workers: one pipe set per worker, descriptors closed on the right side."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from notebook_kit.plan import DEFAULT_MULTI_NODE_PORT, LOOPBACK, LaunchPlan
+from notebook_kit.preflight import open_rendezvous_socket
+from notebook_kit.runtime import StopFlag
+from notebook_kit.supervisor import LineReader, WorkerProcess
+from notebook_kit.worker import WorkerPipes, WorkerSpec, run_worker
+
+__all__ = ["fork_workers", "open_listener"]
+
+
+def open_listener(plan: LaunchPlan) -> socket.socket | None:
+    """Node 0 listens for the rendezvous: on loopback only when the job has one node."""
+    if plan.node_rank != 0:
+        return None
+    host = LOOPBACK if plan.num_nodes == 1 else ""
+    return open_rendezvous_socket(host, plan.port)
+
+
+def fork_workers(
+    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]],
+    plan: LaunchPlan,
+    listener: socket.socket | None,
+    stop_flag: StopFlag,
+    home_model_ids: frozenset[int],
+    workers: list[WorkerProcess],
+) -> None:
+    """Fork ``plan.num_processes`` workers, appending each to ``workers`` as it starts.
+
+    Appending one by one lets the caller stop the ones already running if a fork fails.
+    """
+    port = listener.getsockname()[1] if listener else plan.port or DEFAULT_MULTI_NODE_PORT
+    for local_rank in range(plan.num_processes):
+        serves_store = listener is not None and local_rank == 0
+        spec = WorkerSpec(
+            rank=plan.global_rank(local_rank),
+            local_rank=local_rank,
+            world_size=plan.world_size,
+            local_world_size=plan.num_processes,
+            node_rank=plan.node_rank,
+            num_nodes=plan.num_nodes,
+            master_addr=plan.master_addr,
+            master_port=int(port),
+            backend=plan.backend,
+            threads=plan.threads,
+            mixed_precision=plan.mixed_precision,
+            gradient_accumulation_steps=plan.gradient_accumulation_steps,
+            rendezvous_timeout=plan.rendezvous_timeout,
+            listen_fd=listener.fileno() if serves_store else None,
+            home_model_ids=home_model_ids,
+        )
+        also_close = (listener.fileno(),) if listener is not None and not serves_store else ()
+        workers.append(_fork_worker(call, spec, stop_flag, workers, also_close))
+
+
+def _fork_worker(
+    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]],
+    spec: WorkerSpec,
+    stop_flag: StopFlag,
+    earlier: list[WorkerProcess],
+    also_close: tuple[int, ...],
+) -> WorkerProcess:
+    """Fork one worker; the child closes every kernel-side descriptor it inherited."""
+    stdout_read, stdout_write = os.pipe()
+    stderr_read, stderr_write = os.pipe()
+    messages_read, messages_write = multiprocessing.Pipe(duplex=False)
+    inherited = [stdout_read, stderr_read, messages_read.fileno(), *also_close]
+    for worker in earlier:
+        inherited += [obj if isinstance(obj, int) else obj.fileno() for obj in worker.waitables()]
+    pipes = WorkerPipes(stdout_write, stderr_write, messages_write, tuple(inherited))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork of a threaded kernel
+        pid = os.fork()
+    if pid == 0:
+        run_worker(*call, spec, pipes, stop_flag)
+    os.close(stdout_write)
+    os.close(stderr_write)
+    messages_write.close()
+    for fd in (stdout_read, stderr_read):
+        os.set_blocking(fd, False)
+    return WorkerProcess(
+        rank=spec.rank,
+        pid=pid,
+        stdout=LineReader(stdout_read, spec.rank, "stdout"),
+        stderr=LineReader(stderr_read, spec.rank, "stderr"),
+        messages=messages_read,
+        pidfd=_pidfd(pid),
+    )
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when the process exits (Linux 5.3+)."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.pidfd_open(pid)
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 import torch.distributed as dist
 
 from notebook_kit import arguments
-from notebook_kit.console import ConsolePrinter
+from notebook_kit.display import default_observer
 from notebook_kit.errors import WorkerError
 from notebook_kit.forking import fork_workers, open_listener
 from notebook_kit.homecoming import find_kernel_models, load_home_weights
@@ -44,6 +44,7 @@ def notebook_launcher(
     timeout: float | None = None,
     gradient_accumulation_steps: int | None = None,
     rendezvous_timeout: float = 300.0,
+    live: bool | None = None,
     observer: LaunchObserver | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
@@ -71,7 +72,9 @@ def notebook_launcher(
         timeout: Seconds after which the run is stopped and TimeoutError raised.
         gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
         rendezvous_timeout: Seconds to wait for the other nodes to join.
-        observer: Receives worker output and messages; default: rank-prefixed lines.
+        live: Show live plots, progress and a Stop button (None: when a notebook front end
+            is there); False shows nothing but errors.
+        observer: Receives worker output and messages instead of the default display.
 
     Returns:
         What ``function`` returned on rank 0.
@@ -90,7 +93,7 @@ def notebook_launcher(
         0.2
     """
     call, plan = _resolve(function, args, kwargs, locals())
-    observer = observer or ConsolePrinter()
+    observer = observer or default_observer(live)
     if plan.in_process:
         return _run_in_process(call, plan, observer)
     launch = _ForkedLaunch(call, plan, observer)
@@ -118,9 +121,10 @@ async def notebook_launcher_async(
         >>> result = await notebook_launcher_async(train, num_processes=2)
     """
     observer = options.pop("observer", None)
+    live = options.pop("live", None)
     kwargs = options.pop("kwargs", None)
     call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
-    observer = observer or ConsolePrinter()
+    observer = observer or default_observer(live)
     if plan.in_process:
         return _run_in_process(call, plan, observer)
     launch = _ForkedLaunch(call, plan, observer)
@@ -147,7 +151,7 @@ def _resolve(
     function: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
 ) -> tuple[Call, LaunchPlan]:
     """Check the call and every option; nothing has been started when this raises."""
-    unknown = set(options) - set(_PLAN_OPTIONS) - {"function", "args", "kwargs", "observer"}
+    unknown = set(options) - set(_PLAN_OPTIONS) - {"function", "args", "kwargs", "observer", "live"}
     if unknown:
         raise TypeError(
             f"notebook_launcher got unexpected arguments {sorted(unknown)}; "

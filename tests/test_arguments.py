@@ -1,0 +1,79 @@
+"""Bad launch arguments are refused with a clear message before any process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebook_kit import notebook_launcher
+from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.plan import make_plan
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "pattern"),
+    [
+        ({"num_processes": 0}, ValueError, r"num_processes must be >= 1, got 0"),
+        ({"num_processes": -1}, ValueError, r"num_processes must be >= 1, got -1"),
+        ({"num_processes": "two"}, TypeError, r"num_processes must be an integer"),
+        ({"num_processes": 2.0}, TypeError, r"num_processes must be an integer"),
+        ({"num_processes": True}, TypeError, r"num_processes must be an integer"),
+        ({"mixed_precision": "fp8"}, ValueError, r"mixed_precision must be one of 'no', 'fp16'"),
+        ({"num_nodes": 2, "node_rank": 2}, ValueError, r"node_rank must be in 0\.\.1"),
+        ({"node_rank": -1}, ValueError, r"node_rank must be >= 0"),
+        ({"num_nodes": 0}, ValueError, r"num_nodes must be >= 1"),
+        ({"use_port": 70000}, ValueError, r"use_port must be >= 1 and <= 65535"),
+        ({"use_port": "29500"}, TypeError, r"use_port must be an integer"),
+        ({"backend": "mpi"}, ValueError, r"backend must be one of 'gloo', 'nccl'"),
+        ({"backend": "nccl", "num_processes": 2}, ValueError, r"backend='nccl' needs one GPU"),
+        ({"threads_per_process": 0}, ValueError, r"threads_per_process must be >= 1"),
+        ({"timeout": -5}, ValueError, r"timeout must be a positive number"),
+        ({"timeout": "soon"}, TypeError, r"timeout must be a number"),
+        ({"master_addr": ""}, ValueError, r"master_addr must be a host name"),
+        ({"args": 5}, TypeError, r"args must be a tuple .* args=\(value,\)"),
+        ({"args": "abc"}, TypeError, r"args must be a tuple"),
+        ({"kwargs": [1]}, TypeError, r"kwargs must be a dict"),
+        ({"gradient_accumulation_steps": 0}, ValueError, r"gradient_accumulation_steps must be"),
+    ],
+)
+def test_bad_arguments_are_refused_before_forking(tmp_path, options, error, pattern):
+    marker = tmp_path / "ran"
+    options = {"num_processes": 2, **options}
+    with pytest.raises(error, match=pattern):
+        notebook_launcher(marker.touch, **options)
+    assert not marker.exists()
+
+
+def test_function_must_be_callable():
+    with pytest.raises(TypeError, match="function must be callable"):
+        notebook_launcher("train", num_processes=2)
+
+
+def test_multi_node_ranks_and_world_size():
+    plan = make_plan(num_processes=3, num_nodes=2, node_rank=1, master_addr="10.0.0.1")
+    assert plan.world_size == 6
+    assert [plan.global_rank(i) for i in range(3)] == [3, 4, 5]
+    assert plan.port == 29500 and plan.master_addr == "10.0.0.1"
+    assert "node 1 of 2, world size 6" in plan.banner()
+
+
+def test_single_node_always_uses_loopback():
+    assert make_plan(num_processes=2, master_addr="example.org").master_addr == "127.0.0.1"
+
+
+def _failure(rank: int, at: float, kind: str | None, message: str) -> WorkerFailure:
+    return WorkerFailure(rank, None if kind else -9, kind, message, "", at)
+
+
+def test_root_cause_skips_consequences_of_another_rank():
+    consequence = _failure(0, 1.0, "RuntimeError", "[pair.cc:553] Connection closed by peer")
+    cause = _failure(1, 2.0, None, "died from SIGKILL (9) without a Python exception")
+    error = WorkerError([consequence, cause], world_size=2)
+    assert error.rank == 1
+    assert str(error).startswith("Rank 1 of 2 failed: died from SIGKILL")
+    assert "Rank 0 failed afterwards" in str(error)
+
+
+def test_root_cause_is_the_earliest_real_error():
+    late = _failure(0, 2.0, "ValueError", "late")
+    early = _failure(1, 1.0, "KeyError", "early")
+    assert WorkerError([late, early], world_size=2).rank == 1

@@ -1,0 +1,99 @@
+"""notebook_launcher inside a real Jupyter kernel: cell output, results and interrupts."""
+
+from __future__ import annotations
+
+import time
+
+import nbformat
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+from tests.conftest import kernel_environment
+
+pytestmark = pytest.mark.integration
+
+DEFINE = """\
+import os, torch, torch.distributed as dist
+from notebook_kit import notebook_launcher
+
+def train(scale):
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} sees {total.item()}")
+    return total.item() * scale
+"""
+
+LAUNCH = "result = notebook_launcher(train, args=(10,), num_processes=2)\nresult"
+
+
+def _text(outputs: list[dict]) -> str:
+    return "".join(output.get("text", "") for output in outputs if output["output_type"] == "stream")
+
+
+def test_notebook_cell_launch_returns_result_and_rank_output():
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(DEFINE), nbformat.v4.new_code_cell(LAUNCH)]
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute(env=kernel_environment())
+    outputs = notebook.cells[1].outputs
+    text = _text(outputs)
+    assert "Launching 2 processes on CPU (gloo)" in text
+    assert "[rank 0] rank 0 of 2 sees 3.0" in text
+    assert "[rank 1] rank 1 of 2 sees 3.0" in text
+    results = [o for o in outputs if o["output_type"] == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == "30.0"
+
+
+def _execute(client, code: str, timeout: float = 60.0) -> list[dict]:
+    """Run ``code`` and collect its iopub messages until the kernel is idle again."""
+    msg_id = client.execute(code)
+    messages = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(message)
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return messages
+    raise AssertionError(f"cell did not finish: {code!r}")
+
+
+def _wait_for_workers(kernel_pid: int, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(psutil.Process(kernel_pid).children()) < count:
+        assert time.monotonic() < deadline, "workers never started"
+        time.sleep(0.05)
+
+
+def test_kernel_interrupt_stops_workers_and_next_launch_works():
+    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
+    try:
+        kernel_pid = manager.provisioner.process.pid
+        _execute(client, DEFINE + "\nimport signal, time\nbefore = signal.getsignal(signal.SIGINT)")
+        msg_id = client.execute("notebook_launcher(lambda: time.sleep(120), num_processes=2)")
+        _wait_for_workers(kernel_pid, 2)
+        interrupted = time.monotonic()
+        manager.interrupt_kernel()
+        errors, deadline = [], time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = client.get_iopub_msg(timeout=30)
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            if message["msg_type"] == "error":
+                errors.append(message["content"])
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                break
+        while psutil.Process(kernel_pid).children() and time.monotonic() - interrupted < 2:
+            time.sleep(0.02)
+        assert not psutil.Process(kernel_pid).children(), "workers outlived the interrupt"
+        assert [error["ename"] for error in errors] == ["KeyboardInterrupt"]
+        after = _execute(client, "print(signal.getsignal(signal.SIGINT) is before)\n" + LAUNCH)
+        texts = "".join(m["content"].get("text", "") for m in after if m["msg_type"] == "stream")
+        assert texts.startswith("True")
+        results = [m for m in after if m["msg_type"] == "execute_result"]
+        assert results and results[0]["content"]["data"]["text/plain"] == "30.0"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

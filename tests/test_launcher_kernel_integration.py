@@ -29,7 +29,8 @@ LAUNCH = "result = notebook_launcher(train, args=(10,), num_processes=2)\nresult
 
 
 def _text(outputs: list[dict]) -> str:
-    return "".join(output.get("text", "") for output in outputs if output["output_type"] == "stream")
+    streams = [output for output in outputs if output["output_type"] == "stream"]
+    return "".join(output["text"] for output in streams)
 
 
 def test_notebook_cell_launch_returns_result_and_rank_output():

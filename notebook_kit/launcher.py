@@ -77,7 +77,7 @@ def notebook_launcher(
         observer: Receives worker output and messages instead of the default display.
 
     Returns:
-        What ``function`` returned on rank 0.
+        What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
 
     Raises:
         WorkerError: A rank raised or died; the message holds its traceback.

@@ -19,13 +19,13 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
+from notebook_kit.rendezvous import join_process_group
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
 
 _PR_SET_PDEATHSIG = 1
@@ -169,7 +169,7 @@ def _run(
         stop_flag=stop_flag,
     )
     try:
-        _init_process_group(spec)
+        join_process_group(spec)
         with active_launch(context):
             value = function(*args, **kwargs)
     except SystemExit as exit_request:
@@ -208,36 +208,6 @@ def _set_environment(spec: WorkerSpec) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
 
 
-def _init_process_group(spec: WorkerSpec) -> None:
-    """Join the store (rank 0 serves it on the kernel's socket) and create the group."""
-    timeout = timedelta(seconds=spec.rendezvous_timeout)
-    if spec.listen_fd is not None:
-        store = dist.TCPStore(
-            spec.master_addr,
-            spec.master_port,
-            spec.world_size,
-            is_master=True,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=spec.listen_fd,
-        )
-    else:
-        store = dist.TCPStore(
-            spec.master_addr, spec.master_port, spec.world_size, is_master=False, timeout=timeout
-        )
-    device_id = None
-    if spec.backend == "nccl":
-        torch.cuda.set_device(spec.local_rank)
-        device_id = torch.device("cuda", spec.local_rank)
-    dist.init_process_group(
-        spec.backend,
-        store=store,
-        rank=spec.rank,
-        world_size=spec.world_size,
-        device_id=device_id,
-    )
-
-
 def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
     """Send the exception to the kernel, which shows it once; print it only if that fails."""
     error_type, error, trace = sys.exc_info()
@@ -262,8 +232,8 @@ def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
 def _report_result(
     send: Callable[[str, Any], None], spec: WorkerSpec, context: LaunchContext, value: Any
 ) -> bool:
-    """Rank 0 sends its return value and the trained weights of kernel models home."""
-    if spec.rank != 0:
+    """Each node's local rank 0 sends its value and the trained weights of kernel models home."""
+    if spec.local_rank != 0:
         send("done", None)
         return True
     try:

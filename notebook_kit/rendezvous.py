@@ -1,0 +1,79 @@
+"""Forming the process group inside a worker, with a bounded wait for the other ranks.
+
+Rank 0 of node 0 serves a ``TCPStore`` on the socket its kernel bound before forking; every
+other rank connects to it. Before the group is created, all ranks check in on the store, so a
+node that never arrives ends the launch with a clear error after ``rendezvous_timeout``
+instead of hanging for torch's 30-minute default.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from notebook_kit.worker import WorkerSpec
+
+__all__ = ["RendezvousTimeout", "join_process_group"]
+
+_JOINED_KEY = "notebook_kit/joined"
+_ALL_JOINED_KEY = "notebook_kit/all_joined"
+
+
+class RendezvousTimeout(RuntimeError):
+    """Not every rank of the job joined within the rendezvous timeout."""
+
+
+def join_process_group(spec: WorkerSpec) -> None:
+    """Connect to the store, wait for every rank, and initialise the default group."""
+    store = _connect_store(spec)
+    _wait_for_everyone(store, spec)
+    device_id = None
+    if spec.backend == "nccl":
+        torch.cuda.set_device(spec.local_rank)
+        device_id = torch.device("cuda", spec.local_rank)
+    dist.init_process_group(
+        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, device_id=device_id
+    )
+
+
+def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
+    timeout = timedelta(seconds=spec.rendezvous_timeout)
+    if spec.listen_fd is not None:
+        return dist.TCPStore(
+            spec.master_addr,
+            spec.master_port,
+            spec.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=spec.listen_fd,
+        )
+    try:
+        return dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master=False, timeout=timeout
+        )
+    except (dist.DistError, RuntimeError) as error:
+        raise RendezvousTimeout(
+            f"Rank {spec.rank} could not reach the rendezvous at "
+            f"{spec.master_addr}:{spec.master_port} within {spec.rendezvous_timeout:g} s. "
+            f"Start node 0 (node_rank=0) with the same master_addr, use_port and num_nodes, "
+            f"and check that the port is reachable from this node."
+        ) from error
+
+
+def _wait_for_everyone(store: dist.TCPStore, spec: WorkerSpec) -> None:
+    if store.add(_JOINED_KEY, 1) == spec.world_size:
+        store.set(_ALL_JOINED_KEY, "1")
+    try:
+        store.wait([_ALL_JOINED_KEY], timedelta(seconds=spec.rendezvous_timeout))
+    except (dist.DistError, RuntimeError) as error:
+        joined = store.add(_JOINED_KEY, 0)
+        raise RendezvousTimeout(
+            f"Only {joined} of {spec.world_size} processes joined the rendezvous within "
+            f"{spec.rendezvous_timeout:g} s (num_nodes={spec.num_nodes}). Start the launch on "
+            f"every node with the same num_nodes, num_processes, master_addr and use_port."
+        ) from error

@@ -35,6 +35,7 @@ def fork_workers(
     stop_flag: StopFlag,
     home_model_ids: frozenset[int],
     workers: list[WorkerProcess],
+    restart_count: int = 0,
 ) -> None:
     """Fork ``plan.num_processes`` workers, appending each to ``workers`` as it starts.
 
@@ -59,6 +60,7 @@ def fork_workers(
             rendezvous_timeout=plan.rendezvous_timeout,
             listen_fd=listener.fileno() if serves_store else None,
             home_model_ids=home_model_ids,
+            restart_count=restart_count,
         )
         also_close = (listener.fileno(),) if listener is not None and not serves_store else ()
         workers.append(_fork_worker(call, spec, stop_flag, workers, also_close))

@@ -44,6 +44,7 @@ def notebook_launcher(
     timeout: float | None = None,
     gradient_accumulation_steps: int | None = None,
     rendezvous_timeout: float = 300.0,
+    max_restarts: int = 0,
     live: bool | None = None,
     observer: LaunchObserver | None = None,
 ) -> Any:
@@ -72,6 +73,8 @@ def notebook_launcher(
         timeout: Seconds after which the run is stopped and TimeoutError raised.
         gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
         rendezvous_timeout: Seconds to wait for the other nodes to join.
+        max_restarts: Times all workers are started again after a rank fails; a function
+            that calls ``accelerator.load_state()`` first resumes from its last checkpoint.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
         observer: Receives worker output and messages instead of the default display.
@@ -96,14 +99,20 @@ def notebook_launcher(
     observer = observer or default_observer(live)
     if plan.in_process:
         return _run_in_process(call, plan, observer)
-    launch = _ForkedLaunch(call, plan, observer)
-    try:
-        launch.start()
-        while (limit := launch.supervisor.wait_limit()) is not None:
-            launch.supervisor.serve(wait(launch.supervisor.waitables(), timeout=limit))
-    except BaseException as error:
-        return launch.finish(error)
-    return launch.finish(None)
+    restart = 0
+    while True:
+        launch = _ForkedLaunch(call, plan, observer, restart)
+        error: BaseException | None = None
+        try:
+            launch.start()
+            while (limit := launch.supervisor.wait_limit()) is not None:
+                launch.supervisor.serve(wait(launch.supervisor.waitables(), timeout=limit))
+        except BaseException as raised:
+            error = raised
+        done, value = launch.conclude(error)
+        if done:
+            return value
+        restart += 1
 
 
 async def notebook_launcher_async(
@@ -127,23 +136,29 @@ async def notebook_launcher_async(
     observer = observer or default_observer(live)
     if plan.in_process:
         return _run_in_process(call, plan, observer)
-    launch = _ForkedLaunch(call, plan, observer)
     loop = asyncio.get_running_loop()
-    try:
-        launch.start()
-        while (limit := launch.supervisor.wait_limit()) is not None:
-            waitables = launch.supervisor.waitables()
-            ready = await loop.run_in_executor(None, wait, waitables, limit)
-            launch.supervisor.serve(ready)
-    except BaseException as error:
-        return launch.finish(error)
-    return launch.finish(None)
+    restart = 0
+    while True:
+        launch = _ForkedLaunch(call, plan, observer, restart)
+        error: BaseException | None = None
+        try:
+            launch.start()
+            while (limit := launch.supervisor.wait_limit()) is not None:
+                waitables = launch.supervisor.waitables()
+                ready = await loop.run_in_executor(None, wait, waitables, limit)
+                launch.supervisor.serve(ready)
+        except BaseException as raised:
+            error = raised
+        done, value = launch.conclude(error)
+        if done:
+            return value
+        restart += 1
 
 
 _PLAN_OPTIONS = (
     "num_processes", "mixed_precision", "use_port", "master_addr", "node_rank", "num_nodes",
     "backend", "threads_per_process", "gradient_accumulation_steps", "rendezvous_timeout",
-    "timeout",
+    "timeout", "max_restarts",
 )  # fmt: skip
 
 
@@ -242,8 +257,11 @@ def _single_process_group() -> Iterator[None]:
 class _ForkedLaunch:
     """One multi-process launch: ``start``, a wait loop over ``supervisor``, then ``finish``."""
 
-    def __init__(self, call: Call, plan: LaunchPlan, observer: LaunchObserver) -> None:
+    def __init__(
+        self, call: Call, plan: LaunchPlan, observer: LaunchObserver, restart_count: int = 0
+    ) -> None:
         self.call = call
+        self.restart_count = restart_count
         self.plan = plan
         self.observer = observer
         self.stop_flag = StopFlag()
@@ -274,8 +292,23 @@ class _ForkedLaunch:
                 self.stop_flag,
                 frozenset(self.kernel_models),
                 self.supervisor.workers,
+                self.restart_count,
             )
         self.supervisor.start_clock(self.plan.timeout)
+
+    def conclude(self, error: BaseException | None) -> tuple[bool, Any]:
+        """Finish this attempt: ``(True, value)``, ``(False, None)`` to restart, or raise."""
+        try:
+            return True, self.finish(error)
+        except WorkerError as failure:
+            if error is not None or self.restart_count >= self.plan.max_restarts:
+                raise
+            print(
+                f"Rank {failure.rank} failed ({failure.failure.summary()}); restarting all "
+                f"workers (restart {self.restart_count + 1} of {self.plan.max_restarts}).",
+                flush=True,
+            )
+            return False, None
 
     def finish(self, error: BaseException | None) -> Any:
         """Stop what still runs, tell the observer, return rank 0's value or raise."""

@@ -30,6 +30,7 @@ class LaunchPlan:
     gradient_accumulation_steps: int | None
     rendezvous_timeout: float
     timeout: float | None
+    max_restarts: int = 0
 
     @property
     def world_size(self) -> int:
@@ -68,6 +69,7 @@ def make_plan(
     gradient_accumulation_steps: Any = None,
     rendezvous_timeout: Any = 300.0,
     timeout: Any = None,
+    max_restarts: Any = 0,
 ) -> LaunchPlan:
     """Validate every argument and resolve the defaults (before anything is forked)."""
     num_nodes, node_rank = arguments.check_nodes(num_nodes, node_rank)
@@ -84,6 +86,7 @@ def make_plan(
     )
     rendezvous_timeout = arguments.check_timeout(rendezvous_timeout) or 300.0
     timeout = arguments.check_timeout(timeout)
+    max_restarts = arguments.check_int("max_restarts", max_restarts, minimum=0)
     gpus = probe_kernel().cuda_devices if num_processes is None or backend != "gloo" else 0
     num_processes = num_processes or max(gpus, 1)
     backend = _choose_backend(backend, gpus, num_processes)
@@ -101,6 +104,7 @@ def make_plan(
         gradient_accumulation_steps=accumulation,
         rendezvous_timeout=rendezvous_timeout,
         timeout=timeout,
+        max_restarts=max_restarts,
     )
 
 

@@ -58,6 +58,7 @@ class LaunchContext:
             (a run in the calling process or under torchrun).
         stop_flag: Set by the kernel to ask the training loop to stop; None if unsupported.
         prepared_models: Modules given to ``Accelerator.prepare`` in this process, in order.
+        restart_count: How many times the launch restarted its workers after a failure.
     """
 
     rank: int = 0
@@ -72,6 +73,7 @@ class LaunchContext:
     send: Callable[[str, Any], None] | None = None
     stop_flag: StopFlag | None = None
     prepared_models: list[Any] = field(default_factory=list)
+    restart_count: int = 0
 
     def stop_requested(self) -> bool:
         """True once the kernel asked this launch to stop."""

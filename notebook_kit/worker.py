@@ -50,6 +50,7 @@ class WorkerSpec:
     rendezvous_timeout: float
     listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
     home_model_ids: frozenset[int]
+    restart_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def _run(
         gradient_accumulation_steps=spec.gradient_accumulation_steps,
         send=send,
         stop_flag=stop_flag,
+        restart_count=spec.restart_count,
     )
     try:
         join_process_group(spec)
@@ -197,6 +199,7 @@ def _set_environment(spec: WorkerSpec) -> None:
         MASTER_ADDR=spec.master_addr,
         MASTER_PORT=str(spec.master_port),
         OMP_NUM_THREADS=str(spec.threads),
+        NOTEBOOK_KIT_RESTART_COUNT=str(spec.restart_count),
     )
     if spec.mixed_precision is not None:
         os.environ["NOTEBOOK_KIT_MIXED_PRECISION"] = spec.mixed_precision

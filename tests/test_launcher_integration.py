@@ -303,3 +303,18 @@ def test_weights_of_kernel_models_are_untouched_by_failed_runs():
     with pytest.raises(WorkerError):
         notebook_launcher(train_then_fail, args=(model,), num_processes=2)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_failed_workers_are_restarted_up_to_max_restarts(capsys):
+    def flaky():
+        context = current_launch()
+        if context.restart_count < 2 and context.rank == 1:
+            raise RuntimeError(f"flaky on attempt {context.restart_count}")
+        return context.restart_count, os.environ["NOTEBOOK_KIT_RESTART_COUNT"]
+
+    assert notebook_launcher(flaky, num_processes=2, max_restarts=2) == (2, "2")
+    out = capsys.readouterr().out
+    assert "Rank 1 failed (RuntimeError: flaky on attempt 0); restarting all workers" in out
+    assert "(restart 2 of 2)" in out
+    with pytest.raises(WorkerError, match="flaky on attempt 1"):
+        notebook_launcher(flaky, num_processes=2, max_restarts=1)

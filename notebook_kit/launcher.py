@@ -7,9 +7,11 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from notebook_kit import arguments
@@ -20,7 +22,7 @@ from notebook_kit.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
 from notebook_kit.plan import LOOPBACK, LaunchPlan, make_plan
 from notebook_kit.preflight import check_fork_safety
-from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
+from notebook_kit.runtime import LaunchContext, StopFlag, active_launch, current_launch
 from notebook_kit.supervisor import Supervisor, interrupts_deferred
 
 __all__ = ["notebook_launcher", "notebook_launcher_async"]
@@ -49,55 +51,56 @@ def notebook_launcher(
     observer: LaunchObserver | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
-    result.
+        result.
 
-    Each worker has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-    ``MASTER_ADDR`` and ``MASTER_PORT`` set and an initialised default process group (gloo on
-    CPU, nccl when every local rank has a GPU). The function is never pickled, so functions
-    defined in notebook cells, closures and lambdas work. Models created in the kernel and
-    given to ``Accelerator.prepare`` come back holding rank 0's trained weights.
+        Each worker has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+        ``MASTER_ADDR`` and ``MASTER_PORT`` set and an initialised default process group (gloo on
+        CPU, nccl when every local rank has a GPU). The function is never pickled, so functions
+        defined in notebook cells, closures and lambdas work. Models created in the kernel and
+        given to ``Accelerator.prepare`` come back holding rank 0's trained weights.
 
-    Args:
-        function: The training function.
-        args: Positional arguments for ``function``.
-        num_processes: Workers on this node; 1 runs in the calling process. Default: one per
-            GPU when CUDA is available, else 1.
-        kwargs: Keyword arguments for ``function``.
-        mixed_precision: "no", "fp16" or "bf16"; every worker's ``Accelerator`` inherits it.
-        use_port: Rendezvous port; default: a free port (single node) or 29500 (multi-node).
-        master_addr: Address of node 0 (multi-node only; one node always uses loopback).
-        node_rank: Index of this node in a multi-node job.
-        num_nodes: Number of nodes; the world size is ``num_nodes * num_processes``.
-        backend: "gloo" or "nccl"; default: chosen from the hardware.
-        threads_per_process: torch threads per worker; default: cores // processes.
-        timeout: Seconds after which the run is stopped and TimeoutError raised.
-        gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
-        rendezvous_timeout: Seconds to wait for the other nodes to join.
-        max_restarts: Times all workers are started again after a rank fails; a function
-            that calls ``accelerator.load_state()`` first resumes from its last checkpoint.
-        live: Show live plots, progress and a Stop button (None: when a notebook front end
-            is there); False shows nothing but errors.
-        observer: Receives worker output and messages instead of the default display.
+        Args:
+            function: The training function.
+            args: Positional arguments for ``function``.
+            num_processes: Workers on this node; 1 runs in the calling process. Default: one per
+                GPU when CUDA is available, else 1.
+            kwargs: Keyword arguments for ``function``.
+            mixed_precision: "no", "fp16" or "bf16"; every worker's ``Accelerator`` inherits it.
+            use_port: Rendezvous port; default: a free port (single node) or 29500 (multi-node).
+            master_addr: Address of node 0 (multi-node only; one node always uses loopback).
+            node_rank: Index of this node in a multi-node job.
+            num_nodes: Number of nodes; the world size is ``num_nodes * num_processes``.
+            backend: "gloo" or "nccl"; default: chosen from the hardware.
+            threads_per_process: torch threads per worker; default: cores // processes.
+            timeout: Seconds after which the run is stopped and TimeoutError raised.
+            gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
+            rendezvous_timeout: Seconds to wait for the other nodes to join.
+            max_restarts: Times all workers are started again after a rank fails; a function
+                that calls ``accelerator.load_state()`` first resumes from its last checkpoint.
+            live: Show live plots, progress and a Stop button (None: when a notebook front end
+                is there); False shows nothing but errors.
+            observer: Receives worker output and messages instead of the default display.
 
-    Returns:
-        What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
+        Returns:
+            What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
 
-    Raises:
-        WorkerError: A rank raised or died; the message holds its traceback.
-        TimeoutError: ``timeout`` passed; all workers were stopped.
-        ForkSafetyError: CUDA or a process group is already initialised in the kernel.
-        PortInUseError: ``use_port`` is taken.
+        Raises:
+            WorkerError: A rank raised or died; the message holds its traceback.
+            TimeoutError: ``timeout`` passed; all workers were stopped.
+            ForkSafetyError: CUDA or a process group is already initialised in the kernel.
+            PortInUseError: ``use_port`` is taken.
 
-    Example:
-        >>> def train(lr):
-        ...     import torch.distributed as dist
-        ...     return dist.get_world_size() * lr
-        >>> notebook_launcher(train, args=(0.1,), num_processes=2)
-        0.2
+        Example:
+            >>> def train(lr):
+            ...     import torch
+    import torch.distributed as dist
+            ...     return dist.get_world_size() * lr
+            >>> notebook_launcher(train, args=(0.1,), num_processes=2)
+            0.2
     """
     call, plan = _resolve(function, args, kwargs, locals())
     observer = observer or default_observer(live)
-    if plan.in_process:
+    if plan.in_process or _torchrun_place():
         return _run_in_process(call, plan, observer)
     restart = 0
     while True:
@@ -134,7 +137,7 @@ async def notebook_launcher_async(
     kwargs = options.pop("kwargs", None)
     call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
     observer = observer or default_observer(live)
-    if plan.in_process:
+    if plan.in_process or _torchrun_place():
         return _run_in_process(call, plan, observer)
     loop = asyncio.get_running_loop()
     restart = 0
@@ -182,39 +185,40 @@ def _resolve(
 
 
 def _run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> Any:
-    """Run in the calling process (debuggable), with a world-size-1 gloo group around it.
+    """Run in the calling process (debuggable), inside a process group.
 
-    Exceptions propagate unchanged, so ``%debug`` lands in the user's frame.
+    Under torchrun the group is the job's (from its environment); otherwise a gloo group of
+    one. Exceptions propagate unchanged, so ``%debug`` lands in the user's frame.
     """
     function, args, kwargs = call
+    place = _torchrun_place() or _Place(0, 0, 1, 1)
     stop_flag = StopFlag()
     context = LaunchContext(
+        rank=place.rank,
+        local_rank=place.local_rank,
+        world_size=place.world_size,
+        local_world_size=place.local_world_size,
         backend="gloo",
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        send=lambda kind, payload: observer.on_message(0, kind, payload),
+        send=lambda kind, payload: observer.on_message(place.rank, kind, payload),
         stop_flag=stop_flag,
     )
-    environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
-    observer.on_start(LaunchInfo(plan.banner(), 1, 1, (0,), stop_flag, in_process=True))
+    banner = plan.banner() if place.world_size == 1 else place.banner()
+    observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag, True))
     started = time.monotonic()
     error: BaseException | None = None
     try:
-        with (
-            _temporary_environment(environment),
-            _single_process_group(),
-            active_launch(context),
-        ):
+        with _caller_process_group(place, context), active_launch(context):
             return function(*args, **kwargs)
     except BaseException as raised:
         error = raised
         raise
     finally:
         duration = time.monotonic() - started
-        exit_code = 0 if error is None else 1
         observer.on_finish(
             LaunchSummary(
-                ranks=(RankSummary(0, exit_code, duration),),
+                ranks=(RankSummary(place.rank, 0 if error is None else 1, duration),),
                 duration=duration,
                 interrupted=isinstance(error, KeyboardInterrupt),
                 stopped=stop_flag.is_set(),
@@ -222,6 +226,59 @@ def _run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> A
             )
         )
         stop_flag.close()
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where the calling process stands in its job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    def banner(self) -> str:
+        return (
+            f"Running under torchrun as rank {self.rank} of {self.world_size}: torchrun's "
+            f"processes are used, num_processes is ignored"
+        )
+
+
+def _torchrun_place() -> _Place | None:
+    """The caller's rank when torchrun started it (then launching means: run here)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or current_launch() is not None:
+        return None
+    environ = os.environ
+    return _Place(
+        rank=int(environ["RANK"]),
+        local_rank=int(environ["LOCAL_RANK"]),
+        world_size=int(environ["WORLD_SIZE"]),
+        local_world_size=int(environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])),
+    )
+
+
+@contextlib.contextmanager
+def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[None]:
+    """The job's group under torchrun, a gloo group of one otherwise; kept if one exists."""
+    if dist.is_initialized():
+        context.backend = dist.get_backend()
+        yield
+        return
+    if place.world_size > 1:
+        use_cuda = torch.cuda.is_available()
+        context.backend = "nccl" if use_cuda else "gloo"
+        if use_cuda:
+            torch.cuda.set_device(place.local_rank)
+        dist.init_process_group(context.backend)  # env:// from torchrun
+        environment: dict[str, str] = {}
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    try:
+        with _temporary_environment(environment):
+            yield
+    finally:
+        dist.destroy_process_group()
 
 
 @contextlib.contextmanager
@@ -236,19 +293,6 @@ def _temporary_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _single_process_group() -> Iterator[None]:
-    """A gloo group of one on an in-memory store, unless the caller already has a group."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 # -- N processes: fork and supervise -----------------------------------------------------------

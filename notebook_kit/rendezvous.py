@@ -17,20 +17,34 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from notebook_kit.worker import WorkerSpec
 
-__all__ = ["RendezvousTimeout", "join_process_group"]
+__all__ = ["RendezvousTimeout", "join_process_group", "leave_process_group"]
 
 _JOINED_KEY = "notebook_kit/joined"
 _ALL_JOINED_KEY = "notebook_kit/all_joined"
+_FINISHED_KEY = "notebook_kit/finished"
+_ALL_FINISHED_KEY = "notebook_kit/all_finished"
+# The store's host waits this long for slower ranks to finish (the kernel stops it sooner
+# if any rank fails).
+_FINISH_WAIT = timedelta(days=7)
 
 
 class RendezvousTimeout(RuntimeError):
     """Not every rank of the job joined within the rendezvous timeout."""
 
 
-def join_process_group(spec: WorkerSpec) -> None:
+def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
     """Connect to the store, wait for every rank, and initialise the default group."""
     store = _connect_store(spec)
-    _wait_for_everyone(store, spec)
+    _check_in(store, spec, _JOINED_KEY, _ALL_JOINED_KEY)
+    try:
+        store.wait([_ALL_JOINED_KEY], timedelta(seconds=spec.rendezvous_timeout))
+    except (dist.DistError, RuntimeError) as error:
+        raise RendezvousTimeout(
+            f"Only {store.add(_JOINED_KEY, 0)} of {spec.world_size} processes joined the "
+            f"rendezvous within {spec.rendezvous_timeout:g} s (num_nodes={spec.num_nodes}). "
+            f"Start the launch on every node with the same num_nodes, num_processes, "
+            f"master_addr and use_port."
+        ) from error
     device_id = None
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.local_rank)
@@ -38,6 +52,20 @@ def join_process_group(spec: WorkerSpec) -> None:
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, device_id=device_id
     )
+    return store
+
+
+def leave_process_group(store: dist.TCPStore, spec: WorkerSpec) -> None:
+    """Tear the group down; the rank hosting the store stays until every rank is done.
+
+    The store lives in that rank's process: leaving early would cut off ranks that are still
+    finishing (even still completing their gloo handshake).
+    """
+    _check_in(store, spec, _FINISHED_KEY, _ALL_FINISHED_KEY)
+    if spec.listen_fd is not None:
+        store.wait([_ALL_FINISHED_KEY], _FINISH_WAIT)
+    if dist.is_initialized():  # the function may have destroyed it already
+        dist.destroy_process_group()
 
 
 def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
@@ -65,15 +93,7 @@ def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
         ) from error
 
 
-def _wait_for_everyone(store: dist.TCPStore, spec: WorkerSpec) -> None:
-    if store.add(_JOINED_KEY, 1) == spec.world_size:
-        store.set(_ALL_JOINED_KEY, "1")
-    try:
-        store.wait([_ALL_JOINED_KEY], timedelta(seconds=spec.rendezvous_timeout))
-    except (dist.DistError, RuntimeError) as error:
-        joined = store.add(_JOINED_KEY, 0)
-        raise RendezvousTimeout(
-            f"Only {joined} of {spec.world_size} processes joined the rendezvous within "
-            f"{spec.rendezvous_timeout:g} s (num_nodes={spec.num_nodes}). Start the launch on "
-            f"every node with the same num_nodes, num_processes, master_addr and use_port."
-        ) from error
+def _check_in(store: dist.TCPStore, spec: WorkerSpec, counter: str, all_in: str) -> None:
+    """Count this rank in; the last one to arrive announces that everyone has."""
+    if store.add(counter, 1) == spec.world_size:
+        store.set(all_in, "1")

@@ -23,9 +23,8 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
 
-from notebook_kit.rendezvous import join_process_group
+from notebook_kit.rendezvous import join_process_group, leave_process_group
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
 
 _PR_SET_PDEATHSIG = 1
@@ -171,7 +170,7 @@ def _run(
         restart_count=spec.restart_count,
     )
     try:
-        join_process_group(spec)
+        store = join_process_group(spec)
         with active_launch(context):
             value = function(*args, **kwargs)
     except SystemExit as exit_request:
@@ -183,8 +182,7 @@ def _run(
         return _report_exception(send, spec.rank)
     if not _report_result(send, spec, context, value):
         return 1
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
+    leave_process_group(store, spec)
     return 0
 
 

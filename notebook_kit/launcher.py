@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
@@ -51,71 +51,68 @@ def notebook_launcher(
     observer: LaunchObserver | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
-        result.
+    result.
 
-        Each worker has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-        ``MASTER_ADDR`` and ``MASTER_PORT`` set and an initialised default process group (gloo on
-        CPU, nccl when every local rank has a GPU). The function is never pickled, so functions
-        defined in notebook cells, closures and lambdas work. Models created in the kernel and
-        given to ``Accelerator.prepare`` come back holding rank 0's trained weights.
+    Each worker has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` set and an initialised default process group (gloo on
+    CPU, nccl when every local rank has a GPU). The function is never pickled, so functions
+    defined in notebook cells, closures and lambdas work. Models created in the kernel and
+    given to ``Accelerator.prepare`` come back holding rank 0's trained weights.
 
-        Args:
-            function: The training function.
-            args: Positional arguments for ``function``.
-            num_processes: Workers on this node; 1 runs in the calling process. Default: one per
-                GPU when CUDA is available, else 1.
-            kwargs: Keyword arguments for ``function``.
-            mixed_precision: "no", "fp16" or "bf16"; every worker's ``Accelerator`` inherits it.
-            use_port: Rendezvous port; default: a free port (single node) or 29500 (multi-node).
-            master_addr: Address of node 0 (multi-node only; one node always uses loopback).
-            node_rank: Index of this node in a multi-node job.
-            num_nodes: Number of nodes; the world size is ``num_nodes * num_processes``.
-            backend: "gloo" or "nccl"; default: chosen from the hardware.
-            threads_per_process: torch threads per worker; default: cores // processes.
-            timeout: Seconds after which the run is stopped and TimeoutError raised.
-            gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
-            rendezvous_timeout: Seconds to wait for the other nodes to join.
-            max_restarts: Times all workers are started again after a rank fails; a function
-                that calls ``accelerator.load_state()`` first resumes from its last checkpoint.
-            live: Show live plots, progress and a Stop button (None: when a notebook front end
-                is there); False shows nothing but errors.
-            observer: Receives worker output and messages instead of the default display.
+    Args:
+        function: The training function.
+        args: Positional arguments for ``function``.
+        num_processes: Workers on this node; 1 runs in the calling process. Default: one per
+            GPU when CUDA is available, else 1.
+        kwargs: Keyword arguments for ``function``.
+        mixed_precision: "no", "fp16" or "bf16"; every worker's ``Accelerator`` inherits it.
+        use_port: Rendezvous port; default: a free port (single node) or 29500 (multi-node).
+        master_addr: Address of node 0 (multi-node only; one node always uses loopback).
+        node_rank: Index of this node in a multi-node job.
+        num_nodes: Number of nodes; the world size is ``num_nodes * num_processes``.
+        backend: "gloo" or "nccl"; default: chosen from the hardware.
+        threads_per_process: torch threads per worker; default: cores // processes.
+        timeout: Seconds after which the run is stopped and TimeoutError raised.
+        gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
+        rendezvous_timeout: Seconds to wait for the other nodes to join.
+        max_restarts: Times all workers are started again after a rank fails; a function
+            that calls ``accelerator.load_state()`` first resumes from its last checkpoint.
+        live: Show live plots, progress and a Stop button (None: when a notebook front end
+            is there); False shows nothing but errors.
+        observer: Receives worker output and messages instead of the default display.
 
-        Returns:
-            What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
+    Returns:
+        What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
 
-        Raises:
-            WorkerError: A rank raised or died; the message holds its traceback.
-            TimeoutError: ``timeout`` passed; all workers were stopped.
-            ForkSafetyError: CUDA or a process group is already initialised in the kernel.
-            PortInUseError: ``use_port`` is taken.
+    Raises:
+        WorkerError: A rank raised or died; the message holds its traceback.
+        TimeoutError: ``timeout`` passed; all workers were stopped.
+        ForkSafetyError: CUDA or a process group is already initialised in the kernel.
+        PortInUseError: ``use_port`` is taken.
 
-        Example:
-            >>> def train(lr):
-            ...     import torch
-    import torch.distributed as dist
-            ...     return dist.get_world_size() * lr
-            >>> notebook_launcher(train, args=(0.1,), num_processes=2)
-            0.2
+    Example:
+        >>> def train(lr):
+        ...     import torch.distributed as dist
+        ...     return dist.get_world_size() * lr
+        >>> notebook_launcher(train, args=(0.1,), num_processes=2)
+        0.2
     """
     call, plan = _resolve(function, args, kwargs, locals())
     observer = observer or default_observer(live)
     if plan.in_process or _torchrun_place():
         return _run_in_process(call, plan, observer)
-    restart = 0
-    while True:
-        launch = _ForkedLaunch(call, plan, observer, restart)
-        error: BaseException | None = None
-        try:
-            launch.start()
-            while (limit := launch.supervisor.wait_limit()) is not None:
-                launch.supervisor.serve(wait(launch.supervisor.waitables(), timeout=limit))
-        except BaseException as raised:
-            error = raised
-        done, value = launch.conclude(error)
-        if done:
-            return value
-        restart += 1
+    steps = _attempts(call, plan, observer)
+    request = next(steps)
+    try:
+        while True:
+            try:
+                ready = wait(*request)
+            except BaseException as error:  # Ctrl-C: the attempt cleans up, then re-raises
+                request = steps.throw(error)
+            else:
+                request = steps.send(ready)
+    except StopIteration as finished:
+        return finished.value
 
 
 async def notebook_launcher_async(
@@ -140,6 +137,32 @@ async def notebook_launcher_async(
     if plan.in_process or _torchrun_place():
         return _run_in_process(call, plan, observer)
     loop = asyncio.get_running_loop()
+    steps = _attempts(call, plan, observer)
+    request = next(steps)
+    try:
+        while True:
+            try:
+                ready = await loop.run_in_executor(None, wait, *request)
+            except BaseException as error:  # cancelled or interrupted: clean up, re-raise
+                request = steps.throw(error)
+            else:
+                request = steps.send(ready)
+    except StopIteration as finished:
+        return finished.value
+
+
+WaitRequest = tuple[list[Any], float]
+
+
+def _attempts(
+    call: Call, plan: LaunchPlan, observer: LaunchObserver
+) -> Generator[WaitRequest, list[Any], Any]:
+    """Run the launch, restarting after failures, without doing any waiting itself.
+
+    Yields what to wait on (objects, timeout) and receives what became ready, so the blocking
+    and the awaitable launcher share every step; an exception thrown in (Ctrl-C) stops the
+    workers and propagates. Returns rank 0's value.
+    """
     restart = 0
     while True:
         launch = _ForkedLaunch(call, plan, observer, restart)
@@ -147,9 +170,7 @@ async def notebook_launcher_async(
         try:
             launch.start()
             while (limit := launch.supervisor.wait_limit()) is not None:
-                waitables = launch.supervisor.waitables()
-                ready = await loop.run_in_executor(None, wait, waitables, limit)
-                launch.supervisor.serve(ready)
+                launch.supervisor.serve((yield launch.supervisor.waitables(), limit))
         except BaseException as raised:
             error = raised
         done, value = launch.conclude(error)

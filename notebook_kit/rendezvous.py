@@ -21,6 +21,8 @@ __all__ = ["RendezvousTimeout", "join_process_group", "leave_process_group"]
 
 _JOINED_KEY = "notebook_kit/joined"
 _ALL_JOINED_KEY = "notebook_kit/all_joined"
+_READY_KEY = "notebook_kit/ready"
+_ALL_READY_KEY = "notebook_kit/all_ready"
 _FINISHED_KEY = "notebook_kit/finished"
 _ALL_FINISHED_KEY = "notebook_kit/all_finished"
 # The store's host waits this long for slower ranks to finish (the kernel stops it sooner
@@ -52,6 +54,10 @@ def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, device_id=device_id
     )
+    # A rank's init can return before its peers have finished their handshake with it; had
+    # it crashed right away, theirs would fail too. Nobody starts until everybody is ready.
+    _check_in(store, spec, _READY_KEY, _ALL_READY_KEY)
+    store.wait([_ALL_READY_KEY], timedelta(seconds=spec.rendezvous_timeout))
     return store
 
 

@@ -22,6 +22,8 @@ from notebook_kit.observer import LaunchObserver, RankSummary, Stream
 
 # After the first failure, collect the others' reports this long before picking a culprit.
 _FAILURE_SETTLE_SECONDS = 0.1
+_SECONDARY_SETTLE_SECONDS = 1.0
+_STOP_EXIT_CODES = (-int(signal.SIGTERM), -int(signal.SIGKILL))
 # How long a worker gets between SIGTERM and SIGKILL.
 _TERMINATE_GRACE_SECONDS = 0.5
 # Longest sleep of the loop: bounds how late a timeout or an observer tick can be.
@@ -127,7 +129,7 @@ class Supervisor:
         if not any(worker.alive for worker in self.workers):
             return None
         now = time.monotonic()
-        if self.failures and now - self.failures[0].time > _FAILURE_SETTLE_SECONDS:
+        if self.failures and now - self.failures[0].time > self._settle_seconds():
             return None
         if self._deadline is not None and now >= self._deadline:
             self.timed_out = True
@@ -138,6 +140,16 @@ class Supervisor:
         if self.failures:
             limit = min(limit, _FAILURE_SETTLE_SECONDS / 4)
         return max(limit, 0.0)
+
+    def _settle_seconds(self) -> float:
+        """How long to collect reports after the first failure before stopping everyone.
+
+        An error that only says a peer went away implies a rank died: wait longer for that
+        death to be seen (a big process can take a while to exit under load).
+        """
+        if all(failure.is_secondary for failure in self.failures):
+            return _SECONDARY_SETTLE_SECONDS
+        return _FAILURE_SETTLE_SECONDS
 
     def waitables(self) -> list[Any]:
         """Every descriptor and connection the loop waits on."""
@@ -247,7 +259,8 @@ class Supervisor:
         worker.exit_code = _exit_code(status)
         self._drain(worker)
         unexplained = worker.error is None and not (worker.exit_code == 0 and worker.reported)
-        if unexplained and not self._stopping:
+        stopped_by_us = self._stopping and worker.exit_code in _STOP_EXIT_CODES
+        if unexplained and not stopped_by_us:
             self.failures.append(_failure_from_exit(worker))
 
     def _drain(self, worker: WorkerProcess) -> None:

@@ -270,6 +270,7 @@ def test_output_survives_a_crash_right_after_printing(capsys):
     def crash():
         print("last words", flush=False)
         print("no newline at the end", end="")
+        dist.barrier()  # both ranks have printed before either dies
         os._exit(7)
 
     with pytest.raises(WorkerError, match="exited with code 7"):

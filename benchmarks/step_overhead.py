@@ -1,0 +1,141 @@
+"""Step-time overhead of the Accelerator loop over hand-written torch code.
+
+Both loops train the same model on the same data for the same number of steps, inside the
+same launch, alternating in blocks so that background load on a shared machine hits both
+alike. Two comparisons:
+
+* 2 processes: hand-written DistributedDataParallel + DistributedSampler vs the Accelerator.
+* 1 process: a plain torch loop vs the Accelerator.
+
+Prints the median step time of each and the ratio Accelerator / hand-written (target <= 1.03),
+by wall-clock time and by the process's CPU time (steadier when other jobs share the cores).
+
+Usage:
+    python benchmarks/step_overhead.py [--steps 150] [--blocks 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from notebook_kit import Accelerator, notebook_launcher, set_seed
+
+BATCH_SIZE = 64
+FEATURES, HIDDEN, CLASSES = 128, 512, 10
+
+
+def _dataset() -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8192, FEATURES, generator=generator)
+    return TensorDataset(x, torch.randint(0, CLASSES, (8192,), generator=generator))
+
+
+def _model() -> nn.Module:
+    set_seed(0)
+    return nn.Sequential(
+        nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+        nn.Linear(HIDDEN, CLASSES),
+    )  # fmt: skip
+
+
+def _batches(loader: DataLoader | object, set_epoch: Callable[[int], None] | None) -> Iterator:
+    epoch = 0
+    while True:
+        if set_epoch is not None:
+            set_epoch(epoch)
+        yield from loader  # type: ignore[misc]
+        epoch += 1
+
+
+def _timed(
+    step: Callable[[tuple], None], batches: Iterator, steps: int
+) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each step; CPU time of the process is steadier on a busy host."""
+    times = []
+    for _ in range(steps):
+        wall, cpu = time.perf_counter(), time.process_time()
+        step(next(batches))
+        times.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return times[5:]  # the first steps build DDP buckets and warm caches
+
+
+def _hand_written(steps: int) -> list[tuple[float, float]]:
+    model, data = _model(), _dataset()
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    sampler = DistributedSampler(data, shuffle=True, seed=0) if distributed else None
+    loader = DataLoader(data, batch_size=BATCH_SIZE, shuffle=sampler is None, sampler=sampler)
+    network = DistributedDataParallel(model) if distributed else model
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.01)
+
+    def step(batch: tuple) -> None:
+        inputs, targets = batch
+        loss = nn.functional.cross_entropy(network(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return _timed(step, _batches(loader, sampler.set_epoch if sampler else None), steps)
+
+
+def _accelerated(steps: int) -> list[tuple[float, float]]:
+    accelerator = Accelerator()
+    loader = DataLoader(_dataset(), batch_size=BATCH_SIZE, shuffle=True)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    def step(batch: tuple) -> None:
+        inputs, targets = batch
+        loss = nn.functional.cross_entropy(model(inputs), targets)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return _timed(step, _batches(loader, None), steps)
+
+
+def _compare(steps: int, blocks: int) -> dict[str, float]:
+    raw: list[tuple[float, float]] = []
+    accelerated: list[tuple[float, float]] = []
+    for block in range(blocks):
+        # Alternate which loop goes first, so warm-up and load drift do not favour either.
+        order = (_hand_written, _accelerated) if block % 2 == 0 else (_accelerated, _hand_written)
+        for loop in order:
+            (raw if loop is _hand_written else accelerated).extend(loop(steps))
+    return {
+        "raw_wall": statistics.median(wall for wall, _ in raw),
+        "raw_cpu": statistics.median(cpu for _, cpu in raw),
+        "accelerator_wall": statistics.median(wall for wall, _ in accelerated),
+        "accelerator_cpu": statistics.median(cpu for _, cpu in accelerated),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150, help="steps per block")
+    parser.add_argument("--blocks", type=int, default=4, help="alternating blocks per loop")
+    options = parser.parse_args()
+    for processes, label in ((2, "2 processes, DDP"), (1, "1 process, plain loop")):
+        result = notebook_launcher(
+            _compare, args=(options.steps, options.blocks), num_processes=processes
+        )
+        wall = result["accelerator_wall"] / result["raw_wall"]
+        cpu = result["accelerator_cpu"] / result["raw_cpu"]
+        print(
+            f"{label}: median step hand-written {result['raw_wall'] * 1e3:.3f} ms, "
+            f"Accelerator {result['accelerator_wall'] * 1e3:.3f} ms; "
+            f"ratio Accelerator/hand-written: wall {wall:.3f}, CPU time {cpu:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""The Accelerator: one training loop for one process, for N launched processes, or torchrun.
+
+Names and meanings follow Hugging Face Accelerate's ``Accelerator``, so a loop written for it
+runs after changing its import. All state lives in the instance (no process-wide singleton):
+an Accelerator built in the kernel never leaks into launched workers, and re-running a cell
+always starts clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from notebook_kit.accelerator_checkpoints import CheckpointMethods
+from notebook_kit.accelerator_helpers import ProcessHelpers
+from notebook_kit.data_loader import PreparedDataLoader, prepare_data_loader
+from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
+from notebook_kit.precision import (
+    MIXED_PRECISION_CHOICES,
+    AutocastModule,
+    MixedPrecision,
+    autocast_context,
+    make_grad_scaler,
+    patch_forward,
+)
+from notebook_kit.process_state import resolve_process_state, resolve_setting
+from notebook_kit.runtime import current_launch
+
+__all__ = ["Accelerator"]
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
+def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    if value not in choices:
+        allowed = ", ".join(repr(choice) for choice in choices)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+    return value
+
+
+def _check_steps(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
+    return value
+
+
+def _is_scheduler(obj: Any) -> bool:
+    if isinstance(obj, (torch.optim.Optimizer, AcceleratedScheduler)):
+        return False
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer)
+    )
+
+
+class Accelerator(CheckpointMethods, ProcessHelpers):
+    """Runs a PyTorch training loop on one process or many, with Accelerate's API.
+
+    Args:
+        device_placement: Move prepared models and batches to ``device``.
+        split_batches: Split each batch across processes instead of giving each its own.
+        mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"``; None inherits the launch's
+            setting, then ``NOTEBOOK_KIT_MIXED_PRECISION``, then ``"no"``.
+        gradient_accumulation_steps: Micro-steps per optimizer step; None inherits like
+            ``mixed_precision`` (``NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS``), default 1.
+        cpu: Stay on the CPU even when CUDA is available.
+        even_batches: Complete the last round of batches from the start of the data so every
+            process runs the same number of steps.
+        project_dir: Where ``save_state()``/``load_state()`` without a directory keep
+            ``checkpoints/checkpoint_<n>``.
+        log_with: None or ``"all"``: metrics from ``log`` are kept in ``logged`` and streamed
+            to the notebook; no external tracker is used.
+        step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
+
+    Example:
+        >>> accelerator = Accelerator(mixed_precision="bf16")
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        >>> for inputs, targets in loader:
+        ...     loss = loss_fn(model(inputs), targets)
+        ...     accelerator.backward(loss)
+        ...     optimizer.step(); optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = False,
+        mixed_precision: MixedPrecision | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool = False,
+        *,
+        even_batches: bool = True,
+        project_dir: str | os.PathLike[str] | None = None,
+        log_with: str | None = None,
+        step_scheduler_with_optimizer: bool = True,
+    ) -> None:
+        self.device_placement = _check_bool("device_placement", device_placement)
+        self.split_batches = _check_bool("split_batches", split_batches)
+        self.even_batches = _check_bool("even_batches", even_batches)
+        self.step_scheduler_with_optimizer = _check_bool(
+            "step_scheduler_with_optimizer", step_scheduler_with_optimizer
+        )
+        _check_bool("cpu", cpu)
+        _check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
+        _check_choice("log_with", log_with, (None, "all"))
+        launch = current_launch()
+        self.mixed_precision: MixedPrecision = resolve_setting(
+            "mixed_precision", mixed_precision, launch and launch.mixed_precision,
+            "NOTEBOOK_KIT_MIXED_PRECISION", "no", str, MIXED_PRECISION_CHOICES,
+        )  # fmt: skip
+        steps = resolve_setting(
+            "gradient_accumulation_steps", _check_steps(gradient_accumulation_steps),
+            launch and launch.gradient_accumulation_steps,
+            "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
+        )  # fmt: skip
+        _check_steps(steps)
+        self.project_dir = Path(project_dir) if project_dir is not None else None
+        self.log_with = log_with
+        self.state = resolve_process_state(cpu)
+        self.gradient_state = GradientState(steps)
+        self.scaler = make_grad_scaler(self.mixed_precision, self.state.device)
+        self.logged: list[dict[str, Any]] = []
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.num_processes > 1
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @property
+    def step(self) -> int:
+        """Micro-steps since gradients were last synced."""
+        return self.gradient_state.step
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when fp16 loss scaling skipped the last optimizer step (inf/nan gradients)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, dataloaders and schedulers, in any order.
+
+        Returns them in the same order (a single object when given one).
+
+        Example:
+            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        """
+        placements = device_placement or [self.device_placement] * len(args)
+        prepared = [
+            obj if _is_scheduler(obj) else self._prepare_one(obj, placement)
+            for obj, placement in zip(args, placements, strict=True)
+        ]
+        # Schedulers last: they are linked to optimizers prepared in the same call or before.
+        prepared = [
+            self.prepare_scheduler(obj) if _is_scheduler(obj) else done
+            for obj, done in zip(args, prepared, strict=True)
+        ]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj)
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj)
+        return obj
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None) -> nn.Module:
+        """Move ``model`` to the device; wrap it in DDP on several processes, autocast if set.
+
+        Example:
+            >>> model = accelerator.prepare_model(model)
+        """
+        launch = current_launch()
+        if launch is not None:  # the launcher sends rank 0's weights back into this object
+            launch.register_prepared_model(model)
+        self._models.append(model)
+        if self.device_placement if device_placement is None else device_placement:
+            model.to(self.device)
+        trainable = any(parameter.requires_grad for parameter in model.parameters())
+        if self.use_distributed and trainable:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            wrapped: nn.Module = DistributedDataParallel(model, device_ids=device_ids)
+            if self.mixed_precision != "no":
+                patch_forward(wrapped, self.mixed_precision, self.device)
+            return wrapped
+        if self.mixed_precision != "no":
+            return AutocastModule(model, self.mixed_precision, self.device)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` so it respects accumulation and fp16 loss scaling.
+
+        Example:
+            >>> optimizer = accelerator.prepare_optimizer(optimizer)
+        """
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap an LR scheduler so it steps as Accelerate steps it.
+
+        Example:
+            >>> scheduler = accelerator.prepare_scheduler(scheduler)
+        """
+        linked = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer]
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            linked or self._optimizers,
+            self.gradient_state,
+            self.num_processes,
+            self.split_batches,
+            self.step_scheduler_with_optimizer,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
+        """Shard ``data_loader`` for this process.
+
+        Example:
+            >>> loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
+        """
+        prepared = prepare_data_loader(
+            data_loader,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            gradient_state=self.gradient_state,
+            device=self.device if self.device_placement else torch.device("cpu"),
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        """The user's module inside the DDP / autocast wrappers.
+
+        Example:
+            >>> torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+        """
+        while isinstance(model, (DistributedDataParallel, AutocastModule)):
+            model = model.module
+        return model
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict (of the unwrapped module by default).
+
+        Example:
+            >>> state = accelerator.get_state_dict(model)
+        """
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    # -- training step --------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled for fp16.
+
+        Example:
+            >>> accelerator.backward(loss)
+        """
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """One micro-step: gradients are all-reduced only on the step that applies them.
+
+        Example:
+            >>> with accelerator.accumulate(model):
+            ...     accelerator.backward(loss_fn(model(x), y))
+            ...     optimizer.step(); optimizer.zero_grad()
+        """
+        self.gradient_state.advance()
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Skip DDP's gradient all-reduce inside the block (no-op on one process).
+
+        Example:
+            >>> with accelerator.no_sync(model):
+            ...     accelerator.backward(loss)
+        """
+        context = model.no_sync() if isinstance(model, DistributedDataParallel) else None
+        with context or contextlib.nullcontext():
+            yield
+
+    def autocast(self) -> Any:
+        """Autocast context for code outside the prepared model's forward (e.g. the loss).
+
+        Example:
+            >>> with accelerator.autocast():
+            ...     loss = loss_fn(model(x), y)
+        """
+        return autocast_context(self.mixed_precision, self.device)
+
+    def unscale_gradients(self) -> None:
+        """Undo fp16 loss scaling on the gradients (once per optimizer step)."""
+        if self.scaler is not None and self.sync_gradients:
+            for optimizer in self._optimizers:
+                self.scaler.unscale_(optimizer.optimizer)
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the gradients' total norm (after undoing fp16 scaling); returns the norm.
+
+        Example:
+            >>> if accelerator.sync_gradients:
+            ...     accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        """
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]`` (after undoing fp16 scaling).
+
+        Example:
+            >>> accelerator.clip_grad_value_(model.parameters(), 0.5)
+        """
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def free_memory(self) -> None:
+        """Forget every prepared object, so they can be garbage-collected."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._custom_objects.clear()
+        self.gradient_state = GradientState(self.gradient_state.num_steps)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(process {self.process_index} of {self.num_processes}, "
+            f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )

@@ -1,0 +1,118 @@
+"""The Accelerator's checkpoint methods (a mixin): what goes into ``save_state`` and where.
+
+The file format and the atomic commit live in :mod:`notebook_kit.checkpointing`; this mixin
+only collects the Accelerator's prepared objects and resolves numbered checkpoint folders.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from notebook_kit import operations
+from notebook_kit.checkpointing import Stateful, load_checkpoint, save_checkpoint
+from notebook_kit.data_loader import skip_first_batches
+
+if TYPE_CHECKING:
+    import torch
+
+    from notebook_kit.data_loader import PreparedDataLoader
+    from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler
+    from notebook_kit.process_state import ProcessState
+
+__all__ = ["CheckpointMethods"]
+
+
+class CheckpointMethods:
+    """``save_state``/``load_state`` and friends; needs the Accelerator's prepared objects."""
+
+    project_dir: Path | None
+    scaler: torch.amp.GradScaler | None
+    _models: list[nn.Module]
+    _optimizers: list[AcceleratedOptimizer]
+    _schedulers: list[AcceleratedScheduler]
+    _dataloaders: list[PreparedDataLoader]
+    _custom_objects: list[Any]
+
+    state: ProcessState
+
+    if TYPE_CHECKING:
+
+        def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module: ...
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``.
+
+        Example:
+            >>> accelerator.register_for_checkpointing(ema)
+        """
+        for obj in objects:
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise ValueError(f"{type(obj).__name__} has no state_dict/load_state_dict.")
+            self._custom_objects.append(obj)
+
+    def _stateful(self) -> Stateful:
+        return Stateful(
+            models=[self.unwrap_model(model) for model in self._models],
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom=self._custom_objects,
+            scaler=self.scaler,
+        )
+
+    def _checkpoint_root(self) -> Path:
+        if self.project_dir is None:
+            raise ValueError(
+                "Give save_state/load_state a directory, or create the Accelerator with "
+                "project_dir=... to use numbered checkpoints."
+            )
+        return self.project_dir / "checkpoints"
+
+    def _numbered_checkpoints(self) -> list[tuple[int, Path]]:
+        root = self._checkpoint_root()
+        found = [(path.name.rpartition("_")[2], path) for path in root.glob("checkpoint_*")]
+        return sorted((int(number), path) for number, path in found if number.isdigit())
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+        """Save models, optimizers, schedulers, scaler, RNG states and data positions.
+
+        Must be called on every process. The save is atomic: a crash during it leaves the
+        previous checkpoint in ``output_dir`` intact.
+
+        Example:
+            >>> accelerator.save_state("checkpoints/step_100")
+        """
+        if output_dir is None:
+            existing = self._numbered_checkpoints()
+            number = operations.broadcast_object(existing[-1][0] + 1 if existing else 0)
+            output_dir = self._checkpoint_root() / f"checkpoint_{number}"
+        return save_checkpoint(output_dir, self._stateful(), self.state.process_index)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> None:
+        """Restore what ``save_state`` wrote; the next data pass resumes where it stopped.
+
+        Raises:
+            FileNotFoundError: No checkpoint (or a file of it) at ``input_dir``.
+            CheckpointError: Saved with another number of processes or other objects.
+
+        Example:
+            >>> accelerator.load_state("checkpoints/step_100")
+        """
+        if input_dir is None:
+            existing = self._numbered_checkpoints()
+            if not existing:
+                raise FileNotFoundError(f"No checkpoint_<n> folder in {self._checkpoint_root()}.")
+            input_dir = existing[-1][1]
+        load_checkpoint(input_dir, self._stateful(), self.state.process_index)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """One pass of ``dataloader`` starting at batch ``num_batches`` of the epoch.
+
+        Example:
+            >>> for batch in accelerator.skip_first_batches(train_dl, 10): ...
+        """
+        return skip_first_batches(dataloader, num_batches)

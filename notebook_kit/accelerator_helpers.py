@@ -1,0 +1,281 @@
+"""The Accelerator's process helpers, collectives and metric log (a mixin, no state of its own).
+
+Kept apart from ``accelerator.py`` so each file has one job: there, preparing and stepping;
+here, talking to the other processes and to the notebook.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from notebook_kit import operations
+from notebook_kit.runtime import current_launch
+
+if TYPE_CHECKING:
+    from notebook_kit.optimizer import GradientState
+    from notebook_kit.process_state import ProcessState
+
+__all__ = ["ProcessHelpers"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _only_if(condition: Callable[[Any], bool], function: F) -> F:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs) if condition(None) else None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _split(inputs: Any, rank: int, size: int, apply_padding: bool) -> Any:
+    """This process's contiguous share of ``inputs`` (earlier ranks take the extras)."""
+    if isinstance(inputs, Mapping):
+        return {key: _split(value, rank, size, apply_padding) for key, value in inputs.items()}
+    per_process, extras = divmod(len(inputs), size)
+    start = rank * per_process + min(rank, extras)
+    share = inputs[start : start + per_process + (rank < extras)]
+    if apply_padding and extras and rank >= extras and len(inputs):
+        # Pad with the last item so every process gets the same count (then gather works).
+        last = inputs[-1:]
+        share = torch.cat([share, last]) if isinstance(share, torch.Tensor) else share + last
+    return share
+
+
+def _as_float(key: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(
+        f"log() takes numbers or one-element tensors; {key!r} is {type(value).__name__}."
+    )
+
+
+class ProcessHelpers:
+    """Helpers an Accelerator offers about its processes. Needs ``state`` and friends."""
+
+    state: ProcessState
+    gradient_state: GradientState
+    logged: list[dict[str, Any]]
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.process_index == self.state.num_processes - 1
+
+    # -- synchronisation ------------------------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this line (no-op on one process).
+
+        Example:
+            >>> accelerator.wait_for_everyone()
+        """
+        if self.state.num_processes > 1:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others (e.g. a download).
+
+        Example:
+            >>> with accelerator.main_process_first():
+            ...     dataset = load_or_build_cache()
+        """
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Like ``main_process_first`` but per node."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(
+        self, inputs: Sequence[Any] | Mapping[str, Any] | torch.Tensor, apply_padding: bool = False
+    ) -> Iterator[Any]:
+        """Give each process a contiguous share of a list, tensor or dict of them.
+
+        Example:
+            >>> with accelerator.split_between_processes(["a", "b", "c"]) as mine:
+            ...     results = [work(item) for item in mine]
+        """
+        yield _split(inputs, self.state.process_index, self.state.num_processes, apply_padding)
+
+    def on_main_process(self, function: F) -> F:
+        """Decorator: run ``function`` only on the main process (None elsewhere).
+
+        Example:
+            >>> @accelerator.on_main_process
+            ... def report(): print("done")
+        """
+        return _only_if(lambda _: self.is_main_process, function)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorator: run ``function`` only on each node's main process."""
+        return _only_if(lambda _: self.is_local_main_process, function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: run ``function`` only on the last process."""
+        return _only_if(lambda _: self.is_last_process, function)
+
+    def on_process(self, function: F | None = None, process_index: int = 0) -> Any:
+        """Decorator: run ``function`` only on ``process_index``.
+
+        Example:
+            >>> @accelerator.on_process(process_index=1)
+            ... def report(): ...
+        """
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return _only_if(lambda _: self.state.process_index == process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only.
+
+        Example:
+            >>> accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
+        """
+        if self.is_local_main_process:
+            builtins.print(*args, **kwargs)
+
+    def save(self, obj: Any, f: str | os.PathLike[str]) -> None:
+        """``torch.save`` on the main process only, atomically (no half-written file).
+
+        Example:
+            >>> accelerator.save(accelerator.get_state_dict(model), "model.pt")
+        """
+        if not self.is_main_process:
+            return
+        path = Path(f)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        try:
+            torch.save(obj, temporary)
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    # -- collectives ----------------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (or nested lists/dicts of them) from all processes.
+
+        Example:
+            >>> all_losses = accelerator.gather(loss.detach())
+        """
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, then drop the samples ``even_batches`` repeated in the last round.
+
+        Example:
+            >>> predictions = accelerator.gather_for_metrics(logits.argmax(dim=-1))
+        """
+        as_objects = use_gather_object or not _only_tensors(input_data)
+        if as_objects:
+            items = input_data if isinstance(input_data, list) else [input_data]
+            data = operations.gather_object(items)
+        else:
+            data = operations.gather(input_data)
+        remainder = self.gradient_state.remainder
+        if not (self.gradient_state.end_of_dataloader and remainder > 0):
+            return data
+        if as_objects:
+            return data[:remainder]
+        return operations.recursively_apply(lambda tensor: tensor[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum (``"sum"``) or average (``"mean"``) tensors over all processes.
+
+        Example:
+            >>> total = accelerator.reduce(correct, "sum")
+        """
+        return operations.reduce(tensor, reduction, scale)  # type: ignore[arg-type]
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: float = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad tensors along ``dim`` to the largest size on any process.
+
+        Example:
+            >>> tokens = accelerator.pad_across_processes(tokens, dim=1, pad_index=0)
+        """
+        return operations.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    # -- metrics --------------------------------------------------------------------------
+
+    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        """Record metrics: kept in ``logged`` and streamed to the notebook during a launch.
+
+        Example:
+            >>> accelerator.log({"loss": loss.item()}, step=step)
+        """
+        floats = {str(key): _as_float(str(key), value) for key, value in values.items()}
+        self.logged.append({"step": step, "values": floats})
+        launch = current_launch()
+        if launch is not None and launch.send is not None:
+            launch.send("log", {"rank": self.state.process_index, "step": step, "values": floats})
+
+    def init_trackers(
+        self, project_name: str, config: Mapping[str, Any] | None = None, init_kwargs: Any = None
+    ) -> None:
+        """Accepted for Accelerate compatibility; metrics go to ``logged`` and the notebook."""
+        self.tracker_config = {"project_name": project_name, **dict(config or {})}
+
+    def end_training(self) -> None:
+        """Accepted for Accelerate compatibility: waits for every process."""
+        self.wait_for_everyone()
+
+    # -- triggers -------------------------------------------------------------------------
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process.
+
+        Example:
+            >>> if loss.item() > 1e6: accelerator.set_trigger()
+        """
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called ``set_trigger`` (then reset)."""
+        flag = torch.tensor([1.0 if getattr(self, "_trigger", False) else 0.0])
+        raised = operations.reduce(flag, "sum").item() > 0
+        self._trigger = False
+        return raised
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(_only_tensors(item) for item in data)
+    if isinstance(data, Mapping):
+        return all(_only_tensors(value) for value in data.values())
+    return False

@@ -1,0 +1,229 @@
+"""Collective operations on tensors and nested lists, tuples and dicts of tensors.
+
+Every function works in a plain process (world size 1, no process group) and across the
+processes of the default ``torch.distributed`` group, and returns the same structure it was
+given. Unlike a bare ``all_gather``, :func:`gather` accepts tensors whose first dimension
+differs between processes (the last batch of an uneven data set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "broadcast",
+    "broadcast_object",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+]
+
+Reduction = Literal["sum", "mean"]
+REDUCTIONS: tuple[str, ...] = ("sum", "mean")
+
+
+def world_size() -> int:
+    """Number of processes in the default group (1 without a group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def recursively_apply(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply ``function`` to every tensor in nested lists, tuples and dicts.
+
+    Non-tensor leaves are returned unchanged; named tuples and mapping types are kept.
+
+    Example:
+        >>> recursively_apply(lambda t: t * 2, {"a": torch.ones(1), "b": [torch.zeros(2)]})
+        {'a': tensor([2.]), 'b': [tensor([0., 0.])]}
+    """
+    if isinstance(data, torch.Tensor):
+        return function(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # named tuple
+        return type(data)(*(recursively_apply(function, item) for item in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(recursively_apply(function, item) for item in data)
+    if isinstance(data, Mapping):
+        return type(data)({key: recursively_apply(function, value) for key, value in data.items()})
+    return data
+
+
+def _tensors(data: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    recursively_apply(found.append, data)
+    return found
+
+
+def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Move every tensor in ``data`` to ``device``.
+
+    Example:
+        >>> send_to_device({"x": torch.ones(2)}, torch.device("cpu"))
+        {'x': tensor([1., 1.])}
+    """
+    return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), data)
+
+
+def _all_shapes(tensors: list[torch.Tensor]) -> list[list[tuple[int, ...]]]:
+    """Every process's shapes of ``tensors``, in one collective: ``[rank][index]``."""
+    local = [tuple(t.shape) for t in tensors]
+    everyone: list[Any] = [None] * world_size()
+    dist.all_gather_object(everyone, local)
+    for rank, shapes in enumerate(everyone):
+        if len(shapes) != len(local) or any(
+            len(a) != len(b) or a[1:] != b[1:] for a, b in zip(shapes, local, strict=False)
+        ):
+            raise ValueError(
+                f"gather needs the same structure on every process and tensors that differ only "
+                f"in their first dimension; rank {rank} has shapes {shapes}, "
+                f"rank {dist.get_rank()} has {local}."
+            )
+    return everyone
+
+
+def _gather_one(tensor: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    longest = max(lengths)
+    padded = tensor.contiguous()
+    if tensor.shape[0] < longest:
+        padded = _pad_dim(padded, 0, longest, pad_index=0, pad_first=False)
+    pieces = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(pieces, padded)
+    return torch.cat([piece[:length] for piece, length in zip(pieces, lengths, strict=True)])
+
+
+def gather(data: Any) -> Any:
+    """Concatenate tensors from every process along the first dimension.
+
+    A 0-dimensional tensor counts as one item, so the result always has a first dimension
+    equal to the sum over processes (also on a single process).
+
+    Example:
+        >>> gather(torch.tensor([1, 2]))  # world size 1
+        tensor([1, 2])
+    """
+    data = recursively_apply(lambda t: t[None] if t.ndim == 0 else t, data)
+    if world_size() == 1:
+        return data
+    tensors = _tensors(data)
+    shapes = _all_shapes(tensors)
+    results = iter(
+        [
+            _gather_one(tensor, [shapes[rank][index][0] for rank in range(len(shapes))])
+            for index, tensor in enumerate(tensors)
+        ]
+    )
+    return recursively_apply(lambda _: next(results), data)
+
+
+def gather_object(obj: list[Any]) -> list[Any]:
+    """Concatenate picklable lists from every process (rank 0's items first).
+
+    Example:
+        >>> gather_object(["a", "b"])  # world size 1
+        ['a', 'b']
+    """
+    if not isinstance(obj, list):
+        raise TypeError(f"gather_object needs a list, got {type(obj).__name__}.")
+    if world_size() == 1:
+        return list(obj)
+    everyone: list[Any] = [None] * world_size()
+    dist.all_gather_object(everyone, obj)
+    return [item for items in everyone for item in items]
+
+
+def reduce(data: Any, reduction: Reduction = "sum", scale: float = 1.0) -> Any:
+    """Sum or average tensors over all processes (every process gets the result).
+
+    Example:
+        >>> reduce(torch.tensor([2.0]), "mean")  # world size 1
+        tensor([2.])
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of 'sum', 'mean', got {reduction!r}.")
+    size = world_size()
+
+    def _reduce(tensor: torch.Tensor) -> torch.Tensor:
+        result = tensor.clone()
+        if size > 1:
+            dist.all_reduce(result, op=dist.ReduceOp.SUM)
+        if reduction == "mean":
+            result = result / size
+        return result * scale if scale != 1.0 else result
+
+    return recursively_apply(_reduce, data)
+
+
+def _pad_dim(
+    tensor: torch.Tensor, dim: int, size: int, pad_index: float, pad_first: bool
+) -> torch.Tensor:
+    shape = list(tensor.shape)
+    extra = size - shape[dim]
+    shape[dim] = extra
+    filler = torch.full(shape, pad_index, dtype=tensor.dtype, device=tensor.device)
+    parts = [filler, tensor] if pad_first else [tensor, filler]
+    return torch.cat(parts, dim=dim)
+
+
+def pad_across_processes(
+    data: Any, dim: int = 0, pad_index: float = 0, pad_first: bool = False
+) -> Any:
+    """Pad tensors along ``dim`` to the largest size any process has, so they can be gathered.
+
+    Example:
+        >>> pad_across_processes(torch.ones(2, 3), dim=1)  # world size 1: unchanged
+        tensor([[1., 1., 1.],
+                [1., 1., 1.]])
+    """
+    if world_size() == 1:
+        return data
+    tensors = _tensors(data)
+    local = [t.shape[dim] if dim < t.ndim else -1 for t in tensors]
+    everyone: list[Any] = [None] * world_size()
+    dist.all_gather_object(everyone, local)
+    largest = [max(sizes) for sizes in zip(*everyone, strict=True)]
+    padded = iter(
+        [
+            t if size < 0 or t.shape[dim] == size else _pad_dim(t, dim, size, pad_index, pad_first)
+            for t, size in zip(tensors, largest, strict=True)
+        ]
+    )
+    return recursively_apply(lambda _: next(padded), data)
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Copy tensors from ``from_process`` to every process (in place, also returned).
+
+    Example:
+        >>> broadcast(torch.tensor([3]))  # world size 1
+        tensor([3])
+    """
+    if world_size() == 1:
+        return data
+
+    def _broadcast(tensor: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(tensor, src=from_process)
+        return tensor
+
+    return recursively_apply(_broadcast, data)
+
+
+def broadcast_object(obj: Any, from_process: int = 0) -> Any:
+    """Return ``from_process``'s picklable object on every process.
+
+    Example:
+        >>> broadcast_object({"seed": 1})  # world size 1
+        {'seed': 1}
+    """
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=from_process)
+    return box[0]

@@ -1,0 +1,191 @@
+"""Optimizer and LR-scheduler wrappers that respect gradient accumulation and fp16 scaling.
+
+They follow Accelerate's rules so a loop gives the same numbers with either library: the
+optimizer only steps (and only zeroes gradients) on the micro-step that syncs gradients, a
+scheduler only steps when its optimizer really stepped, and, unless batches are split, it
+steps once per process so a schedule written for one process keeps its length.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "GradientState"]
+
+
+class _Loader(Protocol):
+    end_of_dataloader: bool
+    remainder: int
+
+
+class GradientState:
+    """Accumulation bookkeeping of one Accelerator, shared with its prepared objects.
+
+    Attributes:
+        num_steps: Micro-steps per optimizer step.
+        sync_gradients: True on the micro-step where gradients are all-reduced and applied.
+        step: Micro-steps since the last sync.
+    """
+
+    def __init__(self, num_steps: int) -> None:
+        self.num_steps = num_steps
+        self.sync_gradients = True
+        self.step = 0
+        self._active: list[_Loader] = []
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the innermost running data loader hands out its last batch."""
+        return bool(self._active) and self._active[-1].end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the innermost loader's last round (-1: unknown or no padding)."""
+        return self._active[-1].remainder if self._active else -1
+
+    def begin(self, loader: _Loader) -> None:
+        self._active.append(loader)
+
+    def end(self, loader: _Loader) -> None:
+        if loader in self._active:
+            self._active.remove(loader)
+
+    def advance(self) -> None:
+        """Count one micro-step and decide whether it syncs (the end of data always does)."""
+        if self.end_of_dataloader:
+            self.step = 0
+            self.sync_gradients = True
+        else:
+            self.step += 1
+            self.sync_gradients = self.step % self.num_steps == 0
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer: steps only when gradients are synced, through a GradScaler for fp16.
+
+    Example:
+        >>> optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> optimizer.step(); optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_state: GradientState,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        # Deliberately not calling Optimizer.__init__: the wrapped optimizer owns all state.
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.gradient_state = gradient_state
+        self.step_was_skipped = False
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        if not self.gradient_state.sync_gradients:
+            return
+        if self.scaler is None:
+            self.optimizer.step(closure)
+            self.step_was_skipped = False
+            return
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer, closure)
+        self.scaler.update()
+        # GradScaler lowers its scale exactly when it skipped the step (inf/nan gradients).
+        self.step_was_skipped = self.scaler.get_scale() < scale_before
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class AcceleratedScheduler:
+    """Wraps an LR scheduler so it steps only when its optimizers really stepped.
+
+    Example:
+        >>> scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, 10))
+        >>> scheduler.step()
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: list[AcceleratedOptimizer],
+        gradient_state: GradientState,
+        num_processes: int,
+        split_batches: bool,
+        step_with_optimizer: bool = True,
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers
+        self.gradient_state = gradient_state
+        self.num_processes = num_processes
+        self.split_batches = split_batches
+        self.step_with_optimizer = step_with_optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            # Keeps torch's "scheduler.step() before optimizer.step()" check quiet, as Accelerate.
+            self.scheduler._step_count += 1
+            return
+        if any(optimizer.step_was_skipped for optimizer in self.optimizers):
+            return
+        # Without split_batches every process sees its own batch, so one optimizer step
+        # consumes num_processes batches of the schedule's length.
+        repeats = 1 if self.split_batches else self.num_processes
+        total = getattr(self.scheduler, "total_steps", None)
+        for _ in range(repeats):
+            if total is not None and self.scheduler._step_count > total:
+                break  # OneCycleLR raises past its end (a short last round)
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":  # not set yet (unpickling): avoid infinite recursion
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)

@@ -1,0 +1,107 @@
+"""Where this process stands in the job, and settings inherited from the launch or environment.
+
+Resolved once per Accelerator from, in order: the active notebook launch, a torchrun-style
+environment (the default process group is then created here), or a plain single process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from notebook_kit.runtime import current_launch
+
+__all__ = ["ProcessState", "resolve_process_state", "resolve_setting"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """Rank, world size and device of this process (plain data, one per Accelerator)."""
+
+    process_index: int
+    local_process_index: int
+    num_processes: int
+    device: torch.device
+    backend: str | None
+
+
+def _torchrun_environment() -> bool:
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def resolve_process_state(cpu: bool) -> ProcessState:
+    """Find (or, under torchrun, create) the process group this process belongs to.
+
+    Example:
+        >>> resolve_process_state(cpu=True).num_processes  # a plain process
+        1
+    """
+    launch = current_launch()
+    if launch is not None:
+        # The launcher already chose the hardware; asking CUDA again here is not needed.
+        use_cuda = not cpu and launch.backend == "nccl"
+    else:
+        use_cuda = not cpu and torch.cuda.is_available()
+    initialised = dist.is_available() and dist.is_initialized()
+    if launch is not None:
+        rank, local_rank, size = launch.rank, launch.local_rank, launch.world_size
+    elif initialised or _torchrun_environment():
+        if not initialised:
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    else:
+        return ProcessState(0, 0, 1, torch.device("cuda" if use_cuda else "cpu"), None)
+    backend = dist.get_backend() if dist.is_initialized() else None
+    if size > 1 and not dist.is_initialized():
+        raise RuntimeError(
+            f"This is rank {rank} of {size}, but no torch.distributed process group exists. "
+            "Start the function with notebook_launcher or torchrun."
+        )
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    return ProcessState(rank, local_rank, size, device, backend)
+
+
+def resolve_setting(
+    name: str,
+    explicit: T | None,
+    launched: T | None,
+    env_name: str,
+    default: T,
+    parse: Callable[[str], T],
+    choices: Sequence[Any] | None = None,
+) -> T:
+    """The first given of: the explicit argument, the launch's value, the environment, a default.
+
+    Example:
+        >>> resolve_setting("mixed_precision", None, None, "UNSET_VAR", "no", str)
+        'no'
+    """
+    raw = os.environ.get(env_name)
+    if explicit is not None:
+        return explicit
+    if launched is not None:
+        return launched
+    if raw is None or raw == "":
+        return default
+    try:
+        value = parse(raw)
+    except ValueError as error:
+        raise ValueError(
+            f"Environment variable {env_name}={raw!r} is not valid for {name}."
+        ) from error
+    if choices is not None and value not in choices:
+        allowed = ", ".join(repr(choice) for choice in choices)
+        raise ValueError(
+            f"Environment variable {env_name}={raw!r} is invalid: {name} must be one of {allowed}."
+        )
+    return value

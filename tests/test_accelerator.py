@@ -1,0 +1,174 @@
+"""Accelerator in one plain process: arguments, inherited settings, precision, stepping rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_kit import Accelerator, set_seed
+from notebook_kit.accelerator_helpers import _split
+from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
+from notebook_kit.runtime import LaunchContext, active_launch
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mixed_precision": "fp32"}, "mixed_precision must be one of 'no', 'fp16', 'bf16'"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be an integer"),
+        ({"split_batches": "yes"}, "split_batches must be True or False"),
+        ({"even_batches": None}, "even_batches must be True or False"),
+        ({"cpu": 1}, "cpu must be True or False"),
+        ({"log_with": "wandb"}, "log_with must be one of None, 'all'"),
+    ],
+)
+def test_bad_arguments_name_the_parameter_and_the_choices(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Accelerator(**kwargs)
+
+
+def test_settings_precedence_argument_launch_environment_default(monkeypatch):
+    assert Accelerator().mixed_precision == "no"
+    assert Accelerator().gradient_accumulation_steps == 1
+    monkeypatch.setenv("NOTEBOOK_KIT_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", "3")
+    assert Accelerator().mixed_precision == "bf16"
+    assert Accelerator().gradient_accumulation_steps == 3
+    with active_launch(LaunchContext(mixed_precision="fp16", gradient_accumulation_steps=2)):
+        assert Accelerator().mixed_precision == "fp16"
+        assert Accelerator().gradient_accumulation_steps == 2
+        explicit = Accelerator(mixed_precision="no", gradient_accumulation_steps=4)
+        assert (explicit.mixed_precision, explicit.gradient_accumulation_steps) == ("no", 4)
+    monkeypatch.setenv("NOTEBOOK_KIT_MIXED_PRECISION", "half")
+    with pytest.raises(ValueError, match="NOTEBOOK_KIT_MIXED_PRECISION='half'"):
+        Accelerator()
+
+
+def test_plain_process_state():
+    accelerator = Accelerator()
+    assert (accelerator.process_index, accelerator.num_processes) == (0, 1)
+    assert accelerator.is_main_process and accelerator.is_local_main_process
+    assert accelerator.is_last_process and not accelerator.use_distributed
+    assert accelerator.device.type in ("cpu", "cuda")
+    assert Accelerator(cpu=True).device == torch.device("cpu")
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(4, 8)
+        self.out = nn.Linear(8, 1)
+        self.seen: list[torch.dtype] = []
+        self.hidden.register_forward_hook(lambda _m, _i, output: self.seen.append(output.dtype))
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def test_bf16_runs_the_forward_in_bfloat16_without_changing_the_module():
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    net = _Net()
+    prepared = accelerator.prepare(net)
+    output = prepared(torch.randn(3, 4))
+    assert net.seen == [torch.bfloat16] and output.dtype == torch.float32
+    assert accelerator.unwrap_model(prepared) is net
+    assert "forward" not in vars(net), "the user's module object is left as it was"
+    net(torch.randn(3, 4))
+    assert net.seen[-1] == torch.float32
+    with accelerator.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_fp16_path_uses_a_grad_scaler_and_keeps_the_loss_finite():
+    # CPU float16 autocast exists in torch, so the scaler path runs here; on GPU it is the same.
+    accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+    assert accelerator.scaler is not None
+    set_seed(0)
+    net = _Net()
+    model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    for _ in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        accelerator.backward(loss)
+        norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        assert torch.isfinite(loss) and torch.isfinite(norm)
+    assert isinstance(accelerator.optimizer_step_was_skipped, bool)
+
+
+def test_accumulation_steps_the_optimizer_and_scheduler_only_on_sync():
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    data = DataLoader(TensorDataset(torch.randn(10, 2)), batch_size=2)
+    model, optimizer, data, scheduler = accelerator.prepare(model, optimizer, data, scheduler)
+    syncs = []
+    for (x,) in data:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(x).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            syncs.append(accelerator.sync_gradients)
+    assert syncs == [False, True, False, True, True], "the last batch always syncs"
+    assert scheduler.get_last_lr() == [0.1 * 0.5**3]
+
+
+@pytest.mark.parametrize(("split_batches", "expected"), [(False, 3), (True, 1)])
+def test_scheduler_advances_once_per_process_unless_batches_are_split(split_batches, expected):
+    optimizer = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
+    state = GradientState(1)
+    wrapped = AcceleratedOptimizer(optimizer, state)
+    scheduler = AcceleratedScheduler(
+        torch.optim.lr_scheduler.StepLR(optimizer, 1), [wrapped], state, 3, split_batches
+    )
+    wrapped.step()
+    scheduler.step()
+    assert scheduler.last_epoch == expected
+
+
+def test_prepare_keeps_order_and_passes_unknown_objects_through():
+    accelerator = Accelerator()
+    model = nn.Linear(1, 1)
+    marker = object()
+    prepared_model, same_marker = accelerator.prepare(model, marker)
+    assert prepared_model is model and same_marker is marker
+    with pytest.raises(ValueError, match="state_dict"):
+        accelerator.register_for_checkpointing(object())
+
+
+def test_split_between_processes_shares():
+    shares = [_split(list(range(5)), rank, 2, apply_padding=False) for rank in range(2)]
+    assert shares == [[0, 1, 2], [3, 4]]
+    assert _split(list(range(5)), 1, 2, apply_padding=True) == [3, 4, 4]
+    assert _split({"a": torch.arange(3)}, 1, 2, False)["a"].tolist() == [2]
+    with Accelerator().split_between_processes(["x", "y"]) as mine:
+        assert mine == ["x", "y"]
+
+
+def test_log_keeps_history_and_sends_to_the_kernel():
+    sent = []
+    with active_launch(LaunchContext(send=lambda kind, payload: sent.append((kind, payload)))):
+        accelerator = Accelerator()
+        accelerator.log({"loss": torch.tensor(0.5), "lr": 1}, step=3)
+    assert accelerator.logged == [{"step": 3, "values": {"loss": 0.5, "lr": 1.0}}]
+    assert sent == [("log", {"rank": 0, "step": 3, "values": {"loss": 0.5, "lr": 1.0}})]
+    with pytest.raises(TypeError, match="'name' is str"):
+        accelerator.log({"name": "x"})
+
+
+def test_main_process_helpers(tmp_path, capsys):
+    accelerator = Accelerator()
+    accelerator.print("hello")
+    assert capsys.readouterr().out == "hello\n"
+    assert accelerator.on_main_process(lambda: 7)() == 7
+    assert accelerator.on_process(process_index=1)(lambda: 7)() is None
+    with accelerator.main_process_first():
+        accelerator.wait_for_everyone()
+    accelerator.save({"w": torch.ones(1)}, tmp_path / "w.pt")
+    assert [path.name for path in tmp_path.iterdir()] == ["w.pt"]
+    accelerator.set_trigger()
+    assert accelerator.check_trigger() and not accelerator.check_trigger()

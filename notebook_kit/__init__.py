@@ -6,6 +6,7 @@ from notebook_kit.data_loader import skip_first_batches
 from notebook_kit.errors import PortInUseError, WorkerError
 from notebook_kit.launcher import notebook_launcher, notebook_launcher_async
 from notebook_kit.preflight import ForkSafetyError
+from notebook_kit.record import RunRecord, last_run
 from notebook_kit.seeding import set_seed
 
 __all__ = [
@@ -13,7 +14,9 @@ __all__ = [
     "CheckpointError",
     "ForkSafetyError",
     "PortInUseError",
+    "RunRecord",
     "WorkerError",
+    "last_run",
     "notebook_launcher",
     "notebook_launcher_async",
     "set_seed",

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from notebook_kit import operations
+from notebook_kit import metrics, operations, stopping
+from notebook_kit.progress import report_total
 from notebook_kit.runtime import current_launch
 
 if TYPE_CHECKING:
@@ -239,9 +240,31 @@ class ProcessHelpers:
         """
         floats = {str(key): _as_float(str(key), value) for key, value in values.items()}
         self.logged.append({"step": step, "values": floats})
-        launch = current_launch()
-        if launch is not None and launch.send is not None:
-            launch.send("log", {"rank": self.state.process_index, "step": step, "values": floats})
+        metrics.log_from_worker(current_launch(), floats, step)  # buffered: never blocks
+
+    @property
+    def should_stop(self) -> bool:
+        """True on every rank at the same step once the Stop button was clicked.
+
+        A collective: call it at the same point of each step on every rank.
+
+        Example:
+            >>> for batch in loader:
+            ...     train_step(batch)
+            ...     if accelerator.should_stop:
+            ...         break
+        """
+        return stopping.should_stop(current_launch())
+
+    def progress(self, total: int | None = None) -> None:
+        """Set the total number of steps of the kernel's progress bar.
+
+        Without it the total is the prepared dataloader's length times the epochs begun.
+
+        Example:
+            >>> accelerator.progress(total=len(train_loader) * epochs)
+        """
+        report_total(current_launch(), total)
 
     def init_trackers(
         self, project_name: str, config: Mapping[str, Any] | None = None, init_kwargs: Any = None
@@ -250,7 +273,8 @@ class ProcessHelpers:
         self.tracker_config = {"project_name": project_name, **dict(config or {})}
 
     def end_training(self) -> None:
-        """Accepted for Accelerate compatibility: waits for every process."""
+        """Send the last buffered metrics, then wait for every process."""
+        metrics.close_channel(current_launch())
         self.wait_for_everyone()
 
     # -- triggers -------------------------------------------------------------------------

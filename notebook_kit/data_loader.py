@@ -21,8 +21,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from notebook_kit import progress
 from notebook_kit.operations import broadcast_object, send_to_device
 from notebook_kit.optimizer import GradientState
+from notebook_kit.runtime import current_launch
 from notebook_kit.sharding import EpochRandomSampler, IterableDatasetShard, ShardedBatchSampler
 
 __all__ = ["PreparedDataLoader", "prepare_data_loader", "skip_first_batches"]
@@ -129,7 +131,11 @@ class PreparedDataLoader:
                 batches = self._read_ahead(start)
             else:
                 batches = self._counted(self._start_pass(resuming=start > 0))
+            launch = current_launch()
+            if not isinstance(self._inner.dataset, IterableDataset):  # those have no length
+                progress.report_epoch_length(launch, len(self))
             for batch in batches:
+                progress.advance(launch)  # an integer add on rank 0, nothing elsewhere
                 yield batch if self._device.type == "cpu" else send_to_device(batch, self._device)
         finally:
             if sharded:

@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
-from notebook_kit.console import ConsolePrinter
+from notebook_kit.headless import HeadlessObserver, QuietObserver
 from notebook_kit.observer import LaunchObserver
 
-__all__ = ["default_observer"]
+__all__ = ["default_observer", "notebook_front_end"]
+
+
+def notebook_front_end() -> bool:
+    """True inside a Jupyter kernel that can show widgets (not plain python or terminal IPython).
+
+    Any failure of the probe means "no": the text display always works.
+
+    Example:
+        >>> notebook_front_end()
+        False
+    """
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+            return False
+        import ipywidgets  # noqa: F401  (the live view needs it)
+    except Exception:
+        return False
+    return True
 
 
 def default_observer(live: bool | None) -> LaunchObserver:
-    """The observer a launch uses when the caller gives none."""
-    return ConsolePrinter()
+    """The observer a launch uses when the caller gives none.
+
+    ``live=False`` shows only errors; otherwise a notebook gets the live view (plot, progress,
+    per-rank output, Stop button) and anything else prints compact progress lines.
+
+    Example:
+        >>> observer = default_observer(None)
+    """
+    if live is False:
+        return QuietObserver()
+    if notebook_front_end():
+        from notebook_kit.live import LiveObserver  # widgets and matplotlib load only here
+
+        return LiveObserver()
+    return HeadlessObserver()

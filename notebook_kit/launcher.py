@@ -231,7 +231,10 @@ def _run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> A
     error: BaseException | None = None
     try:
         with _caller_process_group(place, context), active_launch(context):
-            return function(*args, **kwargs)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                context.close()
     except BaseException as raised:
         error = raised
         raise

@@ -59,6 +59,8 @@ class LaunchContext:
         stop_flag: Set by the kernel to ask the training loop to stop; None if unsupported.
         prepared_models: Modules given to ``Accelerator.prepare`` in this process, in order.
         restart_count: How many times the launch restarted its workers after a failure.
+        extensions: Per-launch state of feature modules (the metrics channel, stop votes),
+            keyed by module; values with a ``close()`` method are closed by :meth:`close`.
     """
 
     rank: int = 0
@@ -74,10 +76,18 @@ class LaunchContext:
     stop_flag: StopFlag | None = None
     prepared_models: list[Any] = field(default_factory=list)
     restart_count: int = 0
+    extensions: dict[str, Any] = field(default_factory=dict)
 
     def stop_requested(self) -> bool:
         """True once the kernel asked this launch to stop."""
         return self.stop_flag is not None and self.stop_flag.is_set()
+
+    def close(self) -> None:
+        """End of the user's function: close what the feature modules opened (flushes)."""
+        for extension in self.extensions.values():
+            close = getattr(extension, "close", None)
+            if callable(close):
+                close()
 
     def register_prepared_model(self, model: Any) -> None:
         """Remember a model given to ``prepare`` so its trained weights can go home."""

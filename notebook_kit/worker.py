@@ -172,7 +172,10 @@ def _run(
     try:
         store = join_process_group(spec)
         with active_launch(context):
-            value = function(*args, **kwargs)
+            try:
+                value = function(*args, **kwargs)
+            finally:
+                context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
         if exit_request.code in (None, 0):
             value = None

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_kit import Accelerator, set_seed
 from notebook_kit.accelerator_helpers import _split
+from notebook_kit.metrics import MetricsAggregator
 from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
 from notebook_kit.runtime import LaunchContext, active_launch
 
@@ -155,7 +156,9 @@ def test_log_keeps_history_and_sends_to_the_kernel():
         accelerator = Accelerator()
         accelerator.log({"loss": torch.tensor(0.5), "lr": 1}, step=3)
     assert accelerator.logged == [{"step": 3, "values": {"loss": 0.5, "lr": 1.0}}]
-    assert sent == [("log", {"rank": 0, "step": 3, "values": {"loss": 0.5, "lr": 1.0}})]
+    received = MetricsAggregator()
+    assert all(received.add_message(0, kind, payload) for kind, payload in sent)
+    assert received.histories() == {"loss": [(3, 0.5)], "lr": [(3, 1.0)]}
     with pytest.raises(TypeError, match="'name' is str"):
         accelerator.log({"name": "x"})
 

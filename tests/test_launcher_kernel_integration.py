@@ -11,6 +11,7 @@ from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
 from tests.conftest import kernel_environment
+from tests.notebook_text import cell_text, widget_text
 
 pytestmark = pytest.mark.integration
 
@@ -28,22 +29,30 @@ def train(scale):
 LAUNCH = "result = notebook_launcher(train, args=(10,), num_processes=2)\nresult"
 
 
-def _text(outputs: list[dict]) -> str:
-    streams = [output for output in outputs if output["output_type"] == "stream"]
-    return "".join(output["text"] for output in streams)
-
-
 def test_notebook_cell_launch_returns_result_and_rank_output():
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(DEFINE), nbformat.v4.new_code_cell(LAUNCH)]
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3", store_widget_state=True)
+    client.execute(env=kernel_environment())
+    launch = notebook.cells[1]
+    # The live view shows the banner and each rank's lines in widgets saved with the notebook.
+    shown = cell_text(launch) + "\n" + widget_text(notebook)
+    assert "Launching 2 processes on CPU (gloo)" in shown
+    assert "rank 0 of 2 sees 3.0" in shown
+    assert "rank 1 of 2 sees 3.0" in shown
+    results = [o for o in launch.outputs if o["output_type"] == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == "30.0"
+
+
+def test_plain_printer_prefixes_rank_lines_in_the_cell():
+    notebook = nbformat.v4.new_notebook()
+    launch = LAUNCH.replace("num_processes=2)", "num_processes=2, observer=ConsolePrinter())")
+    setup = DEFINE + "from notebook_kit.console import ConsolePrinter\n"
+    notebook.cells = [nbformat.v4.new_code_cell(setup), nbformat.v4.new_code_cell(launch)]
     NotebookClient(notebook, timeout=120, kernel_name="python3").execute(env=kernel_environment())
-    outputs = notebook.cells[1].outputs
-    text = _text(outputs)
-    assert "Launching 2 processes on CPU (gloo)" in text
+    text = cell_text(notebook.cells[1])
     assert "[rank 0] rank 0 of 2 sees 3.0" in text
     assert "[rank 1] rank 1 of 2 sees 3.0" in text
-    results = [o for o in outputs if o["output_type"] == "execute_result"]
-    assert results and results[0]["data"]["text/plain"] == "30.0"
 
 
 def _execute(client, code: str, timeout: float = 60.0) -> list[dict]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import re
 import shutil
 import time
@@ -13,27 +12,11 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.conftest import kernel_environment
+from tests.notebook_text import cell_text, widget_text
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
-
-
-def _text(cell: nbformat.NotebookNode) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        parts.append(output.get("text", ""))
-        parts.append(output.get("data", {}).get("text/plain", ""))
-        if output.get("output_type") == "error":
-            parts.append("\n".join(output.get("traceback", [])))
-    return "".join(parts)
-
-
-def _widget_text(nb: nbformat.NotebookNode) -> str:
-    """Text shown by widgets (the launcher's live view puts each rank's output in one)."""
-    widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
-    values = [model["state"].get("value", "") for model in widgets.get("state", {}).values()]
-    return "\n".join(html.unescape(re.sub(r"<[^>]+>", "", str(value))) for value in values)
 
 
 def test_quickstart_trains_on_two_processes_and_brings_the_model_home(tmp_path: Path) -> None:
@@ -51,8 +34,10 @@ def test_quickstart_trains_on_two_processes_and_brings_the_model_home(tmp_path: 
     assert time.monotonic() - started < 120
 
     # Worker output reaches the cell as "[rank r] ..." lines or inside the live-view widgets.
-    launch = _text(next(c for c in nb.cells if "notebook_launcher(train" in c.get("source", "")))
-    shown = launch + "\n" + _widget_text(nb)
+    launch = cell_text(
+        next(c for c in nb.cells if "notebook_launcher(train" in c.get("source", ""))
+    )
+    shown = launch + "\n" + widget_text(nb)
     assert "rank 0 of 2: 23 batches per epoch" in shown
     assert "rank 1 of 2: 23 batches per epoch" in shown
     pattern = r"test accuracy: ([\d.]+)% on 360 images \(gathered from 2 processes\)"
@@ -60,7 +45,7 @@ def test_quickstart_trains_on_two_processes_and_brings_the_model_home(tmp_path: 
     assert len(accuracies) == 1, f"accelerator.print prints on rank 0 only:\n{shown}"
     assert float(accuracies[0]) >= 95.0
 
-    kernel = _text(nb.cells[-1])
+    kernel = cell_text(nb.cells[-1])
     assert re.search(r"first test image: predicted \d, label \d", kernel)
     home = re.search(r"accuracy of the trained model in this kernel: ([\d.]+)%", kernel)
     assert home and float(home.group(1)) == pytest.approx(float(accuracies[0]), abs=0.05)

@@ -1,0 +1,132 @@
+"""Text displays for a launch: compact progress lines without a notebook, errors only when off.
+
+Without a notebook front end (plain python, a terminal IPython, CI logs) a redrawn bar would
+fill logs with carriage returns, so progress is printed as a short line every few seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from notebook_kit.console import ConsolePrinter
+from notebook_kit.observer import LaunchInfo, LaunchSummary, Stream
+from notebook_kit.rank_output import last_segment
+from notebook_kit.record import RunRecorder
+
+__all__ = ["HeadlessObserver", "QuietObserver", "progress_line"]
+
+_LINE_SECONDS = 10.0  # between two progress lines
+
+
+def progress_line(
+    count: int, total: int | None, elapsed: float, latest: dict[str, float], dropped: int = 0
+) -> str:
+    """One line of progress: steps, rate, ETA and the newest metric values.
+
+    Example:
+        >>> progress_line(50, 100, 10.0, {"loss": 0.5})
+        'step 50/100 (50%) · 5.00 steps/s · ETA 00:10 · loss 0.5'
+    """
+    from tqdm import tqdm
+
+    parts = [f"step {count}/{total} ({100 * count // total}%)" if total else f"step {count}"]
+    if count and elapsed > 0:
+        rate = count / elapsed
+        parts.append(f"{rate:.2f} steps/s")
+        if total and total > count:
+            parts.append(f"ETA {tqdm.format_interval((total - count) / rate)}")
+    parts.extend(f"{name} {value:.4g}" for name, value in latest.items())
+    if dropped:
+        parts.append(f"{dropped} metric records dropped")
+    return " · ".join(parts)
+
+
+class HeadlessObserver:
+    """Worker lines prefixed with their rank, plus a progress line every few seconds.
+
+    Example:
+        >>> notebook_launcher(train, num_processes=2, observer=HeadlessObserver())
+    """
+
+    def __init__(self, interval: float = _LINE_SECONDS) -> None:
+        self.recorder = RunRecorder()
+        self.console = ConsolePrinter()
+        self.interval = interval
+        self._started = time.monotonic()
+        self._last_line = 0.0
+        self._printed_version = -1
+
+    def on_start(self, info: LaunchInfo) -> None:
+        self.recorder.on_start(info)
+        self.console.on_start(info)
+        self._started = self._last_line = time.monotonic()
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        self.console.on_output(rank, stream, last_segment(line))
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+        self.recorder.on_message(rank, kind, payload)
+        info = self.recorder.info
+        if info is not None and info.in_process:  # no ticks while the kernel itself trains
+            self.on_tick()
+
+    def on_tick(self) -> None:
+        if time.monotonic() - self._last_line >= self.interval:
+            self._print_progress()
+        self.console.on_tick()
+
+    def _print_progress(self) -> None:
+        self._last_line = time.monotonic()
+        metrics = self.recorder.metrics
+        if metrics.version == self._printed_version and not self.recorder.progress.count:
+            return
+        self._printed_version = metrics.version
+        state = self.recorder.progress
+        elapsed = time.monotonic() - self._started
+        line = progress_line(
+            state.count, state.expected, elapsed, metrics.latest(), metrics.total_dropped
+        )
+        print(f"[progress] {line}", flush=True)
+
+    def on_finish(self, summary: LaunchSummary) -> None:
+        self.recorder.finish(summary)
+        metrics = self.recorder.metrics
+        if metrics.values or self.recorder.progress.count:
+            state = self.recorder.progress
+            line = progress_line(
+                state.count, state.expected, summary.duration, metrics.latest(),
+                metrics.total_dropped,
+            )  # fmt: skip
+            ending = "stopped" if summary.stopped else "finished"
+            print(f"[{ending}] {line}", flush=True)
+        self.console.on_finish(summary)
+
+
+class QuietObserver:
+    """``live=False``: nothing but what workers wrote to stderr; the run is still recorded.
+
+    Example:
+        >>> notebook_launcher(train, num_processes=2, live=False)
+    """
+
+    def __init__(self) -> None:
+        self.recorder = RunRecorder()
+
+    def on_start(self, info: LaunchInfo) -> None:
+        self.recorder.on_start(info)
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        if stream == "stderr":
+            sys.stderr.write(f"[rank {rank}] {last_segment(line)}\n")
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+        self.recorder.on_message(rank, kind, payload)
+
+    def on_tick(self) -> None:
+        sys.stderr.flush()
+
+    def on_finish(self, summary: LaunchSummary) -> None:
+        self.recorder.finish(summary)
+        sys.stderr.flush()

@@ -1,0 +1,275 @@
+"""The metrics channel: cheap logging in the workers, aggregation in the kernel.
+
+A worker's ``log`` call only appends to a bounded in-memory buffer; a background thread sends
+the buffer to the kernel in batches a few times a second. When the kernel reads too slowly the
+buffer fills, new records are dropped and counted, and the count travels with the next batch,
+so the kernel can say how many records it never saw. In the kernel, :class:`MetricsAggregator`
+keeps every value per metric, step and rank and gives the mean over ranks per step.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from notebook_kit.runtime import LaunchContext
+
+__all__ = [
+    "BATCH_KIND",
+    "SINGLE_KIND",
+    "MetricsAggregator",
+    "WorkerChannel",
+    "channel",
+    "close_channel",
+    "flush",
+    "log_from_worker",
+]
+
+BATCH_KIND = "metrics"  # message kind of a batch from the sender thread
+SINGLE_KIND = "log"  # message kind of one record sent directly: {"rank", "step", "values"}
+_BUFFER_RECORDS = 10_000
+_SEND_INTERVAL = 0.05  # seconds between batches: bounds the latency a record adds
+_EXTENSION = "metrics"  # where a context keeps its channel
+
+Record = tuple[int, int | None, dict[str, Any]]  # rank, step, values
+
+
+class WorkerChannel:
+    """One process's side of the channel: a bounded buffer and the thread that empties it.
+
+    In a forked worker ``send`` writes to a pipe that can block, so a daemon thread does the
+    sending. In the kernel's own process (a run with one process) ``send`` is a plain call,
+    so records go out at once and nothing needs a thread.
+
+    Example:
+        >>> channel(current_launch()).log(step=3, values={"loss": 0.5})
+    """
+
+    def __init__(self, context: LaunchContext, capacity: int = _BUFFER_RECORDS) -> None:
+        self.context = context
+        self.capacity = capacity
+        self.buffer: collections.deque[Record] = collections.deque()
+        self.dropped = 0
+        self.steps = 0  # progress count (advanced by ``progress.advance``)
+        self.total: int | None = None
+        self.epoch_length: int | None = None
+        self._sent_state: tuple[int, int, int | None, int | None] = (0, 0, None, None)
+        self._lock = threading.Lock()  # one batch at a time: the thread or ``flush``
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.direct = context.world_size == 1  # a world of one runs inside the kernel
+
+    def log(self, step: int | None, values: dict[str, Any]) -> None:
+        if len(self.buffer) >= self.capacity:
+            self.dropped += 1
+            return
+        self.buffer.append((self.context.rank, step, values))
+        if self.direct:
+            self.send_batch()
+        elif self._thread is None:
+            self._start()
+
+    def state_changed(self) -> None:
+        """Progress or total changed: send now in-kernel, else with the next batch."""
+        if self.direct:
+            self.send_batch()
+        elif self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="notebook_kit-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed.wait(_SEND_INTERVAL):
+            self.send_batch()
+
+    def send_batch(self) -> None:
+        """Send what is buffered (and the progress state, if it changed)."""
+        send = self.context.send
+        with self._lock:
+            records = [self.buffer.popleft() for _ in range(len(self.buffer))]
+            state = (self.dropped, self.steps, self.total, self.epoch_length)
+            if send is None or (not records and state == self._sent_state):
+                return
+            records = [(rank, step, _plain(values)) for rank, step, values in records]
+            payload = {
+                "rank": self.context.rank,
+                "records": records,
+                "dropped": state[0],
+                "steps": state[1],
+                "total": state[2],
+                "epoch_length": state[3],
+            }
+            send(BATCH_KIND, payload)
+            self._sent_state = state
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread and send what is left."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.send_batch()
+
+
+def channel(context: LaunchContext) -> WorkerChannel:
+    """The channel of ``context``, created on first use (one per launch and process).
+
+    Example:
+        >>> channel(current_launch()).dropped
+        0
+    """
+    existing = context.extensions.get(_EXTENSION)
+    if existing is None:
+        existing = context.extensions[_EXTENSION] = WorkerChannel(context)
+    return existing
+
+
+def log_from_worker(
+    context: LaunchContext | None, values: Mapping[str, Any], step: int | None = None
+) -> None:
+    """Queue ``values`` for the kernel without blocking (what ``Accelerator.log`` calls).
+
+    Scalar tensors on the CPU are read at once; tensors on an accelerator are copied (an
+    asynchronous kernel launch) and read by the sender thread, so the training loop never
+    waits for the device. Outside a launch this does nothing.
+
+    Args:
+        context: The launch of this process (``runtime.current_launch()``).
+        values: Metric name to number or scalar tensor.
+        step: The training step; None numbers each rank's calls 0, 1, 2, ...
+
+    Example:
+        >>> log_from_worker(current_launch(), {"loss": loss}, step=i)
+    """
+    if context is None or context.send is None:
+        return
+    channel(context).log(step, {name: _snapshot(value) for name, value in values.items()})
+
+
+def flush(context: LaunchContext | None) -> None:
+    """Send everything logged so far, blocking until it is written.
+
+    Example:
+        >>> flush(current_launch())
+    """
+    if context is not None and _EXTENSION in context.extensions:
+        channel(context).send_batch()
+
+
+def close_channel(context: LaunchContext | None) -> None:
+    """Stop the sender thread and send what is left; call when the user's function ends.
+
+    Example:
+        >>> close_channel(current_launch())
+    """
+    if context is not None and _EXTENSION in context.extensions:
+        channel(context).close()
+
+
+def _snapshot(value: Any) -> Any:
+    """Read a CPU scalar now; copy a device tensor so later in-place updates don't leak in."""
+    if hasattr(value, "detach") and hasattr(value, "device"):
+        if value.device.type == "cpu":
+            return value.detach().item() if value.numel() == 1 else value.detach().clone()
+        return value.detach().clone()
+    return value
+
+
+def _plain(values: dict[str, Any]) -> dict[str, float]:
+    """Numbers only: what cannot become a float is left out rather than failing the send."""
+    plain = {}
+    for name, value in values.items():
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):
+            plain[str(name)] = float(value.item() if hasattr(value, "item") else value)
+    return plain
+
+
+# -- kernel side -------------------------------------------------------------------------------
+
+
+@dataclass
+class MetricsAggregator:
+    """Every logged value by metric, step and rank; means over ranks per step.
+
+    Example:
+        >>> metrics = MetricsAggregator()
+        >>> metrics.add(0, 1, {"loss": 1.0}); metrics.add(1, 1, {"loss": 3.0})
+        >>> metrics.history("loss")
+        [(1, 2.0)]
+    """
+
+    values: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)  # rank -> records it could not send
+    version: int = 0  # grows with every change; a display redraws when it moved
+    _auto_steps: dict[int, int] = field(default_factory=dict)
+
+    def add(self, rank: int, step: int | None, values: Mapping[str, float]) -> None:
+        """Record one ``log`` call of ``rank``; ``step=None`` counts that rank's calls."""
+        if step is None:
+            step = self._auto_steps.get(rank, 0)
+        self._auto_steps[rank] = int(step) + 1
+        for name, value in values.items():
+            self.values.setdefault(name, {}).setdefault(int(step), {})[rank] = float(value)
+        self.version += 1
+
+    def add_message(self, rank: int, kind: str, payload: Any) -> bool:
+        """Take a worker message if it carries metrics; False for other kinds."""
+        if kind == SINGLE_KIND:
+            values = _plain(dict(payload.get("values", {})))
+            self.add(int(payload.get("rank", rank)), payload.get("step"), values)
+            return True
+        if kind != BATCH_KIND:
+            return False
+        for record_rank, step, values in payload["records"]:
+            self.add(record_rank, step, values)
+        if payload.get("dropped", 0) != self.dropped.get(rank, 0):
+            self.dropped[rank] = payload["dropped"]
+            self.version += 1
+        return True
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.values)
+
+    @property
+    def total_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def history(self, name: str) -> list[tuple[int, float]]:
+        """``(step, mean over the ranks that logged it)`` for one metric, by step."""
+        by_step = self.values.get(name, {})
+        return [(step, sum(r.values()) / len(r)) for step, r in sorted(by_step.items())]
+
+    def rank_history(self, name: str, rank: int) -> list[tuple[int, float]]:
+        """``(step, value)`` that ``rank`` logged for one metric."""
+        by_step = self.values.get(name, {})
+        return [(step, r[rank]) for step, r in sorted(by_step.items()) if rank in r]
+
+    def latest(self) -> dict[str, float]:
+        """The mean at the last step of every metric."""
+        latest = {}
+        for name, by_step in self.values.items():
+            ranks = by_step[max(by_step)]
+            latest[name] = sum(ranks.values()) / len(ranks)
+        return latest
+
+    def last_step(self) -> int | None:
+        steps = [max(by_step) for by_step in self.values.values() if by_step]
+        return max(steps) if steps else None
+
+    def histories(self) -> dict[str, list[tuple[int, float]]]:
+        return {name: self.history(name) for name in self.values}
+
+    def rank_histories(self) -> dict[int, dict[str, list[tuple[int, float]]]]:
+        ranks = sorted({rank for s in self.values.values() for r in s.values() for rank in r})
+        return {
+            rank: {
+                name: history for name in self.values if (history := self.rank_history(name, rank))
+            }
+            for rank in ranks
+        }

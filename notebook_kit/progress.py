@@ -1,0 +1,157 @@
+"""Progress of a run: counted in the workers, shown by one tqdm bar in the kernel.
+
+Workers only bump a counter (rank 0's count is the run's progress); the metrics channel carries
+it to the kernel with the next batch. The kernel owns the single bar, so worker processes never
+draw one of their own into the cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from notebook_kit.metrics import BATCH_KIND, SINGLE_KIND, channel
+from notebook_kit.runtime import LaunchContext
+
+__all__ = ["ProgressBar", "ProgressState", "advance", "report_epoch_length", "report_total"]
+
+
+def report_total(context: LaunchContext | None, total: int | None) -> None:
+    """Set the number of steps of the whole run (``accelerator.progress(total=...)``).
+
+    Example:
+        >>> report_total(current_launch(), len(loader) * epochs)
+    """
+    if context is None or context.send is None or context.rank != 0:
+        return
+    state = channel(context)
+    state.total = None if total is None else int(total)
+    state.state_changed()
+
+
+def report_epoch_length(context: LaunchContext | None, length: int) -> None:
+    """Tell the kernel how many steps one epoch has (a prepared dataloader's ``len``).
+
+    Without an explicit total the bar's total becomes this length times the epochs begun.
+
+    Example:
+        >>> report_epoch_length(current_launch(), len(prepared_loader))
+    """
+    if context is None or context.send is None or context.rank != 0:
+        return
+    state = channel(context)
+    state.epoch_length = int(length)
+    state.state_changed()
+
+
+def advance(context: LaunchContext | None, steps: int = 1) -> None:
+    """Count ``steps`` finished training steps (cheap: an integer add on rank 0).
+
+    Example:
+        >>> advance(current_launch())
+    """
+    if context is None or context.send is None or context.rank != 0:
+        return
+    state = channel(context)
+    state.steps += steps
+    if state.direct:
+        state.state_changed()
+
+
+@dataclass
+class ProgressState:
+    """What the kernel knows about progress, from rank 0's batches and the logged steps.
+
+    Example:
+        >>> state = ProgressState(); state.update({"steps": 5, "total": 10}); state.count
+        5
+    """
+
+    steps: int = 0
+    total: int | None = None
+    epoch_length: int | None = None
+    epochs_begun: int = 0
+    last_logged_step: int | None = None
+
+    def update(self, payload: dict[str, Any]) -> None:
+        """Take the progress fields of a metrics batch from rank 0."""
+        self.steps = payload.get("steps", self.steps)
+        self.total = payload.get("total", self.total)
+        length = payload.get("epoch_length")
+        if length is not None and self.epoch_length is None:
+            self.epoch_length = length
+        for _, step, _ in payload.get("records", ()):
+            if step is not None:
+                self.last_logged_step = max(step, self.last_logged_step or 0)
+
+    def take(self, rank: int, kind: str, payload: Any) -> None:
+        """Follow rank 0: its batches, or the step of its single ``log`` records."""
+        if rank != 0:
+            return
+        if kind == BATCH_KIND:
+            self.update(payload)
+        elif kind == SINGLE_KIND and payload.get("step") is not None:
+            self.last_logged_step = max(int(payload["step"]), self.last_logged_step or 0)
+
+    @property
+    def count(self) -> int:
+        """Steps done: counted steps, else the last step logged."""
+        if self.steps or self.last_logged_step is None:
+            return self.steps
+        return self.last_logged_step + 1
+
+    @property
+    def expected(self) -> int | None:
+        """The total, explicit or from the epoch length (grows by an epoch when one is passed)."""
+        if self.total is not None:
+            return self.total
+        if self.epoch_length:
+            epochs = max(1, -(-self.count // self.epoch_length))
+            return self.epoch_length * epochs
+        return None
+
+
+class ProgressBar:
+    """The kernel's tqdm bar (``tqdm.auto``: a widget in notebooks), fed from a ProgressState.
+
+    Example:
+        >>> bar = ProgressBar(widget=True); bar.show(state); bar.close(state, "success")
+    """
+
+    def __init__(self, widget: bool) -> None:
+        options: dict[str, Any] = {"unit": "step", "dynamic_ncols": True, "mininterval": 0.25}
+        if widget:  # the caller knows a notebook front end is there (tqdm.auto's own probe)
+            from tqdm.notebook import tqdm as notebook_tqdm
+
+            self.bar = notebook_tqdm(total=None, display=False, **options)  # placed by the view
+        else:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=None, **options)
+        self.widget = getattr(self.bar, "container", None)
+
+    def show(self, state: ProgressState) -> None:
+        expected = state.expected
+        if expected is not None and expected != self.bar.total:
+            self._set_total(expected)
+        if state.count > self.bar.n:
+            self.bar.update(state.count - self.bar.n)
+
+    def _set_total(self, total: int) -> None:
+        if self.widget is not None:  # tqdm.notebook draws an unknown total as a thin info bar
+            progress = self.widget.children[1]
+            progress.bar_style = ""
+            progress.max = total
+            progress.layout.width = None
+        self.bar.total = total
+        self.bar.refresh()
+
+    def close(self, state: ProgressState, outcome: Literal["success", "stopped", "failed"]) -> None:
+        """Show the final count; a stopped run is drawn in amber, a failed one in red."""
+        self.show(state)
+        if outcome == "success" or self.widget is None:
+            self.bar.close()
+            return
+        self.bar.refresh()
+        self.widget.children[1].bar_style = "warning" if outcome == "stopped" else "danger"
+        self.bar.disable = True  # tqdm's close would restyle a bar that ended short

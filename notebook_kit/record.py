@@ -1,0 +1,107 @@
+"""What a finished run leaves behind in the kernel: :func:`last_run`.
+
+Every display the launcher picks by default (live, headless, or ``live=False``) records the
+run the same way, so ``last_run()`` works whichever was shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from notebook_kit.metrics import MetricsAggregator
+from notebook_kit.observer import LaunchInfo, LaunchSummary, RankSummary
+from notebook_kit.progress import ProgressState
+
+__all__ = ["RunRecord", "RunRecorder", "last_run"]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One finished launch, as seen from the kernel.
+
+    Attributes:
+        metrics: Per metric, ``(step, mean over ranks)`` in step order.
+        rank_metrics: Per rank, per metric, ``(step, value)`` as that rank logged it.
+        ranks: Exit code and duration of every local rank.
+        duration: Seconds from the first fork to the end.
+        stopped: The Stop button (or ``stop_flag.set()``) ended the run.
+        succeeded: Every rank finished without error, timeout or interrupt.
+        steps: Training steps counted by the progress bar.
+        dropped: Metric records the workers could not send (the kernel was too slow).
+        figure: The final live plot (a matplotlib Figure), or None when none was drawn.
+
+    Example:
+        >>> steps, losses = zip(*last_run().metrics["loss"])
+    """
+
+    metrics: dict[str, list[tuple[int, float]]]
+    rank_metrics: dict[int, dict[str, list[tuple[int, float]]]]
+    ranks: tuple[RankSummary, ...]
+    duration: float
+    stopped: bool
+    succeeded: bool
+    steps: int = 0
+    dropped: int = 0
+    figure: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def exit_codes(self) -> dict[int, int | None]:
+        return {summary.rank: summary.exit_code for summary in self.ranks}
+
+    @property
+    def durations(self) -> dict[int, float]:
+        return {summary.rank: summary.duration for summary in self.ranks}
+
+
+_last: RunRecord | None = None
+
+
+def last_run() -> RunRecord | None:
+    """The record of the most recent launch in this kernel (None before the first).
+
+    Example:
+        >>> notebook_launcher(train, num_processes=2)
+        >>> record = notebook_kit.last_run()
+        >>> record.metrics["loss"][-1], record.stopped
+        ((99, 0.13), False)
+    """
+    return _last
+
+
+class RunRecorder:
+    """The part shared by every default display: collect metrics and progress, keep a record.
+
+    Example:
+        >>> recorder = RunRecorder(); recorder.on_message(0, "log", payload)
+    """
+
+    def __init__(self) -> None:
+        self.metrics = MetricsAggregator()
+        self.progress = ProgressState()
+        self.info: LaunchInfo | None = None
+
+    def on_start(self, info: LaunchInfo) -> None:
+        self.info = info
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> bool:
+        """Take metrics and progress; False for a message of another kind."""
+        if not self.metrics.add_message(rank, kind, payload):
+            return False
+        self.progress.take(rank, kind, payload)
+        return True
+
+    def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
+        global _last
+        _last = RunRecord(
+            metrics=self.metrics.histories(),
+            rank_metrics=self.metrics.rank_histories(),
+            ranks=summary.ranks,
+            duration=summary.duration,
+            stopped=summary.stopped,
+            succeeded=summary.succeeded,
+            steps=self.progress.count,
+            dropped=self.metrics.total_dropped,
+            figure=figure,
+        )
+        return _last

@@ -1,0 +1,173 @@
+"""The Stop button, and how its click reaches a kernel that is busy running the launch cell.
+
+A cell that calls the blocking ``notebook_launcher`` keeps the kernel's main shell busy, so a
+widget event queued behind it would only run after the training. ipykernel 7 implements kernel
+subshells (JEP 91): extra shell threads, created with a ``create_subshell_request`` on the
+control channel, that handle messages while the main shell is busy. ipykernel sends a comm's
+incoming messages to the subshell that last published on that comm.
+
+So, at the start of a run, the kernel connects a client to itself through its connection file
+(the same documented messaging protocol a front end uses), creates a subshell and opens a comm
+on it; the handler of that comm, running on the subshell, republishes the button's state.
+From then on the button's clicks are handled on that idle subshell, with any front end. The
+click handler only sets the shared stop flag; everything visible happens on the main thread.
+
+Where that is not possible (ipykernel 6, no connection file) the click is still served while a
+cell awaits ``notebook_launcher_async``, and the button says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from typing import Any
+
+import ipywidgets as widgets
+
+from notebook_kit.runtime import StopFlag
+
+__all__ = ["StopButton"]
+
+_REPLY_TIMEOUT = 2.0  # seconds to wait for the kernel's control thread and the subshell
+_ASYNC_HINT = (
+    "This kernel handles the click only after the cell ends; to stop mid-run, "
+    "use `await notebook_launcher_async(...)`."
+)
+
+
+class StopButton:
+    """A Stop button that sets a launch's stop flag, served while the cell runs.
+
+    Example:
+        >>> button = StopButton(info.stop_flag); display(button.widget)
+        >>> ...  # the run
+        >>> button.finish()
+    """
+
+    def __init__(self, stop_flag: StopFlag) -> None:
+        self._flag = stop_flag
+        self._finished = False
+        self.button = widgets.Button(
+            description="Stop",
+            icon="stop",
+            button_style="warning",
+            tooltip="Ends training at the next step boundary, on every rank",
+        )
+        self.button.add_class("nk-stop")
+        self.button.on_click(self._clicked)
+        self.note = widgets.HTML()
+        self.note.add_class("nk-stop-note")
+        self.widget = widgets.HBox([self.button, self.note])
+        self._route: _SubshellRoute | None = None
+
+    def _clicked(self, _: Any) -> None:
+        # Runs on a subshell thread during the run: set the flag only, draw nothing.
+        if not self._finished:
+            with contextlib.suppress(ValueError):  # the flag's memory is gone after the run
+                self._flag.set()
+
+    def serve_during_run(self) -> bool:
+        """Route clicks to a kernel subshell; False (and a hint) where that is impossible."""
+        self._route = _SubshellRoute.open()
+        if self._route is not None and self._route.republish(self.button):
+            return True
+        self.note.value = _ASYNC_HINT
+        return False
+
+    def show_stopping(self) -> None:
+        """Called from the main thread once the flag is seen."""
+        self.note.value = "Stopping at the next step boundary…"
+        # Publishing from the main thread moves the route back to it: no more clicks needed.
+        self.button.disabled = True
+
+    def finish(self) -> None:
+        self._finished = True
+        self.button.disabled = True
+        if self._route is not None:
+            self._route.close()
+            self._route = None
+
+
+class _SubshellRoute:
+    """A client of this kernel holding one subshell, used to claim comms for that subshell."""
+
+    def __init__(self, client: Any, subshell_id: str) -> None:
+        self.client = client
+        self.subshell_id = subshell_id
+
+    @classmethod
+    def open(cls) -> _SubshellRoute | None:
+        client = _self_client()
+        if client is None:
+            return None
+        try:
+            reply = _control_request(client, "create_subshell_request", {})
+        except Exception:
+            reply = None
+        if not reply or reply.get("status") != "ok" or not reply.get("subshell_id"):
+            client.stop_channels()
+            return None
+        return cls(client, reply["subshell_id"])
+
+    def republish(self, widget: widgets.Widget) -> bool:
+        """Publish ``widget``'s state from the subshell, so its events are handled there."""
+        import comm
+
+        done = threading.Event()
+        target = f"notebook_kit.route.{uuid.uuid4().hex}"
+
+        def claim(opened: Any, _: dict[str, Any]) -> None:
+            try:
+                widget.send_state()
+            finally:
+                done.set()
+                opened.close()
+
+        manager = comm.get_comm_manager()
+        manager.register_target(target, claim)
+        try:
+            message = self.client.session.msg(
+                "comm_open", {"comm_id": uuid.uuid4().hex, "target_name": target, "data": {}}
+            )
+            message["header"]["subshell_id"] = self.subshell_id
+            self.client.shell_channel.send(message)
+            return done.wait(_REPLY_TIMEOUT)
+        finally:
+            manager.unregister_target(target, claim)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            _control_request(
+                client=self.client,
+                msg_type="delete_subshell_request",
+                content={"subshell_id": self.subshell_id},
+            )
+        with contextlib.suppress(Exception):
+            self.client.stop_channels()
+
+
+def _self_client() -> Any:
+    """A jupyter_client connected to this very kernel, or None outside an ipykernel >= 7."""
+    try:
+        import ipykernel
+        from ipykernel.connect import get_connection_file
+        from jupyter_client import BlockingKernelClient
+
+        if int(ipykernel.__version__.split(".")[0]) < 7:  # no subshells before ipykernel 7
+            return None
+        client = BlockingKernelClient(connection_file=get_connection_file())
+        client.load_connection_file()
+        client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+    except Exception:  # not in a kernel started from a connection file
+        return None
+    return client
+
+
+def _control_request(client: Any, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
+    message = client.session.msg(msg_type, content)
+    client.control_channel.send(message)
+    while True:  # replies to other requests of this private client cannot arrive, but check
+        reply = client.control_channel.get_msg(timeout=_REPLY_TIMEOUT)
+        if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
+            return reply["content"]

@@ -1,0 +1,139 @@
+"""The metrics channel and the kernel-side aggregation, without processes or a kernel."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from notebook_kit import metrics, progress
+from notebook_kit.headless import progress_line
+from notebook_kit.metrics import BATCH_KIND, MetricsAggregator, WorkerChannel
+from notebook_kit.observer import LaunchSummary, RankSummary
+from notebook_kit.progress import ProgressState
+from notebook_kit.record import RunRecorder, last_run
+from notebook_kit.runtime import LaunchContext
+
+
+def test_mean_over_ranks_per_step_and_per_rank_values_kept() -> None:
+    aggregator = MetricsAggregator()
+    aggregator.add(0, 0, {"loss": 1.0})
+    aggregator.add(1, 0, {"loss": 3.0})
+    aggregator.add(1, 1, {"loss": 5.0})
+    aggregator.add(0, 10, {"val_loss": 0.5})
+    assert aggregator.history("loss") == [(0, 2.0), (1, 5.0)]
+    assert aggregator.rank_history("loss", 1) == [(0, 3.0), (1, 5.0)]
+    assert aggregator.history("val_loss") == [(10, 0.5)]
+    assert aggregator.latest() == {"loss": 5.0, "val_loss": 0.5}
+    assert aggregator.rank_histories()[0] == {"loss": [(0, 1.0)], "val_loss": [(10, 0.5)]}
+
+
+def test_steps_default_to_each_ranks_call_count() -> None:
+    aggregator = MetricsAggregator()
+    for value in (1.0, 2.0):
+        aggregator.add(0, None, {"loss": value})
+        aggregator.add(1, None, {"loss": value + 2})
+    assert aggregator.history("loss") == [(0, 2.0), (1, 3.0)]
+
+
+def test_single_records_from_the_accelerator_are_understood() -> None:
+    aggregator = MetricsAggregator()
+    taken = aggregator.add_message(1, "log", {"rank": 1, "step": 3, "values": {"acc": 0.5}})
+    assert taken and aggregator.history("acc") == [(3, 0.5)]
+    assert not aggregator.add_message(1, "something else", {})
+
+
+def _context(send: Any, rank: int = 0, world_size: int = 2) -> LaunchContext:
+    return LaunchContext(rank=rank, world_size=world_size, send=send)
+
+
+def test_a_blocked_kernel_never_blocks_log_and_drops_are_counted() -> None:
+    sent: list[tuple[str, Any]] = []
+    release = threading.Event()
+
+    def slow_send(kind: str, payload: Any) -> None:
+        release.wait(10)  # the kernel is not reading: the pipe is full
+        sent.append((kind, payload))
+
+    context = _context(slow_send)
+    channel = WorkerChannel(context, capacity=100)
+    context.extensions["metrics"] = channel  # the channel's slot on the launch
+    for step in range(1000):
+        metrics.log_from_worker(context, {"loss": float(step)}, step=step)
+    # The sender thread may hold one batch in its blocked send; the rest is dropped.
+    assert 800 <= channel.dropped <= 900
+    release.set()
+    metrics.close_channel(context)
+    aggregator = MetricsAggregator()
+    for kind, payload in sent:
+        aggregator.add_message(0, kind, payload)
+    received = len(aggregator.history("loss"))
+    assert received + channel.dropped == 1000
+    assert aggregator.total_dropped == channel.dropped
+
+
+def test_values_are_read_when_logged_and_unreadable_ones_left_out() -> None:
+    sent: list[tuple[str, Any]] = []
+    context = _context(lambda kind, payload: sent.append((kind, payload)))
+    loss = torch.tensor(2.0)
+    metrics.log_from_worker(context, {"loss": loss, "name": "not a number", "acc": 1}, step=0)
+    loss += 1  # a later in-place change must not alter what was logged
+    metrics.close_channel(context)
+    ((kind, payload),) = sent
+    assert kind == BATCH_KIND
+    assert payload["records"] == [(0, 0, {"loss": 2.0, "acc": 1.0})]
+
+
+def test_world_of_one_sends_directly_without_a_thread() -> None:
+    sent: list[Any] = []
+    context = _context(lambda kind, payload: sent.append(payload), world_size=1)
+    metrics.log_from_worker(context, {"loss": 1.0}, step=0)
+    progress.advance(context)
+    assert [p["records"] for p in sent] == [[(0, 0, {"loss": 1.0})], []]
+    assert sent[-1]["steps"] == 1
+    assert metrics.channel(context)._thread is None
+
+
+def test_outside_a_launch_logging_does_nothing() -> None:
+    metrics.log_from_worker(None, {"loss": 1.0})
+    metrics.log_from_worker(LaunchContext(send=None), {"loss": 1.0})
+    progress.report_total(None, 10)
+    metrics.flush(None)
+
+
+def test_progress_uses_total_then_epoch_length_then_logged_steps() -> None:
+    state = ProgressState()
+    state.take(0, BATCH_KIND, {"records": [(0, 4, {"loss": 1.0})], "steps": 0})
+    assert (state.count, state.expected) == (5, None)
+    state.take(0, BATCH_KIND, {"records": [], "steps": 12, "epoch_length": 10})
+    assert (state.count, state.expected) == (12, 20)  # into the second epoch
+    state.take(0, BATCH_KIND, {"records": [], "steps": 12, "total": 40})
+    assert state.expected == 40
+    state.take(1, BATCH_KIND, {"records": [], "steps": 99})  # only rank 0 counts
+    assert state.count == 12
+
+
+def test_progress_line_is_compact() -> None:
+    line = progress_line(50, 100, 10.0, {"loss": 0.123456}, dropped=3)
+    assert line == (
+        "step 50/100 (50%) · 5.00 steps/s · ETA 00:10 · loss 0.1235 · 3 metric records dropped"
+    )
+    assert progress_line(0, None, 0.0, {}) == "step 0"
+
+
+def test_recorder_keeps_the_last_run() -> None:
+    recorder = RunRecorder()
+    recorder.on_message(0, "log", {"rank": 0, "step": 0, "values": {"loss": 1.0}})
+    recorder.on_message(1, "log", {"rank": 1, "step": 0, "values": {"loss": 2.0}})
+    summary = LaunchSummary(
+        ranks=(RankSummary(0, 0, 1.5), RankSummary(1, 0, 1.4)), duration=1.6, stopped=True
+    )
+    record = recorder.finish(summary)
+    assert last_run() is record
+    assert record.metrics == {"loss": [(0, 1.5)]}
+    assert record.rank_metrics[1] == {"loss": [(0, 2.0)]}
+    assert record.exit_codes == {0: 0, 1: 0}
+    assert record.durations[1] == pytest.approx(1.4)
+    assert record.stopped and record.succeeded

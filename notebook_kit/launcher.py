@@ -4,30 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping
 from multiprocessing.connection import wait
 from typing import Any
-
-import torch
-import torch.distributed as dist
 
 from notebook_kit import arguments
 from notebook_kit.display import default_observer
 from notebook_kit.errors import WorkerError
 from notebook_kit.forking import fork_workers, open_listener
 from notebook_kit.homecoming import find_kernel_models, load_home_weights
-from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
-from notebook_kit.plan import LOOPBACK, LaunchPlan, make_plan
+from notebook_kit.in_process import run_in_process, torchrun_place
+from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary
+from notebook_kit.plan import LOOPBACK, Call, LaunchPlan, make_plan
 from notebook_kit.preflight import check_fork_safety
-from notebook_kit.runtime import LaunchContext, StopFlag, active_launch, current_launch
+from notebook_kit.runtime import StopFlag
 from notebook_kit.supervisor import Supervisor, interrupts_deferred
 
 __all__ = ["notebook_launcher", "notebook_launcher_async"]
-
-Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 def notebook_launcher(
@@ -99,8 +93,8 @@ def notebook_launcher(
     """
     call, plan = _resolve(function, args, kwargs, locals())
     observer = observer or default_observer(live)
-    if plan.in_process or _torchrun_place():
-        return _run_in_process(call, plan, observer)
+    if plan.in_process or torchrun_place():
+        return run_in_process(call, plan, observer)
     steps = _attempts(call, plan, observer)
     request = next(steps)
     try:
@@ -134,8 +128,8 @@ async def notebook_launcher_async(
     kwargs = options.pop("kwargs", None)
     call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
     observer = observer or default_observer(live)
-    if plan.in_process or _torchrun_place():
-        return _run_in_process(call, plan, observer)
+    if plan.in_process or torchrun_place():
+        return run_in_process(call, plan, observer)
     loop = asyncio.get_running_loop()
     steps = _attempts(call, plan, observer)
     request = next(steps)
@@ -200,123 +194,6 @@ def _resolve(
     args, kwargs = arguments.check_args(args, kwargs)
     plan = make_plan(**{name: options[name] for name in _PLAN_OPTIONS if name in options})
     return (function, args, kwargs), plan
-
-
-# -- one process: run in the kernel ------------------------------------------------------------
-
-
-def _run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> Any:
-    """Run in the calling process (debuggable), inside a process group.
-
-    Under torchrun the group is the job's (from its environment); otherwise a gloo group of
-    one. Exceptions propagate unchanged, so ``%debug`` lands in the user's frame.
-    """
-    function, args, kwargs = call
-    place = _torchrun_place() or _Place(0, 0, 1, 1)
-    stop_flag = StopFlag()
-    context = LaunchContext(
-        rank=place.rank,
-        local_rank=place.local_rank,
-        world_size=place.world_size,
-        local_world_size=place.local_world_size,
-        backend="gloo",
-        mixed_precision=plan.mixed_precision,
-        gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        send=lambda kind, payload: observer.on_message(place.rank, kind, payload),
-        stop_flag=stop_flag,
-    )
-    banner = plan.banner() if place.world_size == 1 else place.banner()
-    observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag, True))
-    started = time.monotonic()
-    error: BaseException | None = None
-    try:
-        with _caller_process_group(place, context), active_launch(context):
-            try:
-                return function(*args, **kwargs)
-            finally:
-                context.close()
-    except BaseException as raised:
-        error = raised
-        raise
-    finally:
-        duration = time.monotonic() - started
-        observer.on_finish(
-            LaunchSummary(
-                ranks=(RankSummary(place.rank, 0 if error is None else 1, duration),),
-                duration=duration,
-                interrupted=isinstance(error, KeyboardInterrupt),
-                stopped=stop_flag.is_set(),
-                error=error,
-            )
-        )
-        stop_flag.close()
-
-
-@dataclass(frozen=True)
-class _Place:
-    """Where the calling process stands in its job."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-
-    def banner(self) -> str:
-        return (
-            f"Running under torchrun as rank {self.rank} of {self.world_size}: torchrun's "
-            f"processes are used, num_processes is ignored"
-        )
-
-
-def _torchrun_place() -> _Place | None:
-    """The caller's rank when torchrun started it (then launching means: run here)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or current_launch() is not None:
-        return None
-    environ = os.environ
-    return _Place(
-        rank=int(environ["RANK"]),
-        local_rank=int(environ["LOCAL_RANK"]),
-        world_size=int(environ["WORLD_SIZE"]),
-        local_world_size=int(environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])),
-    )
-
-
-@contextlib.contextmanager
-def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[None]:
-    """The job's group under torchrun, a gloo group of one otherwise; kept if one exists."""
-    if dist.is_initialized():
-        context.backend = dist.get_backend()
-        yield
-        return
-    if place.world_size > 1:
-        use_cuda = torch.cuda.is_available()
-        context.backend = "nccl" if use_cuda else "gloo"
-        if use_cuda:
-            torch.cuda.set_device(place.local_rank)
-        dist.init_process_group(context.backend)  # env:// from torchrun
-        environment: dict[str, str] = {}
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
-    try:
-        with _temporary_environment(environment):
-            yield
-    finally:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _temporary_environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 # -- N processes: fork and supervise -----------------------------------------------------------

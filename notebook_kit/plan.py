@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from notebook_kit import arguments
 from notebook_kit.preflight import probe_kernel
 
-__all__ = ["DEFAULT_MULTI_NODE_PORT", "LOOPBACK", "LaunchPlan", "make_plan"]
+__all__ = ["DEFAULT_MULTI_NODE_PORT", "LOOPBACK", "Call", "LaunchPlan", "make_plan"]
+
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
 
 DEFAULT_MULTI_NODE_PORT = 29500
 LOOPBACK = "127.0.0.1"

@@ -1,0 +1,138 @@
+"""Running the function in the calling process: one process, or a process torchrun started.
+
+With ``num_processes=1`` the kernel itself runs the function (debuggable: exceptions and
+``%debug`` land in the user's frame) inside a gloo group of one. Under torchrun the processes
+already exist, so launching means running here, inside the job's group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
+from notebook_kit.plan import Call, LaunchPlan
+from notebook_kit.runtime import LaunchContext, StopFlag, active_launch, current_launch
+
+__all__ = ["run_in_process", "torchrun_place"]
+
+
+def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> Any:
+    """Run in the calling process (debuggable), inside a process group.
+
+    Under torchrun the group is the job's (from its environment); otherwise a gloo group of
+    one. Exceptions propagate unchanged, so ``%debug`` lands in the user's frame.
+    """
+    function, args, kwargs = call
+    place = torchrun_place() or _Place(0, 0, 1, 1)
+    stop_flag = StopFlag()
+    context = LaunchContext(
+        rank=place.rank,
+        local_rank=place.local_rank,
+        world_size=place.world_size,
+        local_world_size=place.local_world_size,
+        backend="gloo",
+        mixed_precision=plan.mixed_precision,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        send=lambda kind, payload: observer.on_message(place.rank, kind, payload),
+        stop_flag=stop_flag,
+    )
+    banner = plan.banner() if place.world_size == 1 else place.banner()
+    observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag, True))
+    started = time.monotonic()
+    error: BaseException | None = None
+    try:
+        with _caller_process_group(place, context), active_launch(context):
+            try:
+                return function(*args, **kwargs)
+            finally:
+                context.close()
+    except BaseException as raised:
+        error = raised
+        raise
+    finally:
+        duration = time.monotonic() - started
+        observer.on_finish(
+            LaunchSummary(
+                ranks=(RankSummary(place.rank, 0 if error is None else 1, duration),),
+                duration=duration,
+                interrupted=isinstance(error, KeyboardInterrupt),
+                stopped=stop_flag.is_set(),
+                error=error,
+            )
+        )
+        stop_flag.close()
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where the calling process stands in its job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    def banner(self) -> str:
+        return (
+            f"Running under torchrun as rank {self.rank} of {self.world_size}: torchrun's "
+            f"processes are used, num_processes is ignored"
+        )
+
+
+def torchrun_place() -> _Place | None:
+    """The caller's rank when torchrun started it (then launching means: run here)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or current_launch() is not None:
+        return None
+    environ = os.environ
+    return _Place(
+        rank=int(environ["RANK"]),
+        local_rank=int(environ["LOCAL_RANK"]),
+        world_size=int(environ["WORLD_SIZE"]),
+        local_world_size=int(environ.get("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])),
+    )
+
+
+@contextlib.contextmanager
+def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[None]:
+    """The job's group under torchrun, a gloo group of one otherwise; kept if one exists."""
+    if dist.is_initialized():
+        context.backend = dist.get_backend()
+        yield
+        return
+    if place.world_size > 1:
+        use_cuda = torch.cuda.is_available()
+        context.backend = "nccl" if use_cuda else "gloo"
+        if use_cuda:
+            torch.cuda.set_device(place.local_rank)
+        dist.init_process_group(context.backend)  # env:// from torchrun
+        environment: dict[str, str] = {}
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    try:
+        with _temporary_environment(environment):
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _temporary_environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -8,10 +8,8 @@ import os
 import socket
 import sys
 import warnings
-from collections.abc import Callable
-from typing import Any
 
-from notebook_kit.plan import DEFAULT_MULTI_NODE_PORT, LOOPBACK, LaunchPlan
+from notebook_kit.plan import DEFAULT_MULTI_NODE_PORT, LOOPBACK, Call, LaunchPlan
 from notebook_kit.preflight import open_rendezvous_socket
 from notebook_kit.runtime import StopFlag
 from notebook_kit.supervisor import LineReader, WorkerProcess
@@ -29,7 +27,7 @@ def open_listener(plan: LaunchPlan) -> socket.socket | None:
 
 
 def fork_workers(
-    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]],
+    call: Call,
     plan: LaunchPlan,
     listener: socket.socket | None,
     stop_flag: StopFlag,
@@ -67,7 +65,7 @@ def fork_workers(
 
 
 def _fork_worker(
-    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]],
+    call: Call,
     spec: WorkerSpec,
     stop_flag: StopFlag,
     earlier: list[WorkerProcess],

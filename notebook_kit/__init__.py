@@ -2,9 +2,12 @@
 
 from notebook_kit.accelerator import Accelerator
 from notebook_kit.checkpointing import CheckpointError
+from notebook_kit.config import LaunchConfig
 from notebook_kit.data_loader import skip_first_batches
+from notebook_kit.environment import environment
 from notebook_kit.errors import PortInUseError, WorkerError
 from notebook_kit.launcher import notebook_launcher, notebook_launcher_async
+from notebook_kit.panel import ConfigPanel
 from notebook_kit.preflight import ForkSafetyError
 from notebook_kit.record import RunRecord, last_run
 from notebook_kit.seeding import set_seed
@@ -12,10 +15,13 @@ from notebook_kit.seeding import set_seed
 __all__ = [
     "Accelerator",
     "CheckpointError",
+    "ConfigPanel",
     "ForkSafetyError",
+    "LaunchConfig",
     "PortInUseError",
     "RunRecord",
     "WorkerError",
+    "environment",
     "last_run",
     "notebook_launcher",
     "notebook_launcher_async",

@@ -59,6 +59,7 @@ def fork_workers(
             listen_fd=listener.fileno() if serves_store else None,
             home_model_ids=home_model_ids,
             restart_count=restart_count,
+            seed=plan.seed,
         )
         also_close = (listener.fileno(),) if listener is not None and not serves_store else ()
         workers.append(_fork_worker(call, spec, stop_flag, workers, also_close))

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
 from notebook_kit.plan import Call, LaunchPlan
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch, current_launch
+from notebook_kit.seeding import set_seed
 
 __all__ = ["run_in_process", "torchrun_place"]
 
@@ -46,6 +47,8 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
     )
     banner = plan.banner() if place.world_size == 1 else place.banner()
     observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag, True))
+    if plan.seed is not None:
+        set_seed(plan.seed)
     started = time.monotonic()
     error: BaseException | None = None
     try:

@@ -10,13 +10,14 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_kit import arguments
+from notebook_kit.config import LaunchConfig, resolve_launch_config
 from notebook_kit.display import default_observer
 from notebook_kit.errors import WorkerError
 from notebook_kit.forking import fork_workers, open_listener
 from notebook_kit.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.in_process import run_in_process, torchrun_place
 from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary
-from notebook_kit.plan import LOOPBACK, Call, LaunchPlan, make_plan
+from notebook_kit.plan import Call, LaunchPlan, check_explicit_settings, make_plan
 from notebook_kit.preflight import check_fork_safety
 from notebook_kit.runtime import StopFlag
 from notebook_kit.supervisor import Supervisor, interrupts_deferred
@@ -32,16 +33,18 @@ def notebook_launcher(
     kwargs: Mapping[str, Any] | None = None,
     mixed_precision: arguments.MixedPrecision | None = None,
     use_port: int | None = None,
-    master_addr: str = LOOPBACK,
-    node_rank: int = 0,
-    num_nodes: int = 1,
+    master_addr: str | None = None,
+    node_rank: int | None = None,
+    num_nodes: int | None = None,
     backend: arguments.Backend | None = None,
     threads_per_process: int | None = None,
     timeout: float | None = None,
     gradient_accumulation_steps: int | None = None,
     rendezvous_timeout: float = 300.0,
-    max_restarts: int = 0,
+    max_restarts: int | None = None,
+    seed: int | None = None,
     live: bool | None = None,
+    config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
@@ -53,6 +56,9 @@ def notebook_launcher(
     defined in notebook cells, closures and lambdas work. Models created in the kernel and
     given to ``Accelerator.prepare`` come back holding rank 0's trained weights.
 
+    Settings left as None come from ``config``, else from the saved default
+    (``notebook-kit config``), else from the built-in defaults below.
+
     Args:
         function: The training function.
         args: Positional arguments for ``function``.
@@ -62,17 +68,19 @@ def notebook_launcher(
         mixed_precision: "no", "fp16" or "bf16"; every worker's ``Accelerator`` inherits it.
         use_port: Rendezvous port; default: a free port (single node) or 29500 (multi-node).
         master_addr: Address of node 0 (multi-node only; one node always uses loopback).
-        node_rank: Index of this node in a multi-node job.
-        num_nodes: Number of nodes; the world size is ``num_nodes * num_processes``.
+        node_rank: Index of this node in a multi-node job (default 0).
+        num_nodes: Number of nodes (default 1); the world size is ``num_nodes * num_processes``.
         backend: "gloo" or "nccl"; default: chosen from the hardware.
         threads_per_process: torch threads per worker; default: cores // processes.
         timeout: Seconds after which the run is stopped and TimeoutError raised.
         gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
         rendezvous_timeout: Seconds to wait for the other nodes to join.
-        max_restarts: Times all workers are started again after a rank fails; a function
-            that calls ``accelerator.load_state()`` first resumes from its last checkpoint.
+        max_restarts: Times all workers are started again after a rank fails (default 0); a
+            function that calls ``accelerator.load_state()`` first resumes from its checkpoint.
+        seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
+        config: A ``LaunchConfig`` (e.g. ``ConfigPanel().config``) for the settings not given.
         observer: Receives worker output and messages instead of the default display.
 
     Returns:
@@ -92,7 +100,7 @@ def notebook_launcher(
         0.2
     """
     call, plan = _resolve(function, args, kwargs, locals())
-    observer = observer or default_observer(live)
+    observer = observer or default_observer(plan.live)
     if plan.in_process or torchrun_place():
         return run_in_process(call, plan, observer)
     steps = _attempts(call, plan, observer)
@@ -124,10 +132,9 @@ async def notebook_launcher_async(
         >>> result = await notebook_launcher_async(train, num_processes=2)
     """
     observer = options.pop("observer", None)
-    live = options.pop("live", None)
     kwargs = options.pop("kwargs", None)
     call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
-    observer = observer or default_observer(live)
+    observer = observer or default_observer(plan.live)
     if plan.in_process or torchrun_place():
         return run_in_process(call, plan, observer)
     loop = asyncio.get_running_loop()
@@ -173,26 +180,39 @@ def _attempts(
         restart += 1
 
 
-_PLAN_OPTIONS = (
-    "num_processes", "mixed_precision", "use_port", "master_addr", "node_rank", "num_nodes",
-    "backend", "threads_per_process", "gradient_accumulation_steps", "rendezvous_timeout",
-    "timeout", "max_restarts",
+_SETTINGS = (
+    "num_processes", "mixed_precision", "master_addr", "node_rank", "num_nodes", "backend",
+    "threads_per_process", "gradient_accumulation_steps", "max_restarts", "seed", "live",
 )  # fmt: skip
+_OPTIONS = (*_SETTINGS, "use_port", "config", "timeout", "rendezvous_timeout")
 
 
 def _resolve(
     function: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
 ) -> tuple[Call, LaunchPlan]:
-    """Check the call and every option; nothing has been started when this raises."""
-    unknown = set(options) - set(_PLAN_OPTIONS) - {"function", "args", "kwargs", "observer", "live"}
+    """Check the call and every option; nothing has been started when this raises.
+
+    Explicit arguments win over ``config``, which wins over the saved default.
+    """
+    unknown = set(options) - set(_OPTIONS) - {"function", "args", "kwargs", "observer"}
     if unknown:
         raise TypeError(
             f"notebook_launcher got unexpected arguments {sorted(unknown)}; "
-            f"valid options are {', '.join(_PLAN_OPTIONS)}."
+            f"valid options are {', '.join(_OPTIONS)}."
         )
     function = arguments.check_function(function)
     args, kwargs = arguments.check_args(args, kwargs)
-    plan = make_plan(**{name: options[name] for name in _PLAN_OPTIONS if name in options})
+    config = options.get("config")
+    if config is not None and not isinstance(config, LaunchConfig):
+        raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
+    explicit = {name: options.get(name) for name in _SETTINGS}
+    explicit["master_port"] = options.get("use_port")
+    settings = resolve_launch_config(config, **check_explicit_settings(explicit))
+    plan = make_plan(
+        settings,
+        timeout=options.get("timeout"),
+        rendezvous_timeout=options.get("rendezvous_timeout", 300.0),
+    )
     return (function, args, kwargs), plan
 
 

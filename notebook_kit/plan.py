@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from notebook_kit import arguments
+from notebook_kit.config import LaunchConfig
 from notebook_kit.preflight import probe_kernel
 
 __all__ = ["DEFAULT_MULTI_NODE_PORT", "LOOPBACK", "Call", "LaunchPlan", "make_plan"]
@@ -34,6 +35,8 @@ class LaunchPlan:
     rendezvous_timeout: float
     timeout: float | None
     max_restarts: int = 0
+    seed: int | None = None
+    live: bool | None = None
 
     @property
     def world_size(self) -> int:
@@ -59,55 +62,68 @@ class LaunchPlan:
         return f"{text}, {self.threads} {threads} each"
 
 
+# The launcher's own spelling of each LaunchConfig field (Accelerate's names where it has one).
+_LAUNCHER_NAMES = {"master_port": "use_port"}
+
+
+def check_explicit_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the settings a caller passed (None = not given), keyed by LaunchConfig field.
+
+    Errors name the argument as the caller spelled it (``use_port``, not ``master_port``).
+    """
+    given = {name: value for name, value in settings.items() if value is not None}
+    checks: dict[str, Callable[[str, Any], Any]] = {
+        "num_processes": lambda n, v: arguments.check_int(n, v, minimum=1),
+        "num_nodes": lambda n, v: arguments.check_int(n, v, minimum=1),
+        "node_rank": lambda n, v: arguments.check_int(n, v, minimum=0),
+        "master_port": lambda n, v: arguments.check_int(n, v, minimum=1, maximum=65535),
+        "threads_per_process": lambda n, v: arguments.check_int(n, v, minimum=1),
+        "gradient_accumulation_steps": lambda n, v: arguments.check_int(n, v, minimum=1),
+        "max_restarts": lambda n, v: arguments.check_int(n, v, minimum=0),
+        "seed": lambda n, v: arguments.check_int(n, v, minimum=0),
+        "mixed_precision": lambda n, v: arguments.check_choice(
+            n, v, arguments.MIXED_PRECISION_CHOICES
+        ),
+        "backend": lambda n, v: arguments.check_choice(n, v, arguments.BACKEND_CHOICES),
+        "master_addr": lambda n, v: arguments.check_master_addr(v),
+    }
+    checked = {
+        name: checks[name](_LAUNCHER_NAMES.get(name, name), value) if name in checks else value
+        for name, value in given.items()
+    }
+    if "num_nodes" in checked and "node_rank" in checked:
+        arguments.check_nodes(checked["num_nodes"], checked["node_rank"])
+    return checked
+
+
 def make_plan(
-    *,
-    num_processes: Any = None,
-    mixed_precision: Any = None,
-    use_port: Any = None,
-    master_addr: Any = LOOPBACK,
-    node_rank: Any = 0,
-    num_nodes: Any = 1,
-    backend: Any = None,
-    threads_per_process: Any = None,
-    gradient_accumulation_steps: Any = None,
-    rendezvous_timeout: Any = 300.0,
-    timeout: Any = None,
-    max_restarts: Any = 0,
+    config: LaunchConfig, *, timeout: Any = None, rendezvous_timeout: Any = 300.0
 ) -> LaunchPlan:
-    """Validate every argument and resolve the defaults (before anything is forked)."""
-    num_nodes, node_rank = arguments.check_nodes(num_nodes, node_rank)
-    num_processes = arguments.check_optional_int("num_processes", num_processes, minimum=1)
-    mixed_precision = arguments.check_optional_choice(
-        "mixed_precision", mixed_precision, arguments.MIXED_PRECISION_CHOICES
-    )
-    port = arguments.check_optional_int("use_port", use_port, minimum=1, maximum=65535)
-    master_addr = arguments.check_master_addr(master_addr)
-    backend = arguments.check_optional_choice("backend", backend, arguments.BACKEND_CHOICES)
-    threads = arguments.check_optional_int("threads_per_process", threads_per_process, minimum=1)
-    accumulation = arguments.check_optional_int(
-        "gradient_accumulation_steps", gradient_accumulation_steps, minimum=1
-    )
+    """Resolve what ``config`` leaves to the machine (processes, backend, threads, port)."""
     rendezvous_timeout = arguments.check_timeout(rendezvous_timeout) or 300.0
     timeout = arguments.check_timeout(timeout)
-    max_restarts = arguments.check_int("max_restarts", max_restarts, minimum=0)
+    num_processes, backend = config.num_processes, config.backend
     gpus = probe_kernel().cuda_devices if num_processes is None or backend != "gloo" else 0
     num_processes = num_processes or max(gpus, 1)
     backend = _choose_backend(backend, gpus, num_processes)
-    if num_nodes > 1 and port is None:
+    port = config.master_port
+    if config.num_nodes > 1 and port is None:
         port = DEFAULT_MULTI_NODE_PORT
     return LaunchPlan(
         num_processes=num_processes,
-        num_nodes=num_nodes,
-        node_rank=node_rank,
-        master_addr=master_addr if num_nodes > 1 else LOOPBACK,
+        num_nodes=config.num_nodes,
+        node_rank=config.node_rank,
+        master_addr=config.master_addr if config.num_nodes > 1 else LOOPBACK,
         port=port,
         backend=backend,
-        threads=threads or max(1, usable_cores() // num_processes),
-        mixed_precision=mixed_precision,
-        gradient_accumulation_steps=accumulation,
+        threads=config.threads_per_process or max(1, usable_cores() // num_processes),
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
         rendezvous_timeout=rendezvous_timeout,
         timeout=timeout,
-        max_restarts=max_restarts,
+        max_restarts=config.max_restarts,
+        seed=config.seed,
+        live=config.live,
     )
 
 

@@ -26,6 +26,7 @@ import torch
 
 from notebook_kit.rendezvous import join_process_group, leave_process_group
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
+from notebook_kit.seeding import set_seed
 
 _PR_SET_PDEATHSIG = 1
 
@@ -50,6 +51,7 @@ class WorkerSpec:
     listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
     home_model_ids: frozenset[int]
     restart_count: int = 0
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ def _run(
 ) -> int:
     _set_environment(spec)
     torch.set_num_threads(spec.threads)
+    if spec.seed is not None:
+        set_seed(spec.seed)
     context = LaunchContext(
         rank=spec.rank,
         local_rank=spec.local_rank,

@@ -20,6 +20,19 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
+@pytest.fixture(autouse=True, scope="session")
+def isolated_saved_config(tmp_path_factory):
+    """Point the saved default config at an empty place, so a developer's own never applies."""
+    path = tmp_path_factory.mktemp("config") / "launch.json"
+    previous = os.environ.get("NOTEBOOK_KIT_CONFIG")
+    os.environ["NOTEBOOK_KIT_CONFIG"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("NOTEBOOK_KIT_CONFIG", None)
+    else:
+        os.environ["NOTEBOOK_KIT_CONFIG"] = previous
+
+
 @pytest.fixture
 def no_leftover_processes():
     """Fail the test if it leaves a child process (zombie or alive) behind."""

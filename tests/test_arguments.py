@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from notebook_kit import notebook_launcher
+from notebook_kit.config import LaunchConfig
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.plan import make_plan
 
@@ -33,6 +34,14 @@ from notebook_kit.plan import make_plan
         ({"args": "abc"}, TypeError, r"args must be a tuple"),
         ({"kwargs": [1]}, TypeError, r"kwargs must be a dict"),
         ({"gradient_accumulation_steps": 0}, ValueError, r"gradient_accumulation_steps must be"),
+        ({"seed": "x"}, TypeError, r"seed must be an integer"),
+        ({"max_restarts": -1}, ValueError, r"max_restarts must be >= 0"),
+        ({"config": {"num_processes": 2}}, TypeError, r"config must be a LaunchConfig"),
+        (
+            {"num_nodes": 2, "config": LaunchConfig(node_rank=2, num_nodes=3)},
+            ValueError,
+            "node_rank",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_before_forking(tmp_path, options, error, pattern):
@@ -49,7 +58,8 @@ def test_function_must_be_callable():
 
 
 def test_multi_node_ranks_and_world_size():
-    plan = make_plan(num_processes=3, num_nodes=2, node_rank=1, master_addr="10.0.0.1")
+    config = LaunchConfig(num_processes=3, num_nodes=2, node_rank=1, master_addr="10.0.0.1")
+    plan = make_plan(config)
     assert plan.world_size == 6
     assert [plan.global_rank(i) for i in range(3)] == [3, 4, 5]
     assert plan.port == 29500 and plan.master_addr == "10.0.0.1"
@@ -57,7 +67,8 @@ def test_multi_node_ranks_and_world_size():
 
 
 def test_single_node_always_uses_loopback():
-    assert make_plan(num_processes=2, master_addr="example.org").master_addr == "127.0.0.1"
+    config = LaunchConfig(num_processes=2, master_addr="example.org")
+    assert make_plan(config).master_addr == "127.0.0.1"
 
 
 def _failure(rank: int, at: float, kind: str | None, message: str) -> WorkerFailure:

@@ -16,7 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from notebook_kit import ForkSafetyError, PortInUseError, WorkerError, notebook_launcher
+from notebook_kit import (
+    ForkSafetyError,
+    LaunchConfig,
+    PortInUseError,
+    WorkerError,
+    notebook_launcher,
+)
 from notebook_kit.runtime import current_launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
@@ -319,3 +325,20 @@ def test_failed_workers_are_restarted_up_to_max_restarts(capsys):
     assert "(restart 2 of 2)" in out
     with pytest.raises(WorkerError, match="flaky on attempt 1"):
         notebook_launcher(flaky, num_processes=2, max_restarts=1)
+
+
+def test_explicit_arguments_beat_the_config_which_beats_the_saved_default(isolated_saved_config):
+    def settings():
+        return dist.get_world_size(), os.environ["NOTEBOOK_KIT_MIXED_PRECISION"], torch.rand(1)
+
+    LaunchConfig(num_processes=2, mixed_precision="bf16").save(isolated_saved_config)
+    try:
+        world, precision, _ = notebook_launcher(settings)  # nothing given: the saved default
+        assert (world, precision) == (2, "bf16")
+        config = LaunchConfig(num_processes=2, mixed_precision="fp16", seed=3)
+        world, precision, first = notebook_launcher(settings, config=config)
+        assert (world, precision) == (2, "fp16")  # the config replaces the saved default
+        _, precision, second = notebook_launcher(settings, config=config, mixed_precision="no")
+        assert precision == "no" and torch.equal(first, second)  # same seed, same draw
+    finally:
+        isolated_saved_config.unlink()

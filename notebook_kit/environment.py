@@ -1,0 +1,309 @@
+"""What this machine and this kernel offer a launch, without changing either.
+
+:func:`environment` gathers the facts once into an :class:`EnvironmentReport`; the report renders
+itself as HTML in a notebook and as text everywhere else (``notebook-kit env``).
+
+Nothing here initialises CUDA in the calling process: a kernel that touched CUDA can no longer
+fork workers that use it. GPUs are counted through NVML when torch can, otherwise in a short-lived
+forked child, whose CUDA state dies with it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import platform
+import select
+import signal
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from notebook_kit.config import CONFIG_ENV_VAR, LaunchConfig, default_config_path
+
+__all__ = ["EnvironmentReport", "GpuInfo", "environment", "gpu_count", "usable_cpu_count"]
+
+_T = TypeVar("_T")
+_PROBE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One visible GPU."""
+
+    index: int
+    name: str
+    memory_bytes: int
+
+
+def _run_in_fork(function: Callable[[], _T], timeout: float = _PROBE_TIMEOUT_S) -> _T:
+    """Run ``function`` in a forked child and return its JSON-able result.
+
+    Whatever the child initialises (CUDA above all) disappears with it, so the caller stays
+    fork-safe. Raises RuntimeError if the child fails or takes longer than ``timeout``.
+    """
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about forking a threaded process (a kernel always is); the child
+        # only runs ``function`` and exits, never returning into the kernel's threads.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_end)
+        status = 0
+        try:
+            payload = json.dumps({"result": function()})
+        except BaseException as error:
+            payload, status = json.dumps({"error": f"{type(error).__name__}: {error}"}), 1
+        with os.fdopen(write_end, "w") as pipe:
+            pipe.write(payload)
+        os._exit(status)
+    os.close(write_end)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            ready, _, _ = select.select([read_end], [], [], timeout)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                raise RuntimeError(f"the probe process did not answer within {timeout:.0f} s")
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    try:
+        message = json.loads(b"".join(chunks) or b"{}")
+    except json.JSONDecodeError as error:
+        raise RuntimeError("the probe process sent an unreadable answer") from error
+    if "result" not in message:
+        raise RuntimeError(f"the probe process failed: {message.get('error', 'no answer')}")
+    return message["result"]
+
+
+def _describe_gpus_here() -> list[list[Any]]:
+    """Name and memory of every visible GPU, queried in this process (initialises CUDA)."""
+    return [
+        [index, props.name, props.total_memory]
+        for index in range(torch.cuda.device_count())
+        for props in [torch.cuda.get_device_properties(index)]
+    ]
+
+
+def _nvml_count() -> int:
+    """GPU count from NVML/AMD SMI through torch, or -1 when that route is unavailable."""
+    try:
+        if torch.version.hip:
+            return int(torch.cuda._device_count_amdsmi())
+        return int(torch.cuda._device_count_nvml())
+    except Exception:  # private torch helpers: any failure just means "ask another way"
+        return -1
+
+
+def _cuda_compiled() -> bool:
+    return bool(torch.cuda._is_compiled())
+
+
+def gpu_count() -> int:
+    """Number of visible GPUs, found without initialising CUDA in this process.
+
+    Example:
+        >>> gpu_count() >= 0
+        True
+    """
+    if not _cuda_compiled():
+        return 0
+    if torch.cuda.is_initialized():
+        return torch.cuda.device_count()
+    count = _nvml_count()
+    if count >= 0:
+        return count
+    try:
+        return int(_run_in_fork(torch.cuda.device_count))
+    except RuntimeError:
+        return 0
+
+
+def _detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None]:
+    """Visible GPUs and, when there are none or they cannot be listed, why."""
+    if not _cuda_compiled():
+        return (), f"torch {torch.__version__} was built without CUDA"
+    try:
+        rows = _describe_gpus_here() if torch.cuda.is_initialized() else None
+        if rows is None:
+            rows = _run_in_fork(_describe_gpus_here) if gpu_count() > 0 else []
+    except RuntimeError as error:
+        return (), f"could not list GPUs: {error}"
+    gpus = tuple(GpuInfo(int(i), str(name), int(memory)) for i, name, memory in rows)
+    return gpus, None if gpus else "no GPU visible (check CUDA_VISIBLE_DEVICES and the driver)"
+
+
+def usable_cpu_count() -> int:
+    """CPU cores this process may run on (its affinity mask, not the whole machine).
+
+    Example:
+        >>> usable_cpu_count() >= 1
+        True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _distributed_backends() -> tuple[str, ...]:
+    distributed = torch.distributed
+    if not distributed.is_available():
+        return ()
+    checks = {
+        "gloo": "is_gloo_available",
+        "nccl": "is_nccl_available",
+        "mpi": "is_mpi_available",
+        "ucc": "is_ucc_available",
+        "xccl": "is_xccl_available",
+    }
+    return tuple(name for name, check in checks.items() if getattr(distributed, check, bool)())
+
+
+@dataclass(frozen=True, repr=False)
+class EnvironmentReport:
+    """Facts about the machine, the kernel and the saved config; see :func:`environment`."""
+
+    python_version: str
+    platform: str
+    torch_version: str
+    cpu_count: int
+    machine_cpu_count: int
+    gpus: tuple[GpuInfo, ...]
+    gpu_note: str | None
+    backends: tuple[str, ...]
+    cuda_initialized: bool
+    process_group_active: bool
+    config_path: Path
+    config_from_env: bool
+    saved_config: LaunchConfig | None
+    config_error: str | None
+
+    @property
+    def fork_safe(self) -> bool:
+        """True when forked workers can still start CUDA and their own process group."""
+        return not (self.cuda_initialized or self.process_group_active)
+
+    def _rows(self) -> list[tuple[str, list[str]]]:
+        """(label, lines) pairs shared by the text and HTML renderings."""
+        gpus = [f"{gpu.index}: {gpu.name}, {gpu.memory_bytes / 2**30:.1f} GiB" for gpu in self.gpus]
+        fork = ["yes: CUDA is not initialised and no process group is active"]
+        if self.cuda_initialized:
+            fork = [
+                "NO: CUDA is initialised in this process, so forked workers cannot use it.",
+                "Restart the kernel and keep CUDA calls inside the training function.",
+            ]
+        if self.process_group_active:
+            fork = [*(fork if self.cuda_initialized else []), "NO: a process group is active."]
+            fork.append("Call torch.distributed.destroy_process_group() or restart the kernel.")
+        where = f"${CONFIG_ENV_VAR}" if self.config_from_env else "user config directory"
+        config = [f"{self.config_path} (from {where})"]
+        if self.config_error:
+            config.append(f"unreadable: {self.config_error}")
+        elif self.saved_config is None:
+            config.append("none saved; built-in defaults apply (`notebook-kit config` writes one)")
+        else:
+            config += [
+                f"{name} = {'auto' if value is None else value}"
+                for name, value in self.saved_config.to_dict().items()
+            ]
+        return [
+            ("Python", [f"{self.python_version} on {self.platform}"]),
+            ("torch", [self.torch_version]),
+            ("CPU cores", [f"{self.cpu_count} usable of {self.machine_cpu_count}"]),
+            ("GPUs", gpus or [f"none: {self.gpu_note}"]),
+            ("Backends", [", ".join(self.backends) or "torch.distributed is unavailable"]),
+            ("Fork-safe", fork),
+            ("Saved config", config),
+        ]
+
+    def to_text(self) -> str:
+        """The report as aligned plain text."""
+        lines = ["notebook_kit environment"]
+        for label, values in self._rows():
+            for index, value in enumerate(values):
+                lines.append(f"  {label if index == 0 else '':<14}{value}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return {
+            "python_version": self.python_version,
+            "platform": self.platform,
+            "torch_version": self.torch_version,
+            "cpu_count": self.cpu_count,
+            "machine_cpu_count": self.machine_cpu_count,
+            "gpus": [vars(gpu) for gpu in self.gpus],
+            "gpu_note": self.gpu_note,
+            "backends": list(self.backends),
+            "cuda_initialized": self.cuda_initialized,
+            "process_group_active": self.process_group_active,
+            "fork_safe": self.fork_safe,
+            "config_path": str(self.config_path),
+            "saved_config": None if self.saved_config is None else self.saved_config.to_dict(),
+            "config_error": self.config_error,
+        }
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+    def _repr_html_(self) -> str:
+        cells = []
+        for label, values in self._rows():
+            body = "<br>".join(html.escape(value) for value in values)
+            if label == "Fork-safe" and not self.fork_safe:
+                body = f'<span style="color:#b00020">{body}</span>'
+            cells.append(
+                f'<tr><th style="text-align:left;vertical-align:top">{label}</th>'
+                f'<td style="text-align:left">{body}</td></tr>'
+            )
+        return (
+            '<table class="nk-environment"><caption style="text-align:left">'
+            f"<b>notebook_kit environment</b></caption>{''.join(cells)}</table>"
+        )
+
+
+def environment() -> EnvironmentReport:
+    """Report torch, CPUs, GPUs, backends, fork-safety and the saved config.
+
+    In a notebook the returned report displays as a table; print it for text.
+
+    Example:
+        >>> report = environment()
+        >>> report.fork_safe
+        True
+    """
+    gpus, gpu_note = _detect_gpus()
+    saved, error = None, None
+    path = default_config_path()
+    try:
+        saved = LaunchConfig.load(path) if path.is_file() else None
+    except (OSError, TypeError, ValueError) as problem:
+        error = str(problem)
+    distributed = torch.distributed
+    return EnvironmentReport(
+        python_version=platform.python_version(),
+        platform=platform.platform(terse=True),
+        torch_version=str(torch.__version__),
+        cpu_count=usable_cpu_count(),
+        machine_cpu_count=os.cpu_count() or 1,
+        gpus=gpus,
+        gpu_note=gpu_note,
+        backends=_distributed_backends(),
+        cuda_initialized=bool(torch.cuda.is_initialized()),
+        process_group_active=distributed.is_available() and distributed.is_initialized(),
+        config_path=path,
+        config_from_env=bool(os.environ.get(CONFIG_ENV_VAR)),
+        saved_config=saved,
+        config_error=error,
+    )

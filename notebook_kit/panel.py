@@ -1,0 +1,277 @@
+"""``ConfigPanel``: an ipywidgets form for :class:`~notebook_kit.config.LaunchConfig`.
+
+The panel holds no state of its own: the widget values are the config. Every change, from a
+click or from code, re-validates the form, shows problems next to the offending field and
+refreshes the equivalent Python call and command line, so an experiment can become a script.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from notebook_kit.cli import launch_command_line
+from notebook_kit.config import (
+    FIELD_HELP,
+    LaunchConfig,
+    default_config_path,
+    field_errors,
+    parse_field,
+    saved_default,
+)
+from notebook_kit.environment import gpu_count, usable_cpu_count
+
+__all__ = ["ConfigPanel"]
+
+# Fields that may be empty ("auto"/"none") are typed as text; IntText cannot hold "nothing".
+_TEXT_FIELDS = ("seed", "master_port", "threads_per_process")
+_INT_RANGES = {
+    "gradient_accumulation_steps": (1, 4096),
+    "num_nodes": (1, 4096),
+    "node_rank": (0, 4095),
+    "max_restarts": (0, 100),
+}
+_PLACEHOLDERS = {"seed": "none", "master_port": "auto (free port)", "threads_per_process": "auto"}
+_LABEL_STYLE = {"description_width": "190px"}
+_HELP_COLOUR, _ERROR_COLOUR = "#666", "#b00020"
+
+
+def _make_widget(field: str, process_limit: int) -> widgets.ValueWidget:
+    """A widget suited to ``field``: dropdowns for choices, bounded boxes for counts."""
+    common: dict[str, Any] = {
+        "description": field,
+        "style": _LABEL_STYLE,
+        "layout": widgets.Layout(width="340px"),
+    }
+    if field == "num_processes":
+        options = [("auto", None)] + [(str(n), n) for n in range(1, process_limit + 1)]
+        return widgets.Dropdown(options=options, **common)
+    if field == "mixed_precision":
+        return widgets.Dropdown(options=["no", "fp16", "bf16"], **common)
+    if field == "backend":
+        return widgets.Dropdown(
+            options=[("auto", None), ("gloo", "gloo"), ("nccl", "nccl")], **common
+        )
+    if field == "live":
+        return widgets.Dropdown(options=[("auto", None), ("on", True), ("off", False)], **common)
+    if field in _INT_RANGES:
+        low, high = _INT_RANGES[field]
+        return widgets.BoundedIntText(min=low, max=high, **common)
+    return widgets.Text(placeholder=_PLACEHOLDERS.get(field, ""), continuous_update=False, **common)
+
+
+class ConfigPanel(widgets.VBox):
+    """A form for every LaunchConfig field, with Save-as-default and Load buttons.
+
+    Args:
+        config: Initial values; default: the saved default, else the built-in defaults.
+        function_name: Name used for the training function in the rendered Python call.
+        script: Script name used in the rendered command line.
+
+    Example:
+        >>> panel = ConfigPanel()
+        >>> panel.widgets["mixed_precision"].value = "bf16"
+        >>> panel.config.mixed_precision
+        'bf16'
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig | None = None,
+        *,
+        function_name: str = "train",
+        script: str = "train.py",
+    ) -> None:
+        self.function_name, self.script = function_name, script
+        self._updating = False
+        self._baseline, load_problem = self._read_saved_default()
+        detected = gpu_count()
+        self.process_limit = detected if detected > 0 else usable_cpu_count()
+        self.widgets: dict[str, widgets.ValueWidget] = {}
+        self.notes: dict[str, widgets.HTML] = {}
+        rows = []
+        for field in LaunchConfig.__dataclass_fields__:
+            self.widgets[field] = _make_widget(field, self.process_limit)
+            self.notes[field] = widgets.HTML(layout=widgets.Layout(margin="0 0 0 12px"))
+            rows.append(widgets.HBox([self.widgets[field], self.notes[field]]))
+            self.widgets[field].observe(self._on_change, names="value")
+        self.save_button = widgets.Button(description="Save as default", icon="save")
+        self.load_button = widgets.Button(description="Load default", icon="folder-open")
+        self.save_button.on_click(self._on_save)
+        self.load_button.on_click(self._on_load)
+        self.status = widgets.HTML()
+        self.code = widgets.HTML()
+        super().__init__(
+            [*rows, widgets.HBox([self.save_button, self.load_button, self.status]), self.code]
+        )
+        self.add_class("nk-config-panel")
+        self.config = config if config is not None else self._baseline or LaunchConfig()
+        if load_problem:
+            self._set_status(load_problem, error=True)
+
+    @staticmethod
+    def _read_saved_default() -> tuple[LaunchConfig | None, str | None]:
+        try:
+            return saved_default(), None
+        except (OSError, TypeError, ValueError) as error:
+            return None, f"The saved default could not be read: {error}"
+
+    # -- values ------------------------------------------------------------------------------
+
+    def _values(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """Field values read from the widgets, and the problems with them."""
+        values: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for field, widget in self.widgets.items():
+            if field in _TEXT_FIELDS or field == "master_addr":
+                try:
+                    values[field] = parse_field(field, widget.value)
+                except (TypeError, ValueError) as error:
+                    errors[field] = str(error)
+            else:
+                values[field] = widget.value
+        for field, message in field_errors(values).items():
+            errors.setdefault(field, message)
+        return values, errors
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """Field name -> message for every invalid field; empty when the form is valid."""
+        return self._values()[1]
+
+    @property
+    def config(self) -> LaunchConfig:
+        """The LaunchConfig the widgets describe.
+
+        Raises:
+            ValueError: Some fields are invalid; the message lists them.
+        """
+        values, errors = self._values()
+        if errors:
+            problems = "\n".join(f"  {message}" for message in errors.values())
+            raise ValueError(f"The config panel has invalid values:\n{problems}")
+        return LaunchConfig(**values)
+
+    @config.setter
+    def config(self, config: LaunchConfig) -> None:
+        self._updating = True  # one refresh after all widgets changed, not one per widget
+        try:
+            for field, value in config.to_dict().items():
+                widget = self.widgets[field]
+                if field in _TEXT_FIELDS:
+                    widget.value = "" if value is None else str(value)
+                    continue
+                if field == "num_processes" and value is not None and value > self.process_limit:
+                    # A config written for a bigger machine must still be shown as it is.
+                    widget.options = [*widget.options, (str(value), value)]
+                widget.value = value
+        finally:
+            self._updating = False
+        self._refresh()
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def _on_change(self, change: dict[str, Any]) -> None:
+        if not self._updating:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        values, errors = self._values()
+        for field, note in self.notes.items():
+            message = errors.get(field)
+            text, colour = (
+                (message, _ERROR_COLOUR) if message else (FIELD_HELP[field], _HELP_COLOUR)
+            )
+            note.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
+            (note.add_class if message else note.remove_class)("nk-error")
+        if errors:
+            self.code.value = "<i>Fix the fields marked in red to see the equivalent code.</i>"
+            return
+        config = LaunchConfig(**values)
+        self.code.value = (
+            "<b>Python</b><pre>"
+            + html.escape(self.python_call(config))
+            + "</pre><b>Command line</b><pre>"
+            + html.escape(launch_command_line(config, self.script, self._baseline))
+            + "</pre>"
+        )
+
+    def python_call(self, config: LaunchConfig | None = None) -> str:
+        """Python code that launches ``function_name`` with this panel's config.
+
+        Example:
+            >>> print(ConfigPanel(LaunchConfig(num_processes=2)).python_call())  # doctest: +SKIP
+            from notebook_kit import LaunchConfig, notebook_launcher
+            ...
+        """
+        config = config if config is not None else self.config
+        builtin = LaunchConfig()
+        changed = [
+            f"{field}={json.dumps(value) if isinstance(value, str) else repr(value)}"
+            for field, value in config.to_dict().items()
+            if value != getattr(builtin, field)
+        ]
+        arguments = ", ".join(changed)
+        if len(arguments) > 70:  # one argument per line, as a formatter would write it
+            arguments = "\n" + "".join(f"    {argument},\n" for argument in changed)
+        return (
+            "from notebook_kit import LaunchConfig, notebook_launcher\n\n"
+            f"config = LaunchConfig({arguments})\n"
+            f"notebook_launcher({self.function_name}, args=(), config=config)"
+        )
+
+    def command_line(self) -> str:
+        """The ``notebook-kit launch`` command equivalent to this panel's config."""
+        return launch_command_line(self.config, self.script, self._baseline)
+
+    def _set_status(self, text: str, *, error: bool = False) -> None:
+        colour = _ERROR_COLOUR if error else _HELP_COLOUR
+        self.status.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
+
+    # -- buttons -----------------------------------------------------------------------------
+
+    def _on_save(self, _button: widgets.Button | None = None) -> None:
+        try:
+            config = self.config
+            path = config.save()
+        except (OSError, ValueError) as error:
+            self._set_status(f"Not saved: {error}", error=True)
+            return
+        self._baseline = config
+        self._refresh()
+        self._set_status(f"Saved to {path}")
+
+    def _on_load(self, _button: widgets.Button | None = None) -> None:
+        saved, problem = self._read_saved_default()
+        if problem:
+            self._set_status(problem, error=True)
+            return
+        if saved is None:
+            self._set_status(f"No saved default at {default_config_path()}", error=True)
+            return
+        self._baseline = saved
+        self.config = saved
+        self._set_status(f"Loaded {default_config_path()}")
+
+    # -- launching ---------------------------------------------------------------------------
+
+    def launch(
+        self, function: Callable[..., Any], args: tuple[Any, ...] = (), **kwargs: Any
+    ) -> Any:
+        """Run ``function(*args)`` with ``notebook_launcher`` and this panel's config.
+
+        Extra keyword arguments go to ``notebook_launcher`` and win over the panel.
+
+        Raises:
+            ValueError: The panel has invalid values.
+
+        Example:
+            >>> panel.launch(train, args=(model,))  # doctest: +SKIP
+        """
+        import notebook_kit  # at call time: the launcher imports this package's heavier parts
+
+        return notebook_kit.notebook_launcher(function, args=args, config=self.config, **kwargs)

@@ -133,9 +133,9 @@ class PreparedDataLoader:
                 batches = self._counted(self._start_pass(resuming=start > 0))
             launch = current_launch()
             if not isinstance(self._inner.dataset, IterableDataset):  # those have no length
-                progress.report_epoch_length(launch, len(self))
+                progress.report_epoch_length(launch, len(self), self)
             for batch in batches:
-                progress.advance(launch)  # an integer add on rank 0, nothing elsewhere
+                progress.advance(launch, 1, self)  # an integer add on rank 0, nothing elsewhere
                 yield batch if self._device.type == "cpu" else send_to_device(batch, self._device)
         finally:
             if sharded:

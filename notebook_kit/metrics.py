@@ -57,6 +57,7 @@ class WorkerChannel:
         self.steps = 0  # progress count (advanced by ``progress.advance``)
         self.total: int | None = None
         self.epoch_length: int | None = None
+        self.progress_source: int | None = None  # id of the loader whose batches count
         self._sent_state: tuple[int, int, int | None, int | None] = (0, 0, None, None)
         self._lock = threading.Lock()  # one batch at a time: the thread or ``flush``
         self._closed = threading.Event()

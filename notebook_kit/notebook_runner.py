@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,19 +52,42 @@ def execute_notebook(
         resources={"metadata": {"path": str(source.parent.resolve())}},
     )
     if echo is not None:
-        client.on_cell_executed = lambda cell, **_: _echo_cell(cell, echo)
-    client.execute()
+        client.on_cell_executed = lambda cell, **_: _echo_cell(cell, client.widget_state, echo)
+    # The kernel's own log lines (its stderr) are not the notebook's output: keep them out.
+    client.execute(stderr=subprocess.DEVNULL)
     if output is not None:
         nbformat.write(notebook, output)
     return notebook
 
 
-def _echo_cell(cell: Any, stream: TextIO) -> None:
+def _echo_cell(cell: Any, widgets: dict[str, Any], stream: TextIO) -> None:
     for item in cell.get("outputs", []):
+        data = item.get("data", {})
         if item["output_type"] == "stream":
             stream.write(item["text"])
-        elif item["output_type"] in ("execute_result", "display_data"):
-            text = item.get("data", {}).get("text/plain")
-            if text and "image/png" not in item.get("data", {}):
-                stream.write(text + "\n")
+        elif _WIDGET_VIEW in data:
+            for line in _widget_lines(widgets, data[_WIDGET_VIEW]["model_id"]):
+                stream.write(line + "\n")
+        elif "text/plain" in data and "image/png" not in data:
+            stream.write(data["text/plain"] + "\n")
     stream.flush()
+
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _widget_lines(widgets: dict[str, Any], model_id: str) -> list[str]:
+    """The text a widget (and its children) shows, as plain lines; tabs get a title line."""
+    state = widgets.get(model_id, {})
+    children = [child.removeprefix("IPY_MODEL_") for child in state.get("children", [])]
+    titles = list(state.get("titles", []))
+    lines: list[str] = []
+    for index, child in enumerate(children):
+        if index < len(titles) and titles[index]:
+            lines.append(f"--- {titles[index]} ---")
+        lines += _widget_lines(widgets, child)
+    value = state.get("value")
+    if isinstance(value, str) and value.strip():
+        text = html.unescape(re.sub(r"<[^>]+>", "", value)).strip("\n")
+        lines += [line for line in text.splitlines() if line.strip()]
+    return lines

@@ -29,22 +29,28 @@ def report_total(context: LaunchContext | None, total: int | None) -> None:
     state.state_changed()
 
 
-def report_epoch_length(context: LaunchContext | None, length: int) -> None:
+def report_epoch_length(context: LaunchContext | None, length: int, loader: object = None) -> None:
     """Tell the kernel how many steps one epoch has (a prepared dataloader's ``len``).
 
     Without an explicit total the bar's total becomes this length times the epochs begun.
+    Only the first loader that reports counts (the training loader, iterated first); an
+    evaluation loader iterated later leaves the bar alone.
 
     Example:
-        >>> report_epoch_length(current_launch(), len(prepared_loader))
+        >>> report_epoch_length(current_launch(), len(prepared_loader), prepared_loader)
     """
     if context is None or context.send is None or context.rank != 0:
         return
     state = channel(context)
+    if state.progress_source is None:
+        state.progress_source = id(loader)
+    if state.progress_source != id(loader):
+        return
     state.epoch_length = int(length)
     state.state_changed()
 
 
-def advance(context: LaunchContext | None, steps: int = 1) -> None:
+def advance(context: LaunchContext | None, steps: int = 1, loader: object = None) -> None:
     """Count ``steps`` finished training steps (cheap: an integer add on rank 0).
 
     Example:
@@ -53,6 +59,8 @@ def advance(context: LaunchContext | None, steps: int = 1) -> None:
     if context is None or context.send is None or context.rank != 0:
         return
     state = channel(context)
+    if state.progress_source is not None and state.progress_source != id(loader):
+        return  # another loader (evaluation) is being iterated
     state.steps += steps
     if state.direct:
         state.state_changed()
@@ -147,7 +155,12 @@ class ProgressBar:
         self.bar.refresh()
 
     def close(self, state: ProgressState, outcome: Literal["success", "stopped", "failed"]) -> None:
-        """Show the final count; a stopped run is drawn in amber, a failed one in red."""
+        """Show the final count; a stopped run is drawn in amber, a failed one in red.
+
+        A run that succeeded without an explicit total did all its steps: the bar ends full.
+        """
+        if outcome == "success" and state.total is None and state.count:
+            self._set_total(state.count)
         self.show(state)
         if outcome == "success" or self.widget is None:
             self.bar.close()

@@ -1,6 +1,7 @@
 """notebook_kit: distributed PyTorch training from a Jupyter notebook."""
 
 from notebook_kit.accelerator import Accelerator
+from notebook_kit.accelerator_checkpoints import ProjectConfiguration
 from notebook_kit.checkpointing import CheckpointError
 from notebook_kit.config import LaunchConfig
 from notebook_kit.data_loader import skip_first_batches
@@ -19,6 +20,7 @@ __all__ = [
     "ForkSafetyError",
     "LaunchConfig",
     "PortInUseError",
+    "ProjectConfiguration",
     "RunRecord",
     "WorkerError",
     "environment",

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_kit.accelerator_checkpoints import CheckpointMethods
+from notebook_kit.accelerator_checkpoints import CheckpointMethods, ProjectConfiguration
 from notebook_kit.accelerator_helpers import ProcessHelpers
 from notebook_kit.data_loader import PreparedDataLoader, prepare_data_loader
 from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
@@ -79,6 +79,8 @@ class Accelerator(CheckpointMethods, ProcessHelpers):
             process runs the same number of steps.
         project_dir: Where ``save_state()``/``load_state()`` without a directory keep
             ``checkpoints/checkpoint_<n>``.
+        project_config: Accelerate's ``ProjectConfiguration``: ``project_dir`` (if not given
+            directly) and ``total_limit``, the number of numbered checkpoints kept.
         log_with: None or ``"all"``: metrics from ``log`` are kept in ``logged`` and streamed
             to the notebook; no external tracker is used.
         step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
@@ -102,6 +104,7 @@ class Accelerator(CheckpointMethods, ProcessHelpers):
         *,
         even_batches: bool = True,
         project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
         log_with: str | None = None,
         step_scheduler_with_optimizer: bool = True,
     ) -> None:
@@ -125,7 +128,10 @@ class Accelerator(CheckpointMethods, ProcessHelpers):
             "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
         )  # fmt: skip
         _check_steps(steps)
+        project = project_config or ProjectConfiguration()
+        project_dir = project_dir if project_dir is not None else project.project_dir
         self.project_dir = Path(project_dir) if project_dir is not None else None
+        self.total_limit = project.total_limit
         self.log_with = log_with
         self.state = resolve_process_state(cpu)
         self.gradient_state = GradientState(steps)

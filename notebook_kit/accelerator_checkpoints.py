@@ -2,18 +2,26 @@
 
 The file format and the atomic commit live in :mod:`notebook_kit.checkpointing`; this mixin
 only collects the Accelerator's prepared objects and resolves numbered checkpoint folders.
+
+Numbered checkpoints follow Accelerate's automatic naming: ``save_state()`` without a directory
+writes ``project_dir/checkpoints/checkpoint_<n>`` with ``n`` one past the highest existing
+number (so a restarted run continues the sequence), ``load_state()`` without a directory loads
+the newest *committed* one (a save cut short by a crash is skipped), and
+``ProjectConfiguration(total_limit=N)`` keeps only the newest ``N``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from notebook_kit import operations
-from notebook_kit.checkpointing import Stateful, load_checkpoint, save_checkpoint
+from notebook_kit.checkpointing import MANIFEST, Stateful, load_checkpoint, save_checkpoint
 from notebook_kit.data_loader import skip_first_batches
 
 if TYPE_CHECKING:
@@ -23,13 +31,41 @@ if TYPE_CHECKING:
     from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler
     from notebook_kit.process_state import ProcessState
 
-__all__ = ["CheckpointMethods"]
+__all__ = ["CheckpointMethods", "ProjectConfiguration"]
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where numbered checkpoints go and how many are kept, as in Accelerate.
+
+    Attributes:
+        project_dir: Folder holding ``checkpoints/checkpoint_<n>``.
+        automatic_checkpoint_naming: Accepted for Accelerate compatibility; ``save_state()``
+            without a directory always writes the next numbered checkpoint.
+        total_limit: Keep only the newest this many numbered checkpoints (None: keep all).
+
+    Example:
+        >>> config = ProjectConfiguration("runs/a", automatic_checkpoint_naming=True, total_limit=2)
+        >>> accelerator = Accelerator(project_config=config)
+    """
+
+    project_dir: str | os.PathLike[str] | None = None
+    automatic_checkpoint_naming: bool = True
+    total_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        limit = self.total_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise TypeError(f"total_limit must be a positive integer or None, got {limit!r}.")
+        if limit is not None and limit < 1:
+            raise ValueError(f"total_limit must be a positive integer or None, got {limit}.")
 
 
 class CheckpointMethods:
     """``save_state``/``load_state`` and friends; needs the Accelerator's prepared objects."""
 
     project_dir: Path | None
+    total_limit: int | None
     scaler: torch.amp.GradScaler | None
     _models: list[nn.Module]
     _optimizers: list[AcceleratedOptimizer]
@@ -72,28 +108,50 @@ class CheckpointMethods:
             )
         return self.project_dir / "checkpoints"
 
-    def _numbered_checkpoints(self) -> list[tuple[int, Path]]:
+    def _numbered_checkpoints(self, committed: bool = False) -> list[tuple[int, Path]]:
+        """``(n, folder)`` for every ``checkpoint_<n>``, oldest first (only finished ones)."""
         root = self._checkpoint_root()
         found = [(path.name.rpartition("_")[2], path) for path in root.glob("checkpoint_*")]
-        return sorted((int(number), path) for number, path in found if number.isdigit())
+        numbered = sorted((int(number), path) for number, path in found if number.isdigit())
+        return [item for item in numbered if not committed or (item[1] / MANIFEST).is_file()]
+
+    def _drop_old_checkpoints(self) -> None:
+        """Keep the newest ``total_limit`` numbered checkpoints; only after a new one is saved,
+        so a crash while saving never leaves fewer than ``total_limit`` behind."""
+        limit = getattr(self, "total_limit", None)
+        if limit is None or self.state.process_index != 0:
+            return
+        for _, folder in self._numbered_checkpoints()[:-limit]:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
         """Save models, optimizers, schedulers, scaler, RNG states and data positions.
 
         Must be called on every process. The save is atomic: a crash during it leaves the
-        previous checkpoint in ``output_dir`` intact.
+        previous checkpoint in ``output_dir`` intact. Without ``output_dir`` it writes the next
+        ``project_dir/checkpoints/checkpoint_<n>`` and then drops the oldest beyond
+        ``total_limit``.
 
         Example:
             >>> accelerator.save_state("checkpoints/step_100")
         """
-        if output_dir is None:
-            existing = self._numbered_checkpoints()
-            number = operations.broadcast_object(existing[-1][0] + 1 if existing else 0)
-            output_dir = self._checkpoint_root() / f"checkpoint_{number}"
-        return save_checkpoint(output_dir, self._stateful(), self.state.process_index)
+        if output_dir is not None:
+            return save_checkpoint(output_dir, self._stateful(), self.state.process_index)
+        existing = self._numbered_checkpoints()
+        number = operations.broadcast_object(existing[-1][0] + 1 if existing else 0)
+        saved = save_checkpoint(
+            self._checkpoint_root() / f"checkpoint_{number}",
+            self._stateful(),
+            self.state.process_index,
+        )
+        self._drop_old_checkpoints()
+        return saved
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> None:
         """Restore what ``save_state`` wrote; the next data pass resumes where it stopped.
+
+        Without ``input_dir`` the newest finished ``checkpoint_<n>`` of ``project_dir`` is
+        loaded.
 
         Raises:
             FileNotFoundError: No checkpoint (or a file of it) at ``input_dir``.
@@ -103,7 +161,7 @@ class CheckpointMethods:
             >>> accelerator.load_state("checkpoints/step_100")
         """
         if input_dir is None:
-            existing = self._numbered_checkpoints()
+            existing = self._numbered_checkpoints(committed=True)
             if not existing:
                 raise FileNotFoundError(f"No checkpoint_<n> folder in {self._checkpoint_root()}.")
             input_dir = existing[-1][1]

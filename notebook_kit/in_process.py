@@ -44,6 +44,7 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
         send=lambda kind, payload: observer.on_message(place.rank, kind, payload),
         stop_flag=stop_flag,
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
     banner = plan.banner() if place.world_size == 1 else place.banner()
     observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag, True))

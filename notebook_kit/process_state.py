@@ -1,7 +1,8 @@
 """Where this process stands in the job, and settings inherited from the launch or environment.
 
 Resolved once per Accelerator from, in order: the active notebook launch, a torchrun-style
-environment (the default process group is then created here), or a plain single process.
+environment (the default process group is then created here), an ``srun`` task (its SLURM
+variables are turned into torch's first), or a plain single process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from notebook_kit.cluster import slurm_process_environment
 from notebook_kit.runtime import current_launch
 
 __all__ = ["ProcessState", "resolve_process_state", "resolve_setting"]
@@ -50,6 +52,10 @@ def resolve_process_state(cpu: bool) -> ProcessState:
     else:
         use_cuda = not cpu and torch.cuda.is_available()
     initialised = dist.is_available() and dist.is_initialized()
+    if launch is None and not initialised:
+        # A script started by srun, one task per process: torch's env:// reads these names.
+        for name, value in slurm_process_environment().items():
+            os.environ.setdefault(name, value)
     if launch is not None:
         rank, local_rank, size = launch.rank, launch.local_rank, launch.world_size
     elif initialised or _torchrun_environment():

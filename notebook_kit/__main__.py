@@ -1,0 +1,7 @@
+"""``python -m notebook_kit``: the ``notebook-kit`` command, for environments without the script."""
+
+import sys
+
+from notebook_kit.cli import main
+
+sys.exit(main())

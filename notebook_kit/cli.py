@@ -1,0 +1,348 @@
+"""The ``notebook-kit`` command: ``config`` writes the saved default, ``env`` reports the machine,
+``launch`` runs a script on many processes, ``export`` turns a notebook into such a script.
+
+Each subcommand is one ``_add_<name>_command`` function that registers its parser and handler;
+:data:`_SUBCOMMANDS` lists them. Launch options shared with scripts are added by
+:func:`add_launch_config_arguments`, one ``--option-name`` per LaunchConfig field, so the command
+line, the panel's rendered command and the config file always agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from notebook_kit.config import (
+    FIELD_HELP,
+    LaunchConfig,
+    default_config_path,
+    field_errors,
+    parse_field,
+    saved_default,
+)
+
+__all__ = [
+    "add_launch_config_arguments",
+    "build_parser",
+    "config_from_arguments",
+    "launch_command_line",
+    "main",
+    "option_name",
+]
+
+_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchConfig))
+_MULTI_NODE_FIELDS = ("node_rank", "master_addr", "master_port")
+_CHOICES = {"mixed_precision": "no/fp16/bf16", "backend": "auto/gloo/nccl", "live": "auto/yes/no"}
+
+
+def option_name(field: str) -> str:
+    """The command-line flag for a LaunchConfig field: ``num_processes`` -> ``--num-processes``."""
+    return "--" + field.replace("_", "-")
+
+
+def _argument_type(field: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse_field(field, text)
+        except (TypeError, ValueError) as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    convert.__name__ = field  # argparse names the type in some messages
+    return convert
+
+
+def add_launch_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one option per LaunchConfig field; options not given stay absent from the namespace.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_launch_config_arguments(parser)
+        >>> vars(parser.parse_args(["--num-processes", "2"]))
+        {'num_processes': 2}
+    """
+    group = parser.add_argument_group("launch settings (unset ones come from the saved default)")
+    for field in _FIELDS:
+        group.add_argument(
+            option_name(field),
+            type=_argument_type(field),
+            default=argparse.SUPPRESS,
+            metavar=field.upper(),
+            help=FIELD_HELP[field],
+        )
+
+
+def config_from_arguments(
+    namespace: argparse.Namespace, base: LaunchConfig | None = None
+) -> LaunchConfig:
+    """The options given on the command line applied over ``base`` (default: the saved default).
+
+    Example:
+        >>> config_from_arguments(argparse.Namespace(seed=3), LaunchConfig()).seed
+        3
+    """
+    base = base if base is not None else saved_default() or LaunchConfig()
+    given = {field: getattr(namespace, field) for field in _FIELDS if hasattr(namespace, field)}
+    return base.replace(**given)
+
+
+def launch_command_line(
+    config: LaunchConfig, script: str = "train.py", baseline: LaunchConfig | None = None
+) -> str:
+    """The ``notebook-kit launch`` command that runs ``script`` with ``config``.
+
+    A flag is written for every field that differs from the built-in defaults or from
+    ``baseline`` (what a run on this machine falls back to, usually the saved default), so the
+    command means the same here and on a machine without a saved default.
+
+    Example:
+        >>> launch_command_line(LaunchConfig(num_processes=2))
+        'notebook-kit launch --num-processes 2 train.py'
+    """
+    builtin = LaunchConfig()
+    words = ["notebook-kit", "launch"]
+    for field in _FIELDS:
+        value = getattr(config, field)
+        if value == getattr(builtin, field) and (
+            baseline is None or value == getattr(baseline, field)
+        ):
+            continue
+        words += [option_name(field), _answer_text(value)]
+    words.append(script)
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _answer_text(value: Any) -> str:
+    """A value as a person types it (and as parse_field reads it back)."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
+    """Ask for one field until the answer is valid; Enter keeps ``current``."""
+    shown = "none" if field == "seed" and current is None else _answer_text(current)
+    choices = f" ({_CHOICES[field]})" if field in _CHOICES else ""
+    print(f"\n{FIELD_HELP[field]}")
+    while True:
+        text = input(f"{field}{choices} [{shown}]: ")
+        if not sys.stdin.isatty():
+            print(text)  # piped answers are not echoed; keep the transcript readable
+        try:
+            value = current if not text.strip() else parse_field(field, text)
+        except (TypeError, ValueError) as error:
+            print(f"  {error} Please try again.")
+            continue
+        # Fields asked earlier (num_nodes before node_rank) constrain later ones.
+        problem = field_errors({**answers, field: value}).get(field)
+        if problem is None:
+            return value
+        print(f"  {problem} Please try again.")
+
+
+def _questionnaire(start: LaunchConfig) -> LaunchConfig:
+    """Ask every question in an order where each answer can be checked at once."""
+    answers: dict[str, Any] = {"num_nodes": _ask("num_nodes", start.num_nodes, {})}
+    if answers["num_nodes"] > 1:
+        for field in _MULTI_NODE_FIELDS:
+            answers[field] = _ask(field, getattr(start, field), answers)
+    else:
+        answers["node_rank"] = 0
+    for field in _FIELDS:
+        if field not in answers and field not in _MULTI_NODE_FIELDS:
+            answers[field] = _ask(field, getattr(start, field), answers)
+    return start.replace(**answers)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    path = Path(args.path) if args.path else default_config_path()
+    if args.default:
+        LaunchConfig().save(path)
+        print(f"Wrote the built-in defaults to {path}")
+        return 0
+    start = LaunchConfig()
+    try:
+        start = LaunchConfig.load(path) if path.is_file() else start
+    except (TypeError, ValueError) as error:
+        print(f"Ignoring the unreadable config file; starting from built-in defaults.\n{error}")
+    print(f"Configuring {path}. Press Enter to keep the value in [brackets].")
+    try:
+        config = _questionnaire(start)
+    except EOFError:
+        print("\nNo more answers on standard input; nothing was written.", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nInterrupted; nothing was written.", file=sys.stderr)
+        return 130
+    config.save(path)
+    print(f"\nWrote {path}")
+    return 0
+
+
+def _add_config_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "config",
+        help="write the saved default launch config by answering questions",
+        description="Ask for every launch setting and save the answers as the default config.",
+    )
+    parser.add_argument(
+        "--default", action="store_true", help="write the built-in defaults without asking"
+    )
+    parser.add_argument(
+        "--path", help="file to write instead of the default location (see `notebook-kit env`)"
+    )
+    parser.set_defaults(handler=_run_config)
+
+
+def _run_env(args: argparse.Namespace) -> int:
+    from notebook_kit.environment import environment  # imports torch: only when asked for
+
+    report = environment()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    return 0
+
+
+def _add_env_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "env",
+        help="report torch, CPUs, GPUs, backends, fork-safety and the saved config",
+        description="Report what this machine offers a launch and where the saved config lives.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=_run_env)
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from notebook_kit.script_launch import LaunchInputError, plan_script_launch, run_script_launch
+
+    given = {field: getattr(args, field) for field in _FIELDS if hasattr(args, field)}
+    try:
+        launch = plan_script_launch(args.script, args.script_args, given, args.config)
+    except LaunchInputError as error:
+        print(f"notebook-kit launch: error: {error}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(f"{launch.banner()}\n{launch.command_line()}")
+        return 0
+    return run_script_launch(launch)
+
+
+def _add_launch_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "launch",
+        help="run a script on every process of this node through torch.distributed.run",
+        description="Run SCRIPT on NUM_PROCESSES processes per node with torchrun's elastic "
+        "agent. In a SLURM or Coiled Batch job the node rank, number of nodes and node 0's "
+        "address come from the scheduler; options given here win.",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="LaunchConfig JSON file (default: the saved default)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the torchrun command; start nothing"
+    )
+    add_launch_config_arguments(parser)
+    parser.add_argument("script", help="the Python script to run on every process")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.set_defaults(handler=_run_launch)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from notebook_kit.export import ExportError, export_notebook
+
+    try:
+        result = export_notebook(args.notebook, args.output)
+    except (ExportError, OSError) as error:
+        print(f"notebook-kit export: error: {error}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    return 0
+
+
+def _add_export_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="write a notebook's code as a script that runs under notebook-kit launch",
+        description="Write the code cells of NOTEBOOK as a script; magics, display-only "
+        "statements and cells tagged skip-export are left out, and the cells from the first "
+        "notebook_launcher call on become main().",
+    )
+    parser.add_argument("notebook", help="the .ipynb file")
+    parser.add_argument("-o", "--output", help="script to write (default: NOTEBOOK with .py)")
+    parser.set_defaults(handler=_run_export)
+
+
+# One registration function per subcommand; a new subcommand adds itself here.
+def _run_execute(args: argparse.Namespace) -> int:
+    from nbclient.exceptions import CellExecutionError
+
+    from notebook_kit.notebook_runner import execute_notebook
+
+    try:
+        execute_notebook(args.notebook, output=args.output, timeout=args.timeout)
+    except CellExecutionError as error:
+        print(f"notebook-kit execute: a cell failed:\n{error}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as error:
+        print(f"notebook-kit execute: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_execute_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "execute",
+        help="run a notebook top to bottom in a fresh kernel, headless, printing its output",
+        description="Run every cell of a notebook in a new kernel; stop at the first error.",
+    )
+    parser.add_argument("notebook", type=Path, help="the .ipynb file to run")
+    parser.add_argument("-o", "--output", type=Path, help="save the executed notebook here")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take")
+    parser.set_defaults(handler=_run_execute)
+
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_config_command,
+    _add_env_command,
+    _add_launch_command,
+    _add_export_command,
+    _add_execute_command,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``notebook-kit`` argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="notebook-kit", description="Distributed PyTorch training from notebooks."
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add_command in _SUBCOMMANDS:
+        add_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``notebook-kit`` command line and return its exit status.
+
+    Example:
+        >>> main(["config", "--default"])  # doctest: +SKIP
+        0
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""``notebook-kit launch``: run a script on every process of a node through torch's launcher.
+
+The processes are started by ``torch.distributed.run`` (torchrun's elastic agent), called in
+this process with an argument list built from the launch config:
+
+- the list goes through torchrun's own parser, so every value means exactly what it means to
+  ``torchrun`` (and ``--dry-run`` prints the equivalent ``torchrun`` command);
+- a failure comes back as torchrun's ``ChildFailedError`` (rank, exit code, pid) and is
+  reported in a few lines rather than torchrun's table;
+- no extra interpreter sits between a Ctrl-C or a scheduler's SIGTERM and the agent.
+
+Workers get the environment a notebook launch gives its workers (threads per process,
+mixed precision, gradient accumulation, gloo on loopback for one node), so a script built on
+``Accelerator`` behaves as it does in the notebook.
+
+Settings are taken, first found first: options on the command line, the node placement a
+batch scheduler gives (:mod:`notebook_kit.cluster`), ``--config FILE`` (or the saved default),
+then the built-in defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from notebook_kit.cluster import DEFAULT_MASTER_PORT, ClusterError, NodePlacement, detect_node
+from notebook_kit.config import LaunchConfig, field_errors, saved_default
+
+__all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
+
+_PLACEMENT_FIELDS = ("num_nodes", "node_rank", "master_addr", "master_port", "num_processes")
+
+
+class LaunchInputError(ValueError):
+    """An option, a config file or a scheduler variable is unusable; nothing was started."""
+
+
+@dataclass(frozen=True)
+class ScriptLaunch:
+    """A checked ``notebook-kit launch``: what torchrun is asked to run, and with what.
+
+    Attributes:
+        config: The resolved launch settings.
+        num_processes: Processes on this node (``config.num_processes`` with auto resolved).
+        threads: torch/OpenMP threads per process.
+        script: The script, as given.
+        script_args: Arguments passed on to the script.
+        placement: Where a batch scheduler put this node, when one did.
+    """
+
+    config: LaunchConfig
+    num_processes: int
+    threads: int
+    script: str
+    script_args: tuple[str, ...] = ()
+    placement: NodePlacement | None = None
+
+    def torchrun_arguments(self) -> list[str]:
+        """The ``torchrun`` arguments for this launch.
+
+        One node without a port uses torchrun's standalone rendezvous on a free port (as a
+        notebook launch picks a free port). Several nodes use the static rendezvous at node 0,
+        which honours ``--node-rank``; with restarts they use torch's c10d rendezvous there
+        instead, the one that can re-form the group after a failure (it numbers the nodes in
+        the order they join).
+
+        Example:
+            >>> launch = ScriptLaunch(LaunchConfig(num_processes=2), 2, 1, "train.py")
+            >>> launch.torchrun_arguments()
+            ['--nproc-per-node', '2', '--max-restarts', '0', '--standalone', 'train.py']
+        """
+        config = self.config
+        words = ["--nproc-per-node", str(self.num_processes)]
+        words += ["--max-restarts", str(config.max_restarts)]
+        port = str(config.master_port or DEFAULT_MASTER_PORT)
+        if config.num_nodes > 1 and config.max_restarts > 0:
+            words += ["--nnodes", str(config.num_nodes), "--rdzv-backend", "c10d"]
+            words += ["--rdzv-endpoint", f"{config.master_addr}:{port}"]
+            words += ["--rdzv-id", f"notebook-kit-{port}"]
+        elif config.num_nodes > 1:
+            words += ["--nnodes", str(config.num_nodes), "--node-rank", str(config.node_rank)]
+            words += ["--master-addr", config.master_addr, "--master-port", port]
+        elif config.master_port is not None:
+            words += ["--master-addr", "127.0.0.1", "--master-port", str(config.master_port)]
+        else:
+            words.append("--standalone")
+        return [*words, self.script, *self.script_args]
+
+    def worker_environment(self) -> dict[str, str]:
+        """Variables every worker inherits, matching what a notebook launch sets.
+
+        Example:
+            >>> launch = ScriptLaunch(LaunchConfig(mixed_precision="bf16"), 2, 4, "train.py")
+            >>> launch.worker_environment()["NOTEBOOK_KIT_MIXED_PRECISION"]
+            'bf16'
+        """
+        config = self.config
+        environment = {
+            "OMP_NUM_THREADS": str(self.threads),
+            "NOTEBOOK_KIT_MIXED_PRECISION": config.mixed_precision,
+            "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS": str(config.gradient_accumulation_steps),
+        }
+        if config.max_restarts > 0:
+            # Restarted workers must not share the first attempt's store: gloo would read the
+            # dead workers' addresses from it. torch then gives each attempt a fresh store.
+            environment["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        if config.num_nodes == 1 and sys.platform.startswith("linux"):
+            # One node talks over loopback only; gloo otherwise probes the host's interfaces.
+            environment["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+        return environment
+
+    def banner(self) -> str:
+        """One line saying what is about to start."""
+        config = self.config
+        noun = "process" if self.num_processes == 1 else "processes"
+        text = f"notebook-kit launch: {self.num_processes} {noun} of {self.script} on this node"
+        if config.num_nodes > 1:
+            world = config.num_nodes * self.num_processes
+            text += f" (node {config.node_rank} of {config.num_nodes}, world size {world})"
+        if self.placement is not None:
+            text += f"; {self.placement.describe()}"
+        threads = "thread" if self.threads == 1 else "threads"
+        return f"{text}; {self.threads} {threads} each, via torch.distributed.run"
+
+    def command_line(self) -> str:
+        """The equivalent shell command (environment assignments, then ``torchrun``).
+
+        Example:
+            >>> ScriptLaunch(LaunchConfig(), 1, 2, "t.py").command_line().split()[0]
+            'OMP_NUM_THREADS=2'
+        """
+        assignments = [f"{name}={value}" for name, value in self.worker_environment().items()]
+        words = [*assignments, "torchrun", *self.torchrun_arguments()]
+        return " ".join(shlex.quote(word) for word in words)
+
+
+def _option(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _base_config(config_path: str | None) -> tuple[LaunchConfig, str]:
+    """The config file's settings (or the saved default's), and where they came from."""
+    if config_path is None:
+        try:
+            saved = saved_default()
+        except (OSError, TypeError, ValueError) as error:
+            raise LaunchInputError(f"saved default config: {error}") from error
+        return (saved, "the saved default") if saved else (LaunchConfig(), "built-in defaults")
+    path = Path(config_path)
+    if not path.is_file():
+        raise LaunchInputError(f"--config: no such file: {config_path}")
+    try:
+        return LaunchConfig.load(path), f"--config {config_path}"
+    except (OSError, TypeError, ValueError) as error:
+        raise LaunchInputError(f"--config: {error}") from error
+
+
+def _placement_values(placement: NodePlacement | None) -> dict[str, Any]:
+    if placement is None:
+        return {}
+    values = {field: getattr(placement, field) for field in _PLACEMENT_FIELDS}
+    return {field: value for field, value in values.items() if value is not None}
+
+
+def plan_script_launch(
+    script: str,
+    script_args: Sequence[str] = (),
+    given: Mapping[str, Any] | None = None,
+    config_path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ScriptLaunch:
+    """Check everything and resolve the settings of a launch; nothing is started.
+
+    Args:
+        script: Path of the Python script to run on every process.
+        script_args: Arguments for the script.
+        given: LaunchConfig fields given explicitly (command-line options); they win.
+        config_path: A LaunchConfig JSON file; default: the saved default config.
+        environ: Where scheduler variables are read (default ``os.environ``).
+
+    Raises:
+        LaunchInputError: Names the option, file or variable at fault.
+
+    Example:
+        >>> plan_script_launch("train.py", given={"num_processes": 2}).num_processes
+        2
+    """
+    given = dict(given or {})
+    base, base_origin = _base_config(config_path)
+    try:
+        # An explicit --num-nodes describes the whole job; a scheduler's guess would only clash.
+        placement = None if "num_nodes" in given else detect_node(environ)
+    except ClusterError as error:
+        raise LaunchInputError(f"{error} (or give --num-nodes and --node-rank)") from error
+    from_cluster = {k: v for k, v in _placement_values(placement).items() if k not in given}
+    values = {**base.to_dict(), **from_cluster, **given}
+    origins = {field: f" ({field} from {base_origin})" for field in values}
+    origins.update({field: f" ({field} from {placement.source})" for field in from_cluster})
+    origins.update({field: "" for field in given})
+    problems = field_errors(values)
+    if problems:
+        field, message = next(iter(problems.items()))
+        raise LaunchInputError(f"{_option(field)}: {message.rstrip('.')}{origins[field]}.")
+    config = LaunchConfig(**values)
+    if not Path(script).is_file():
+        raise LaunchInputError(f"script: no such file: {script}")
+    num_processes = config.num_processes or _default_process_count()
+    threads = config.threads_per_process or _default_threads(num_processes)
+    return ScriptLaunch(config, num_processes, threads, script, tuple(script_args), placement)
+
+
+def _default_process_count() -> int:
+    from notebook_kit.environment import gpu_count  # never initialises CUDA here
+
+    return max(gpu_count(), 1)
+
+
+def _default_threads(num_processes: int) -> int:
+    """An OMP_NUM_THREADS the user exported wins; otherwise the cores are shared out."""
+    exported = os.environ.get("OMP_NUM_THREADS", "")
+    if exported.isdigit() and int(exported) > 0:
+        return int(exported)
+    from notebook_kit.plan import usable_cores
+
+    return max(1, usable_cores() // num_processes)
+
+
+def run_script_launch(launch: ScriptLaunch) -> int:
+    """Run the launch through ``torch.distributed.run`` and return the exit status.
+
+    Returns 0 on success, 1 when a worker failed (after any restarts), 128 + the signal
+    number when this process was stopped by a signal.
+
+    Example:
+        >>> run_script_launch(plan_script_launch("train.py", given={"num_processes": 2}))
+        0
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    print(launch.banner(), flush=True)
+    os.environ.update(launch.worker_environment())
+    try:
+        run(parse_args(launch.torchrun_arguments()))
+    except ChildFailedError as failure:
+        print(_failure_report(failure, launch), file=sys.stderr, flush=True)
+        return 1
+    except SignalException as stopped:
+        print(f"notebook-kit launch: stopped by {stopped.sigval.name}.", file=sys.stderr)
+        return 128 + int(stopped.sigval)
+    return 0
+
+
+def _failure_report(failure: Any, launch: ScriptLaunch) -> str:
+    """The first failed rank in a few lines; its traceback was printed above by the worker."""
+    rank, first = failure.get_first_failure()
+    world = launch.num_processes * launch.config.num_nodes
+    how = (
+        f"was killed by {first.signal_name()}"
+        if first.exitcode < 0
+        else f"exited with code {first.exitcode}"
+    )
+    restarts = launch.config.max_restarts
+    after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
+    others = len(failure.failures) - 1
+    lines = [
+        f"notebook-kit launch: rank {rank} of {world} (pid {first.pid}) {how}{after}; "
+        f"torchrun stopped the other workers of this node.",
+        "The failing rank's traceback is printed above.",
+    ]
+    if others > 0:
+        lines.append(f"{others} other rank(s) failed too, most likely as a consequence.")
+    if restarts == 0:
+        lines.append("Pass --max-restarts K to restart the workers after a failure.")
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""Notebook -> script rules: magics, display-only code, skip-export, main() and its guard."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from notebook_kit.cli import main as cli_main
+from notebook_kit.export import ExportError, export_notebook, notebook_to_script
+
+
+def _script(*sources: str, tags: dict[int, list[str]] | None = None) -> str:
+    cells = [new_code_cell(source) for source in sources]
+    for index, cell_tags in (tags or {}).items():
+        cells[index].metadata["tags"] = cell_tags
+    return notebook_to_script(new_notebook(cells=[new_markdown_cell("# T"), *cells]))[0]
+
+
+def test_magics_shell_lines_and_display_only_code_are_dropped():
+    script = _script(
+        "%matplotlib inline\nimport math\n!pip install nothing\nfiles = !ls\nx = 2\nx",
+        "%%bash\necho hi",
+        "%%time\ny = math.sqrt(x)",
+        "%time z = y + 1",
+        "display(z)\nfig.show()\nz\n'literal'\nvalues[0]",
+        "print(z)",
+    )
+    code = script.split('"""', 2)[2]
+    assert "import math\nx = 2\n" in code
+    for gone in ("matplotlib", "pip", "ls", "echo", "display", "show", "\nx\n", "values"):
+        assert gone not in code
+    assert "y = math.sqrt(x)" in code and "\nz = y + 1" in code and "print(z)" in code
+    namespace: dict = {}
+    exec(compile(script, "exported", "exec"), namespace)
+    assert namespace["z"] == pytest.approx(2**0.5 + 1)
+
+
+def test_cells_report_why_they_were_left_out(tmp_path):
+    nb = new_notebook(
+        cells=[
+            new_code_cell("a = 1"),
+            new_code_cell("a"),
+            new_code_cell("%%html\n<b>x</b>"),
+            new_code_cell("b = 2"),
+            new_code_cell(""),
+        ]
+    )
+    nb.cells[3].metadata["tags"] = ["skip-export"]
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nb, path)
+    result = export_notebook(path)
+    assert result.path == tmp_path / "n.py"
+    assert result.kept == (1,)
+    assert result.dropped == (
+        (2, "display only"),
+        (3, "%%html cell magic"),
+        (4, "tagged skip-export"),
+        (5, "empty"),
+    )
+    assert "left out cell 2 (display only)" in result.summary()
+    assert "No notebook_launcher call" in result.summary()
+
+
+def test_launch_cells_become_main_with_globals_and_a_local_rank_guard():
+    script = _script(
+        "from notebook_kit import notebook_launcher\ndef train(n):\n    return n * 2",
+        "result = notebook_launcher(train, args=(21,), num_processes=2)",
+        "def report():\n    return f'got {result}'\nprint(report())\nresult",
+    )
+    assert "def main() -> None:\n    global report, result" in script
+    launch = script.index("notebook_launcher(train")
+    assert launch < script.index("if not _first_process_of_node():\n        return")
+    assert script.index("return\n") < script.index("# %% cell 4")
+    assert script.rstrip().endswith('if __name__ == "__main__":\n    main()')
+
+
+def test_multiline_strings_keep_their_text_inside_main():
+    script = _script(
+        "from notebook_kit import notebook_launcher",
+        'notebook_launcher(print, num_processes=1)\ntext = """a\n  b\n"""\nprint(text)',
+    )
+    assert '    text = """a\n  b\n"""' in script
+
+
+def test_awaited_async_launch_becomes_asyncio_run():
+    script = _script(
+        "from notebook_kit import notebook_launcher_async\nf = print",
+        "out = await notebook_launcher_async(f, num_processes=2)",
+    )
+    assert (
+        "    import asyncio\n    out = asyncio.run(notebook_launcher_async(f, num_processes=2))"
+        in (script)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("if True:\n    !ls", "cell 2 line 2: an IPython magic or shell command inside a block"),
+        ("x = await something()", "cell 2 line 1: top-level await runs only in a notebook"),
+        ("def broken(:\n    pass", "cell 2: invalid syntax"),
+    ],
+)
+def test_cells_that_cannot_run_as_a_script_are_named(source, message):
+    with pytest.raises(ExportError, match=message):
+        _script(source)
+
+
+def test_export_command_line(tmp_path, capsys):
+    path = tmp_path / "n.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print('from the script')")]), path)
+    assert cli_main(["export", str(path), "-o", str(tmp_path / "t.py")]) == 0
+    assert "Wrote" in capsys.readouterr().out
+    done = subprocess.run([sys.executable, str(tmp_path / "t.py")], capture_output=True, text=True)
+    assert done.stdout == "from the script\n"
+    assert cli_main(["export", str(tmp_path / "missing.ipynb")]) == 2
+    assert "notebook-kit export: error:" in capsys.readouterr().err

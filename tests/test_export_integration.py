@@ -1,0 +1,56 @@
+"""The exported quickstart trains under ``notebook-kit launch`` to the notebook's accuracy."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from notebook_kit.export import export_notebook
+from tests.conftest import kernel_environment
+from tests.test_script_launch_integration import CLI, clean_environment
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
+ACCURACY = re.compile(r"test accuracy: ([\d.]+)% on 360 images \(gathered from 2 processes\)")
+HOME = re.compile(r"accuracy of the trained model in this kernel: ([\d.]+)%")
+
+
+def _notebook_accuracy(tmp_path: Path) -> str:
+    """The accuracy the notebook's last cell prints for the model trained by the launch."""
+    nb = nbformat.read(QUICKSTART, as_version=4)
+    client = NotebookClient(
+        nb, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute(env={**kernel_environment(), **clean_environment(tmp_path)})
+    shown = "".join(
+        output.get("text", "") + output.get("data", {}).get("text/plain", "")
+        for cell in nb.cells
+        for output in cell.get("outputs", [])
+    )
+    found = HOME.findall(shown)
+    assert len(found) == 1, shown
+    return found[0]
+
+
+def test_exported_quickstart_matches_the_notebook(tmp_path):
+    script = tmp_path / "train.py"
+    result = export_notebook(QUICKSTART, script)
+    assert result.has_main and not result.dropped
+    env = clean_environment(tmp_path)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    command = [*CLI, "--num-processes", "2", str(script)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracies = ACCURACY.findall(done.stdout)
+    assert len(accuracies) == 1, done.stdout  # accelerator.print: rank 0 only
+    assert float(accuracies[0]) >= 95.0
+    # The cells after the launch ran once, with the trained model.
+    assert HOME.findall(done.stdout) == accuracies
+    # Same seeds, same data order, one thread per process: the notebook's own number.
+    assert accuracies[0] == _notebook_accuracy(tmp_path)

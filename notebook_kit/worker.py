@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from types import TracebackType
 from typing import Any, NoReturn
 
 import torch
@@ -177,7 +178,7 @@ def _run(
         store = join_process_group(spec)
         with active_launch(context):
             try:
-                value = function(*args, **kwargs)
+                value = _call_on_fresh_thread(function, args, kwargs, spec.threads)
             finally:
                 context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
@@ -191,6 +192,33 @@ def _run(
         return 1
     leave_process_group(store, spec)
     return 0
+
+
+def _call_on_fresh_thread(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], threads: int
+) -> Any:
+    """Run the function on a new thread and return its value or raise its exception.
+
+    GNU OpenMP (torch's CPU thread pool) keeps its pool per thread, and the kernel's main
+    thread may have started one before the fork: its threads do not exist in the child, so a
+    parallel region on the inherited main thread would wait for them forever. A new thread
+    starts a pool of its own.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        torch.set_num_threads(threads)
+        try:
+            outcome["value"] = function(*args, **kwargs)
+        except BaseException as error:
+            outcome["error"] = error
+
+    runner = threading.Thread(target=target, name="notebook_kit-function")
+    runner.start()
+    runner.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def _set_environment(spec: WorkerSpec) -> None:
@@ -219,9 +247,10 @@ def _set_environment(spec: WorkerSpec) -> None:
 def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
     """Send the exception to the kernel, which shows it once; print it only if that fails."""
     error_type, error, trace = sys.exc_info()
-    # Skip this module's own frame: the traceback starts in the user's function.
-    user_trace = trace.tb_next if trace is not None and trace.tb_next is not None else trace
-    text = "".join(traceback.format_exception(error_type, error, user_trace))
+    # Skip this module's own frames: the traceback starts in the user's function.
+    while trace is not None and trace.tb_next is not None and _is_ours(trace):
+        trace = trace.tb_next
+    text = "".join(traceback.format_exception(error_type, error, trace))
     qualified = f"{error_type.__module__}.{error_type.__qualname__}" if error_type else "Exception"
     payload = {
         "type": qualified.removeprefix("builtins."),
@@ -235,6 +264,10 @@ def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
         with contextlib.suppress(BaseException):
             sys.stderr.write(f"rank {rank}: {text}")
     return 1
+
+
+def _is_ours(trace: TracebackType) -> bool:
+    return trace.tb_frame.f_code.co_filename == __file__
 
 
 def _report_result(

@@ -342,3 +342,15 @@ def test_explicit_arguments_beat_the_config_which_beats_the_saved_default(isolat
         assert precision == "no" and torch.equal(first, second)  # same seed, same draw
     finally:
         isolated_saved_config.unlink()
+
+
+def test_workers_use_several_threads_after_the_kernel_used_its_thread_pool():
+    big = torch.ones(1 << 24)
+    with torch.inference_mode():
+        big.sum()  # starts the kernel's OpenMP pool, whose threads a forked child lacks
+
+    def parallel_sum():
+        return float(big.sum()), torch.get_num_threads()
+
+    result = notebook_launcher(parallel_sum, num_processes=2, threads_per_process=2, timeout=60)
+    assert result == (float(1 << 24), 2)

@@ -40,7 +40,19 @@ _LABEL_STYLE = {"description_width": "190px"}
 _HELP_COLOUR, _ERROR_COLOUR = "#666", "#b00020"
 
 
+# A dropdown's "auto" entry needs a value other than None: ipywidgets shows None as no choice.
+_AUTO = "auto"
+_AUTO_FIELDS = ("num_processes", "backend", "live")
+
+
 def _make_widget(field: str, process_limit: int) -> widgets.ValueWidget:
+    """A widget suited to ``field``, with a CSS class ``nk-field-<field>`` to find it by."""
+    widget = _new_widget(field, process_limit)
+    widget.add_class(f"nk-field-{field}")
+    return widget
+
+
+def _new_widget(field: str, process_limit: int) -> widgets.ValueWidget:
     """A widget suited to ``field``: dropdowns for choices, bounded boxes for counts."""
     common: dict[str, Any] = {
         "description": field,
@@ -48,16 +60,16 @@ def _make_widget(field: str, process_limit: int) -> widgets.ValueWidget:
         "layout": widgets.Layout(width="340px"),
     }
     if field == "num_processes":
-        options = [("auto", None)] + [(str(n), n) for n in range(1, process_limit + 1)]
+        options = [("auto", _AUTO)] + [(str(n), n) for n in range(1, process_limit + 1)]
         return widgets.Dropdown(options=options, **common)
     if field == "mixed_precision":
         return widgets.Dropdown(options=["no", "fp16", "bf16"], **common)
     if field == "backend":
         return widgets.Dropdown(
-            options=[("auto", None), ("gloo", "gloo"), ("nccl", "nccl")], **common
+            options=[("auto", _AUTO), ("gloo", "gloo"), ("nccl", "nccl")], **common
         )
     if field == "live":
-        return widgets.Dropdown(options=[("auto", None), ("on", True), ("off", False)], **common)
+        return widgets.Dropdown(options=[("auto", _AUTO), ("on", True), ("off", False)], **common)
     if field in _INT_RANGES:
         low, high = _INT_RANGES[field]
         return widgets.BoundedIntText(min=low, max=high, **common)
@@ -132,6 +144,8 @@ class ConfigPanel(widgets.VBox):
                     values[field] = parse_field(field, widget.value)
                 except (TypeError, ValueError) as error:
                     errors[field] = str(error)
+            elif field in _AUTO_FIELDS and widget.value == _AUTO:
+                values[field] = None
             else:
                 values[field] = widget.value
         for field, message in field_errors(values).items():
@@ -168,7 +182,7 @@ class ConfigPanel(widgets.VBox):
                 if field == "num_processes" and value is not None and value > self.process_limit:
                     # A config written for a bigger machine must still be shown as it is.
                     widget.options = [*widget.options, (str(value), value)]
-                widget.value = value
+                widget.value = _AUTO if value is None and field in _AUTO_FIELDS else value
         finally:
             self._updating = False
         self._refresh()

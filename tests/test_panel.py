@@ -107,7 +107,7 @@ def test_non_numeric_text_is_reported_not_crashed() -> None:
 def test_num_processes_is_bounded_by_the_machine_but_shows_bigger_configs() -> None:
     panel = ConfigPanel()
     values = [value for _, value in panel.widgets["num_processes"].options]
-    assert values == [None, *range(1, panel.process_limit + 1)]
+    assert values == ["auto", *range(1, panel.process_limit + 1)]
     panel.config = LaunchConfig(num_processes=panel.process_limit + 6)
     assert panel.config.num_processes == panel.process_limit + 6
 
@@ -191,3 +191,15 @@ def test_launch_passes_the_panel_config(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ValueError, match="seed"):
         panel.launch(print)
     assert len(calls) == 1
+
+
+def test_auto_choices_are_real_selections_and_fields_have_classes() -> None:
+    panel = ConfigPanel(LaunchConfig())
+    for field in ("num_processes", "backend", "live"):
+        dropdown = panel.widgets[field]
+        assert dropdown.index == 0 and dropdown.label == "auto"  # shown as chosen, not blank
+        assert f"nk-field-{field}" in dropdown._dom_classes
+    assert panel.config.num_processes is None and panel.config.backend is None
+    panel.widgets["num_processes"].value = 2
+    panel.widgets["num_processes"].value = "auto"
+    assert panel.config.num_processes is None

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.launch`` and ``python -m benchmarks.compare``."""

@@ -1,0 +1,99 @@
+"""The benchmark harness runs end to end: one quick repetition of every measurement for
+notebook_kit and raw torch. Timings are never asserted (the machine may be busy)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._report import METRICS, markdown_table  # noqa: E402
+from benchmarks._suite import Cell  # noqa: E402
+
+QUICK_TOOLS = ("notebook_kit", "torch-fork")
+PNG_MAGIC = b"\x89PNG"
+
+
+def _run_benchmark(script: str, out: Path) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        f"benchmarks.{script}",
+        "--quick",
+        "--tools",
+        ",".join(QUICK_TOOLS),
+        "--out",
+        str(out),
+    ]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Processes whose command line names ``text`` (forked workers keep the caller's)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if any(text in part for part in process.info["cmdline"] or ()):
+            found.append(process.info["pid"])
+    return found
+
+
+@pytest.mark.integration
+def test_compare_quick_writes_every_row_table_and_chart(tmp_path: Path) -> None:
+    completed = _run_benchmark("compare", tmp_path)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = json.loads((tmp_path / "compare.json").read_text())
+    assert set(results) == set(METRICS)
+    for metric, cells in results.items():
+        for tool in QUICK_TOOLS:
+            cell = cells[tool]
+            assert cell["values"] or cell["na"], f"{metric}/{tool} has neither a value nor n/a"
+    table = (tmp_path / "compare.md").read_text()
+    assert table.strip() in completed.stdout
+    assert "leftover" not in completed.stderr
+    for metric in METRICS.values():
+        assert metric.title in table
+    assert (tmp_path / "compare.png").read_bytes().startswith(PNG_MAGIC)
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.integration
+def test_launch_benchmark_quick_reports_ratios_to_the_baseline(tmp_path: Path) -> None:
+    completed = _run_benchmark("launch", tmp_path)
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    table = (tmp_path / "launch.md").read_text()
+    assert "vs torch-fork" in table
+    assert "% of the 64 MiB dataset" in completed.stdout
+    results = json.loads((tmp_path / "launch.json").read_text())
+    assert {"launch_first", "launch_repeat", "fail_time", "mem_uss"} <= set(results)
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_table_shows_na_with_reason_and_ratios_to_the_reference() -> None:
+    results = {
+        "launch_repeat": {
+            "notebook_kit": Cell(values=[0.05, 0.04, 0.06]),
+            "torch-fork": Cell(values=[0.1]),
+            "accelerate": Cell(na="accelerate is not installed"),
+        },
+        "interrupt_caller": {
+            "notebook_kit": Cell(values=[0.01]),
+            "torch-fork": Cell(values=[float("inf")], notes=["2 worker(s) still running"]),
+        },
+    }
+
+    table = markdown_table(results, ["notebook_kit", "torch-fork", "accelerate"], "notebook_kit")
+
+    assert "| accelerate | n/a |" in table and "accelerate is not installed" in table
+    assert "| notebook_kit | 50 | 40–60 | ×1.00 | 3 |" in table
+    assert "| torch-fork | 100 | 100–100 | ×2.00 | 1 |" in table
+    assert "| torch-fork | not stopped | — | — | 1 | 2 worker(s) still running |" in table

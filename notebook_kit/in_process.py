@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
 from notebook_kit.plan import Call, LaunchPlan
+from notebook_kit.rendezvous import init_group_from_environment
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch, current_launch
 from notebook_kit.seeding import set_seed
 
@@ -116,7 +117,7 @@ def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[Non
         context.backend = "nccl" if use_cuda else "gloo"
         if use_cuda:
             torch.cuda.set_device(place.local_rank)
-        dist.init_process_group(context.backend)  # env:// from torchrun
+        init_group_from_environment(context.backend)
         environment: dict[str, str] = {}
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_kit.cluster import slurm_process_environment
+from notebook_kit.rendezvous import init_group_from_environment
 from notebook_kit.runtime import current_launch
 
 __all__ = ["ProcessState", "resolve_process_state", "resolve_setting"]
@@ -60,7 +61,7 @@ def resolve_process_state(cpu: bool) -> ProcessState:
         rank, local_rank, size = launch.rank, launch.local_rank, launch.world_size
     elif initialised or _torchrun_environment():
         if not initialised:
-            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+            init_group_from_environment("nccl" if use_cuda else "gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     else:

@@ -8,6 +8,7 @@ instead of hanging for torch's 30-minute default.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,12 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from notebook_kit.worker import WorkerSpec
 
-__all__ = ["RendezvousTimeout", "join_process_group", "leave_process_group"]
+__all__ = [
+    "RendezvousTimeout",
+    "init_group_from_environment",
+    "join_process_group",
+    "leave_process_group",
+]
 
 _JOINED_KEY = "notebook_kit/joined"
 _ALL_JOINED_KEY = "notebook_kit/all_joined"
@@ -103,3 +109,25 @@ def _check_in(store: dist.TCPStore, spec: WorkerSpec, counter: str, all_in: str)
     """Count this rank in; the last one to arrive announces that everyone has."""
     if store.add(counter, 1) == spec.world_size:
         store.set(all_in, "1")
+
+
+def init_group_from_environment(backend: str, timeout: timedelta = timedelta(minutes=30)) -> None:
+    """Create the default group from torchrun-style variables (RANK, WORLD_SIZE, MASTER_*).
+
+    torchrun's agent keeps one store across restarts, so the keys a failed attempt left there
+    (the dead workers' gloo addresses) would be read again by the next attempt: every attempt
+    gets its own key prefix.
+    """
+    environ = os.environ
+    rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+    hosted_by_agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        environ["MASTER_ADDR"],
+        int(environ.get("MASTER_PORT", "29500")),
+        world_size,
+        is_master=rank == 0 and not hosted_by_agent,
+        timeout=timeout,
+    )
+    attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"notebook_kit/attempt_{attempt}", store)
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size)

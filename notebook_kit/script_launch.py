@@ -89,7 +89,8 @@ class ScriptLaunch:
             words += ["--master-addr", "127.0.0.1", "--master-port", str(config.master_port)]
         else:
             words.append("--standalone")
-        return [*words, self.script, *self.script_args]
+        # Every process runs the script through script_entry, which ends it cleanly.
+        return [*words, "-m", "notebook_kit.script_entry", self.script, *self.script_args]
 
     def worker_environment(self) -> dict[str, str]:
         """Variables every worker inherits, matching what a notebook launch sets.
@@ -105,10 +106,6 @@ class ScriptLaunch:
             "NOTEBOOK_KIT_MIXED_PRECISION": config.mixed_precision,
             "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS": str(config.gradient_accumulation_steps),
         }
-        if config.max_restarts > 0:
-            # Restarted workers must not share the first attempt's store: gloo would read the
-            # dead workers' addresses from it. torch then gives each attempt a fresh store.
-            environment["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         if config.num_nodes == 1 and sys.platform.startswith("linux"):
             # One node talks over loopback only; gloo otherwise probes the host's interfaces.
             environment["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")

@@ -29,7 +29,8 @@ def script(tmp_path, monkeypatch):
 def test_single_node_uses_a_free_port_and_the_notebook_environment(script):
     launch = plan_script_launch(script, ["--lr", "0.1"], {"num_processes": 2}, environ={})
     assert launch.torchrun_arguments() == [
-        "--nproc-per-node", "2", "--max-restarts", "0", "--standalone", script, "--lr", "0.1",
+        "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
+        "-m", "notebook_kit.script_entry", script, "--lr", "0.1",
     ]  # fmt: skip
     env = launch.worker_environment()
     assert env["NOTEBOOK_KIT_MIXED_PRECISION"] == "no"
@@ -43,16 +44,16 @@ def test_multi_node_uses_the_static_rendezvous_at_node_0(script):
     launch = plan_script_launch(script, (), given, environ={})
     assert launch.torchrun_arguments() == [
         "--nproc-per-node", "2", "--max-restarts", "0", "--nnodes", "2", "--node-rank", "1",
-        "--master-addr", "head", "--master-port", "29500", script,
+        "--master-addr", "head", "--master-port", "29500",
+        "-m", "notebook_kit.script_entry", script,
     ]  # fmt: skip
     env = launch.worker_environment()
-    assert "GLOO_SOCKET_IFNAME" not in env and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+    assert "GLOO_SOCKET_IFNAME" not in env
 
 
-def test_restarts_use_a_fresh_store_per_attempt_and_c10d_across_nodes(script):
+def test_restarts_keep_the_node_local_rendezvous_and_use_c10d_across_nodes(script):
     single = plan_script_launch(script, (), {"num_processes": 2, "max_restarts": 1}, environ={})
     assert "--standalone" in single.torchrun_arguments()
-    assert single.worker_environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     given = {"num_nodes": 2, "node_rank": 1, "master_addr": "head", "max_restarts": 3}
     words = plan_script_launch(script, (), given, environ={}).torchrun_arguments()
     assert words[4:12] == [
@@ -131,5 +132,6 @@ def test_command_line_errors_and_dry_run(script, capsys, monkeypatch):
 def test_command_line_names_the_equivalent_torchrun_call():
     launch = ScriptLaunch(LaunchConfig(num_processes=2, max_restarts=1), 2, 1, "t.py", ("a b",))
     assert launch.command_line().endswith(
-        "torchrun --nproc-per-node 2 --max-restarts 1 --standalone t.py 'a b'"
+        "torchrun --nproc-per-node 2 --max-restarts 1 --standalone"
+        " -m notebook_kit.script_entry t.py 'a b'"
     )

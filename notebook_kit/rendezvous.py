@@ -43,16 +43,8 @@ class RendezvousTimeout(RuntimeError):
 def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
     """Connect to the store, wait for every rank, and initialise the default group."""
     store = _connect_store(spec)
-    _check_in(store, spec, _JOINED_KEY, _ALL_JOINED_KEY)
-    try:
-        store.wait([_ALL_JOINED_KEY], timedelta(seconds=spec.rendezvous_timeout))
-    except (dist.DistError, RuntimeError) as error:
-        raise RendezvousTimeout(
-            f"Only {store.add(_JOINED_KEY, 0)} of {spec.world_size} processes joined the "
-            f"rendezvous within {spec.rendezvous_timeout:g} s (num_nodes={spec.num_nodes}). "
-            f"Start the launch on every node with the same num_nodes, num_processes, "
-            f"master_addr and use_port."
-        ) from error
+    if spec.num_nodes > 1:  # on one node the kernel forked every rank and sees any death
+        _wait_for_other_nodes(store, spec)
     device_id = None
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.local_rank)
@@ -65,6 +57,19 @@ def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
     _check_in(store, spec, _READY_KEY, _ALL_READY_KEY)
     store.wait([_ALL_READY_KEY], timedelta(seconds=spec.rendezvous_timeout))
     return store
+
+
+def _wait_for_other_nodes(store: dist.TCPStore, spec: WorkerSpec) -> None:
+    _check_in(store, spec, _JOINED_KEY, _ALL_JOINED_KEY)
+    try:
+        store.wait([_ALL_JOINED_KEY], timedelta(seconds=spec.rendezvous_timeout))
+    except (dist.DistError, RuntimeError) as error:
+        raise RendezvousTimeout(
+            f"Only {store.add(_JOINED_KEY, 0)} of {spec.world_size} processes joined the "
+            f"rendezvous within {spec.rendezvous_timeout:g} s (num_nodes={spec.num_nodes}). "
+            f"Start the launch on every node with the same num_nodes, num_processes, "
+            f"master_addr and use_port."
+        ) from error
 
 
 def leave_process_group(store: dist.TCPStore, spec: WorkerSpec) -> None:

@@ -82,8 +82,11 @@ class StopButton:
         self.button.disabled = True
 
     def finish(self) -> None:
+        """The run is over: the button greys out and a pending 'Stopping…' note goes."""
         self._finished = True
         self.button.disabled = True
+        self.button.button_style = ""
+        self.note.value = ""
         if self._route is not None:
             self._route.close()
             self._route = None

@@ -1,11 +1,16 @@
-"""Reading what an executed notebook shows: cell outputs and the text inside widgets."""
+"""Executing notebooks in tests and reading what they show: cell outputs and widget text."""
 
 from __future__ import annotations
 
 import html
 import re
+import shutil
+from pathlib import Path
 
 import nbformat
+from nbclient import NotebookClient
+
+from tests.conftest import kernel_environment
 
 
 def cell_text(cell: nbformat.NotebookNode) -> str:
@@ -27,3 +32,21 @@ def widget_text(nb: nbformat.NotebookNode) -> str:
     widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     values = [model["state"].get("value", "") for model in widgets.get("state", {}).values()]
     return "\n".join(html.unescape(re.sub(r"<[^>]+>", "", str(value))) for value in values)
+
+
+def execute_copy(
+    notebook: Path, folder: Path, env: dict[str, str] | None = None, timeout: int = 150
+) -> nbformat.NotebookNode:
+    """Run a copy of ``notebook`` inside ``folder`` in a fresh kernel, keeping widget state."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(notebook, folder / notebook.name)
+    nb = nbformat.read(folder / notebook.name, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        store_widget_state=True,
+        resources={"metadata": {"path": str(folder)}},
+    )
+    client.execute(env=env or kernel_environment())
+    return nb

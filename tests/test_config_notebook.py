@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import inspect
-import os
-import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 import notebook_kit
+from tests.conftest import kernel_environment
+from tests.notebook_text import cell_text, execute_copy
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_config_panel.ipynb"
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
-
-
-def _text(cell: nbformat.NotebookNode) -> str:
-    """Everything a cell printed or displayed as text."""
-    parts = []
-    for output in cell.get("outputs", []):
-        parts.append(output.get("text", ""))
-        parts.append(output.get("data", {}).get("text/plain", ""))
-        if output.get("output_type") == "error":
-            parts.append("\n".join(output.get("traceback", [])))
-    return "".join(parts)
 
 
 def _cell(nb: nbformat.NotebookNode, snippet: str) -> nbformat.NotebookNode:
@@ -36,37 +24,26 @@ def _cell(nb: nbformat.NotebookNode, snippet: str) -> nbformat.NotebookNode:
 def test_panel_notebook_launches_with_the_panel_config(tmp_path: Path) -> None:
     if "config" not in inspect.signature(notebook_kit.notebook_launcher).parameters:
         pytest.skip("notebook_launcher does not take config= yet")
-    work = tmp_path / "notebooks"
-    work.mkdir()
-    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
-    nb = nbformat.read(work / NOTEBOOK.name, as_version=4)
-    env = dict(os.environ, NOTEBOOK_KIT_CONFIG=str(tmp_path / "config" / "launch.json"))
-    env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel drops fd-level output under pytest
-    client = NotebookClient(
-        nb,
-        timeout=120,
-        kernel_name="python3",
-        store_widget_state=True,
-        resources={"metadata": {"path": str(work)}},
-    )
-    client.execute(env=env)
+    env = kernel_environment()
+    env["NOTEBOOK_KIT_CONFIG"] = str(tmp_path / "config" / "launch.json")
+    nb = execute_copy(NOTEBOOK, tmp_path / "notebooks", env=env, timeout=120)
 
     report = _cell(nb, "notebook_kit.environment()")
     assert "text/html" in report.outputs[0]["data"]
-    assert "Fork-safe" in _text(report)
+    assert "Fork-safe" in cell_text(report)
 
     panel_outputs = _cell(nb, "panel = ConfigPanel()").outputs
     assert "application/vnd.jupyter.widget-view+json" in panel_outputs[0]["data"]
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     assert any(state["state"].get("value") == "0" for state in states.values())  # the seed
 
-    assert "num_processes=2" in _text(_cell(nb, 'panel.widgets["num_processes"].value = 2'))
-    validation = _text(_cell(nb, '"99999"'))
+    assert "num_processes=2" in cell_text(_cell(nb, 'panel.widgets["num_processes"].value = 2'))
+    validation = cell_text(_cell(nb, '"99999"'))
     assert "master_port must be an integer from 1 to 65535" in validation
     assert validation.rstrip().endswith("{}")
 
-    assert "(30.0, 2)" in _text(_cell(nb, "panel.launch(train"))
-    code = _text(_cell(nb, "panel.python_call()"))
+    assert "(30.0, 2)" in cell_text(_cell(nb, "panel.launch(train"))
+    code = cell_text(_cell(nb, "panel.python_call()"))
     assert 'LaunchConfig(num_processes=2, backend="gloo", seed=0)' in code
     assert "notebook-kit launch --num-processes 2 --backend gloo --seed 0 train.py" in code
     assert not (tmp_path / "config" / "launch.json").exists()  # nothing saved without a click

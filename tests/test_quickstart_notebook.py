@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import re
-import shutil
-import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.conftest import kernel_environment
-from tests.notebook_text import cell_text, widget_text
+from tests.notebook_text import cell_text, execute_copy, widget_text
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
 
@@ -20,18 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_proc
 
 
 def test_quickstart_trains_on_two_processes_and_brings_the_model_home(tmp_path: Path) -> None:
-    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
-    nb = nbformat.read(tmp_path / NOTEBOOK.name, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=150,
-        kernel_name="python3",
-        store_widget_state=True,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    started = time.monotonic()
-    client.execute(env=kernel_environment())
-    assert time.monotonic() - started < 120
+    nb = execute_copy(NOTEBOOK, tmp_path)
 
     # Worker output reaches the cell as "[rank r] ..." lines or inside the live-view widgets.
     launch = cell_text(

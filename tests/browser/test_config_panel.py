@@ -3,7 +3,6 @@ it is what the launch uses."""
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -23,13 +22,10 @@ _SELECTED_TEXT = (
 
 def _field(panel: Any, kind: str, name: str) -> Any:
     """The input of the panel's ``name`` field; ``kind`` is the widget's CSS class suffix."""
-    row = panel.locator(f".widget-{kind}").filter(
-        has=panel.page.locator("label", has_text=re.compile(f"^{name}$"))
-    )
-    return row.locator("select" if kind == "dropdown" else "input")
+    return panel.locator(f".nk-field-{name}").locator("select" if kind == "dropdown" else "input")
 
 
-def _dropdown_text(panel: Any, name: str, timeout: float = 10.0) -> str:
+def dropdown_text(panel: Any, name: str, timeout: float = 10.0) -> str:
     """The label shown by the ``name`` dropdown."""
     select = _field(panel, "dropdown", name)
     deadline = time.monotonic() + timeout
@@ -53,7 +49,7 @@ def test_run_all_renders_panel_with_values_set_from_code(page: Any, lab_server: 
     assert panel.count() == 1
     assert panel.locator(".widget-dropdown select").count() >= 3  # processes, precision, backend
     assert panel.locator(".widget-text input").count() >= 3
-    shown = {name: _dropdown_text(panel, name) for name in ("num_processes", "backend")}
+    shown = {name: dropdown_text(panel, name) for name in ("num_processes", "backend")}
     assert shown == {"num_processes": "2", "backend": "gloo"}, shown
     assert _field(panel, "text", "seed").input_value() == "0"
     assert panel.locator(".nk-error").count() == 0, "a field is marked invalid"
@@ -68,7 +64,7 @@ def test_values_picked_in_panel_are_used_by_launch(page: Any, lab_server: LabSer
         notebook.run_cell(notebook.find_cell(text))
         notebook.wait_for_cell(notebook.find_cell(text), timeout=90)
     panel = page.locator(".nk-config-panel")
-    shown = _dropdown_text(panel, "num_processes")
+    shown = dropdown_text(panel, "num_processes")
     assert shown == "auto", f"num_processes shows {shown!r}"  # one process on a CPU-only kernel
 
     _field(panel, "dropdown", "num_processes").select_option(label="2")

@@ -9,6 +9,7 @@ import pytest
 
 from tests.browser.lab import LabNotebook
 from tests.browser.server import LabServer
+from tests.browser.test_config_panel import dropdown_text
 
 pytestmark = pytest.mark.browser
 
@@ -63,6 +64,9 @@ def test_run_all_shows_live_plot_progress_and_rank_output(page: Any, lab_server:
     assert cell.locator(".nk-stop button, button.nk-stop").count() == 1
     assert "Finished in" in cell.locator(".nk-live").inner_text()
     _check_rank_tabs(cell)
+    panel = page.locator(".nk-config-panel")
+    assert panel.locator(".widget-dropdown select").count() >= 3  # processes, precision, backend
+    assert dropdown_text(panel, "num_processes") == "2" and dropdown_text(panel, "live") == "auto"
     result = notebook.outputs(launch)[-1]
     assert result["data"]["text/plain"] == "(100, False)", result
 

@@ -41,18 +41,21 @@ class WorkerFailure:
     @property
     def is_secondary(self) -> bool:
         """True when this looks like a consequence of another rank's failure."""
-        if self.exception_type is None:
-            return False
-        if self.exception_type.endswith("DistBackendError"):
-            return True
-        text = self.message.lower()
-        return any(marker.lower() in text for marker in _SECONDARY_MARKERS)
+        return self.exception_type is not None and is_consequence(self.exception_type, self.message)
 
     def summary(self) -> str:
         """One line: the exception, or how the process ended."""
         if self.exception_type is not None:
             return f"{self.exception_type}: {self.message}" if self.message else self.exception_type
         return self.message
+
+
+def is_consequence(exception_type: str, message: str) -> bool:
+    """True for an error a rank raises only because a peer went away first."""
+    if exception_type.endswith("DistBackendError"):
+        return True
+    text = message.lower()
+    return any(marker.lower() in text for marker in _SECONDARY_MARKERS)
 
 
 def describe_exit(exit_code: int) -> str:

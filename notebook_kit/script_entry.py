@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as request:
         status = _exit_status(request.code)
-    except BaseException:  # reported like the interpreter would, then exit 1
+    except BaseException as error:  # reported like the interpreter would, then exit 1
         traceback.print_exc()
+        _record_for_torchrun(error)
         status = 1
     with contextlib.suppress(BaseException):
         atexit._run_exitfuncs()
@@ -42,6 +43,17 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(status)
+
+
+def _record_for_torchrun(error: BaseException) -> None:
+    """Write torchrun's error file, so it names the rank that failed first (by timestamp)
+    rather than whichever rank's exit it happened to notice first."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    with contextlib.suppress(Exception):
+        handler = get_error_handler()
+        handler.initialize()
+        handler.record_exception(error)
 
 
 def _exit_status(code: object) -> int:

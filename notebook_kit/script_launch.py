@@ -30,6 +30,7 @@ from typing import Any
 
 from notebook_kit.cluster import DEFAULT_MASTER_PORT, ClusterError, NodePlacement, detect_node
 from notebook_kit.config import LaunchConfig, field_errors, saved_default
+from notebook_kit.errors import is_consequence
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
 
@@ -255,8 +256,19 @@ def run_script_launch(launch: ScriptLaunch) -> int:
 
 
 def _failure_report(failure: Any, launch: ScriptLaunch) -> str:
-    """The first failed rank in a few lines; its traceback was printed above by the worker."""
+    """The failed rank to blame in a few lines; its traceback was printed above by the worker.
+
+    torchrun orders failures by error-file timestamps of one-second resolution; a rank whose
+    error only says that a peer went away is never the one to blame while another failed.
+    """
     rank, first = failure.get_first_failure()
+    causes = {
+        failed_rank: failed
+        for failed_rank, failed in failure.failures.items()
+        if not is_consequence("", str(failed.message))
+    }
+    if causes and rank not in causes:
+        rank, first = min(causes.items(), key=lambda item: item[1].timestamp)
     world = launch.num_processes * launch.config.num_nodes
     how = (
         f"was killed by {first.signal_name()}"

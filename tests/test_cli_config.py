@@ -166,7 +166,7 @@ def _command_env(config_file: Path) -> dict[str, str]:
 def test_module_questionnaire_through_stdin(config_file: Path) -> None:
     answers = "1\nthree\n2\nfp16\n\n\n\n\n\n\n"
     result = subprocess.run(
-        [sys.executable, "-m", "notebook_kit.cli", "config"],
+        [sys.executable, "-m", "notebook_kit", "config"],
         input=answers,
         capture_output=True,
         text=True,

@@ -20,7 +20,7 @@ notebook_launcher(lambda: print(f"hello from rank {dist.get_rank()}"), num_proce
 
 
 def _run(notebook_path, *extra):
-    command = [sys.executable, "-m", "notebook_kit.cli", "execute", str(notebook_path), *extra]
+    command = [sys.executable, "-m", "notebook_kit", "execute", str(notebook_path), *extra]
     return subprocess.run(
         command, capture_output=True, text=True, timeout=180, env=kernel_environment()
     )

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
-CLI = [sys.executable, "-m", "notebook_kit.cli", "launch"]
+CLI = [sys.executable, "-m", "notebook_kit", "launch"]
 
 SCRIPT = textwrap.dedent(
     """

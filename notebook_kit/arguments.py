@@ -80,11 +80,3 @@ def check_nodes(num_nodes: Any, node_rank: Any) -> tuple[int, int]:
             f"node_rank must be in 0..{num_nodes - 1} (num_nodes={num_nodes}), got {node_rank}."
         )
     return num_nodes, node_rank
-
-
-def check_optional_int(name: str, value: Any, *, minimum: int, maximum: int | None = None):
-    return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
-
-
-def check_optional_choice(name: str, value: Any, choices: Sequence[str]) -> str | None:
-    return None if value is None else check_choice(name, value, choices)

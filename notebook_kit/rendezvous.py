@@ -8,6 +8,8 @@ instead of hanging for torch's 30-minute default.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -136,3 +138,16 @@ def init_group_from_environment(backend: str, timeout: timedelta = timedelta(min
     attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"notebook_kit/attempt_{attempt}", store)
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world_size)
+    atexit.register(_release_group_before_exit)
+
+
+def _release_group_before_exit() -> None:
+    """Destroy the group while the interpreter is still whole.
+
+    Otherwise gloo's worker thread may drop its last reference to a finished collective (and
+    its tensors) during interpreter shutdown; taking the GIL then ends that thread inside a
+    destructor and aborts the process ("terminate called without an active exception").
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()  # frees work objects still held through Python references

@@ -205,9 +205,7 @@ accelerator.print(f"{accelerator.num_processes} {ranks.tolist()} {type(model).__
 def test_under_torchrun_the_accelerator_creates_the_process_group(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(_TORCHRUN_SCRIPT))
-    # notebook-kit launch runs torchrun; its script entry spares the finished ranks torch's
-    # exit-time teardown, which can abort a gloo process (SIGABRT) after the script is done.
-    command = [sys.executable, "-m", "notebook_kit", "launch", "--num-processes", "2"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(
         [*command, str(script)], capture_output=True, text=True, timeout=120, check=False
     )

@@ -31,8 +31,7 @@ SCRIPT = textwrap.dedent(
 def test_launch_under_torchrun_uses_torchruns_processes(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    # torchrun through notebook-kit launch (see test_accelerator_integration for why).
-    command = [sys.executable, "-m", "notebook_kit", "launch", "--num-processes", "2", str(script)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(script)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "rank 0 got 30.0 in-process=True" in done.stdout

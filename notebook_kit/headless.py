@@ -68,9 +68,6 @@ class HeadlessObserver:
 
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
         self.recorder.on_message(rank, kind, payload)
-        info = self.recorder.info
-        if info is not None and info.in_process:  # no ticks while the kernel itself trains
-            self.on_tick()
 
     def on_tick(self) -> None:
         if time.monotonic() - self._last_line >= self.interval:

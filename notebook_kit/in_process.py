@@ -43,7 +43,7 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
         backend="gloo",
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        send=lambda kind, payload: observer.on_message(place.rank, kind, payload),
+        send=lambda kind, payload: _deliver(observer, place.rank, kind, payload),
         stop_flag=stop_flag,
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
@@ -74,6 +74,12 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
             )
         )
         stop_flag.close()
+
+
+def _deliver(observer: LaunchObserver, rank: int, kind: str, payload: Any) -> None:
+    """Hand a message to the observer; with no wait loop here, each message is its tick."""
+    observer.on_message(rank, kind, payload)
+    observer.on_tick()
 
 
 @dataclass(frozen=True)

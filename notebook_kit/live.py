@@ -64,9 +64,6 @@ class LiveObserver:
 
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
         self.recorder.on_message(rank, kind, payload)
-        info = self.recorder.info
-        if info is not None and info.in_process:  # no ticks while the kernel itself trains
-            self.on_tick()
 
     def on_tick(self) -> None:
         if self._broken or time.monotonic() - self._last_refresh < _REFRESH_SECONDS:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
+import psutil
 import pytest
 
 from tests.browser.server import LabServer
@@ -90,7 +92,7 @@ def _not_content(folder: str, names: list[str]) -> list[str]:
     return skipped
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """JupyterLab on 127.0.0.1 without a token, its root a temporary copy of ``notebooks/``."""
     missing = _missing_tools()
@@ -109,9 +111,12 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     assert not killed, f"processes had to be killed after the tests: {killed}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
-    """Headless Chromium (Debian's build) driven by Playwright."""
+    """Headless Chromium (Debian's build) driven by Playwright.
+
+    Package-scoped: a browser left running spawns helper processes while later tests run.
+    """
     if _missing_tools():
         missing = ", ".join(_missing_tools())
         pytest.fail(f"Browser tests need {missing}. {INSTALL_HINT}", pytrace=False)
@@ -121,6 +126,34 @@ def browser() -> Iterator[Any]:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         yield chromium
         chromium.close()
+    left = _wait_for_no_browser_processes(10.0)
+    for process in left:
+        process.kill()
+    assert not left, f"browser processes outlived the browser tests: {left}"
+
+
+def _wait_for_no_browser_processes(timeout: float) -> list[psutil.Process]:
+    """Wait until no Chromium or Playwright driver process is left below this one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [
+            child
+            for child in psutil.Process().children(recursive=True)
+            if _is_browser_process(child)
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _is_browser_process(process: psutil.Process) -> bool:
+    try:
+        command = " ".join(process.cmdline())
+        return process.status() != psutil.STATUS_ZOMBIE and (
+            "chrom" in process.name() or "playwright" in command
+        )
+    except psutil.Error:
+        return False
 
 
 @pytest.fixture

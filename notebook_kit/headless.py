@@ -59,7 +59,6 @@ class HeadlessObserver:
         self._printed_version = -1
 
     def on_start(self, info: LaunchInfo) -> None:
-        self.recorder.on_start(info)
         self.console.on_start(info)
         self._started = self._last_line = time.monotonic()
 
@@ -80,24 +79,19 @@ class HeadlessObserver:
         if metrics.version == self._printed_version and not self.recorder.progress.count:
             return
         self._printed_version = metrics.version
-        state = self.recorder.progress
-        elapsed = time.monotonic() - self._started
-        line = progress_line(
+        print(f"[progress] {self._line(time.monotonic() - self._started)}", flush=True)
+
+    def _line(self, elapsed: float) -> str:
+        state, metrics = self.recorder.progress, self.recorder.metrics
+        return progress_line(
             state.count, state.expected, elapsed, metrics.latest(), metrics.total_dropped
         )
-        print(f"[progress] {line}", flush=True)
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.recorder.finish(summary)
-        metrics = self.recorder.metrics
-        if metrics.values or self.recorder.progress.count:
-            state = self.recorder.progress
-            line = progress_line(
-                state.count, state.expected, summary.duration, metrics.latest(),
-                metrics.total_dropped,
-            )  # fmt: skip
+        if self.recorder.metrics.values or self.recorder.progress.count:
             ending = "stopped" if summary.stopped else "finished"
-            print(f"[{ending}] {line}", flush=True)
+            print(f"[{ending}] {self._line(summary.duration)}", flush=True)
         self.console.on_finish(summary)
 
 
@@ -110,19 +104,26 @@ class QuietObserver:
 
     def __init__(self) -> None:
         self.recorder = RunRecorder()
+        self.console = ConsolePrinter()
+        self._unflushed = False
 
     def on_start(self, info: LaunchInfo) -> None:
-        self.recorder.on_start(info)
+        """No banner: a quiet run shows nothing unless a worker writes to stderr."""
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         if stream == "stderr":
-            sys.stderr.write(f"[rank {rank}] {last_segment(line)}\n")
+            self.console.on_output(rank, stream, last_segment(line))
+            self._unflushed = True
 
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
         self.recorder.on_message(rank, kind, payload)
 
     def on_tick(self) -> None:
-        sys.stderr.flush()
+        # Only when something was written: in a kernel a flush waits for its output thread,
+        # and an in-kernel run ticks once per step.
+        if self._unflushed:
+            self._unflushed = False
+            sys.stderr.flush()
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.recorder.finish(summary)

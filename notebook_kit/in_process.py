@@ -48,7 +48,7 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
     banner = plan.banner() if place.world_size == 1 else place.banner()
-    observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag, True))
+    observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag))
     if plan.seed is not None:
         set_seed(plan.seed)
     started = time.monotonic()

@@ -17,7 +17,7 @@ from IPython.display import display
 from notebook_kit.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.plot import LivePlot
 from notebook_kit.progress import ProgressBar
-from notebook_kit.rank_output import RankOutput
+from notebook_kit.rank_output import ERROR_COLOUR, RankOutput
 from notebook_kit.record import RunRecorder
 from notebook_kit.stop_button import StopButton
 
@@ -38,6 +38,7 @@ class LiveObserver:
         self.plot = LivePlot()
         self.status = widgets.HTML()
         self.status.add_class("nk-status")
+        self.info: LaunchInfo | None = None
         self.stop: StopButton | None = None
         self.progress: ProgressBar | None = None
         self.output: RankOutput | None = None
@@ -47,9 +48,9 @@ class LiveObserver:
         self._broken = False
 
     def on_start(self, info: LaunchInfo) -> None:
-        self.recorder.on_start(info)
+        self.info = info
         self.stop = StopButton(info.stop_flag)
-        self.progress = ProgressBar(widget=True)
+        self.progress = ProgressBar()
         self.output = RankOutput(info.ranks)
         self.status.value = html.escape(info.banner)
         header = widgets.HBox([self.stop.widget, self.progress.widget])
@@ -76,7 +77,7 @@ class LiveObserver:
             warnings.warn(f"Live display stopped updating: {error!r}", stacklevel=2)
 
     def _refresh(self) -> None:
-        info = self.recorder.info
+        info = self.info
         if info is not None and not self._stopping_shown and info.stop_flag.is_set():
             self._stopping_shown = True
             if self.stop is not None:
@@ -94,9 +95,7 @@ class LiveObserver:
         self.plot.refresh(self.recorder.metrics)
 
     def on_finish(self, summary: LaunchSummary) -> None:
-        outcome = "success" if summary.succeeded else "failed"
-        if summary.stopped and summary.succeeded:
-            outcome = "stopped"
+        outcome = summary.outcome
         try:
             if self.stop is not None:
                 self.stop.finish()
@@ -114,7 +113,7 @@ class LiveObserver:
 def _ending(summary: LaunchSummary, dropped: int) -> str:
     """The status line once the run is over."""
     seconds = f"{summary.duration:.1f} s"
-    if summary.stopped and summary.succeeded:
+    if summary.outcome == "stopped":
         text = f"Stopped by request after {seconds}; the function returned normally."
     elif summary.succeeded:
         text = f"Finished in {seconds}."
@@ -125,6 +124,6 @@ def _ending(summary: LaunchSummary, dropped: int) -> str:
     else:
         failed = [str(f.rank) for f in summary.failures] or ["?"]
         text = f"Failed after {seconds}: rank {', '.join(failed)} (details below)."
-    colour = "#b00020" if not summary.succeeded else "inherit"
+    colour = ERROR_COLOUR if summary.outcome == "failed" else "inherit"
     note = f" {dropped} metric records were dropped." if dropped else ""
     return f'<span style="color:{colour}">{html.escape(text + note)}</span>'

@@ -69,10 +69,7 @@ class WorkerChannel:
             self.dropped += 1
             return
         self.buffer.append((self.context.rank, step, values))
-        if self.direct:
-            self.send_batch()
-        elif self._thread is None:
-            self._start()
+        self.state_changed()
 
     def state_changed(self) -> None:
         """Progress or total changed: send now in-kernel, else with the next batch."""
@@ -234,10 +231,6 @@ class MetricsAggregator:
         return True
 
     @property
-    def names(self) -> list[str]:
-        return list(self.values)
-
-    @property
     def total_dropped(self) -> int:
         return sum(self.dropped.values())
 
@@ -258,10 +251,6 @@ class MetricsAggregator:
             ranks = by_step[max(by_step)]
             latest[name] = sum(ranks.values()) / len(ranks)
         return latest
-
-    def last_step(self) -> int | None:
-        steps = [max(by_step) for by_step in self.values.values() if by_step]
-        return max(steps) if steps else None
 
     def histories(self) -> dict[str, list[tuple[int, float]]]:
         return {name: self.history(name) for name in self.values}

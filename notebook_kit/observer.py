@@ -28,7 +28,6 @@ class LaunchInfo:
     world_size: int
     ranks: tuple[int, ...]
     stop_flag: StopFlag
-    in_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,13 @@ class LaunchSummary:
     @property
     def succeeded(self) -> bool:
         return not (self.failures or self.timed_out or self.interrupted or self.error)
+
+    @property
+    def outcome(self) -> Literal["success", "stopped", "failed"]:
+        """Stopped means stopped on request and then returned normally."""
+        if not self.succeeded:
+            return "failed"
+        return "stopped" if self.stopped else "success"
 
 
 class LaunchObserver(Protocol):

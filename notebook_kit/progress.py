@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from notebook_kit.metrics import BATCH_KIND, SINGLE_KIND, channel
+from notebook_kit.metrics import BATCH_KIND, SINGLE_KIND, WorkerChannel, channel
 from notebook_kit.runtime import LaunchContext
 
 __all__ = ["ProgressBar", "ProgressState", "advance", "report_epoch_length", "report_total"]
@@ -22,9 +22,9 @@ def report_total(context: LaunchContext | None, total: int | None) -> None:
     Example:
         >>> report_total(current_launch(), len(loader) * epochs)
     """
-    if context is None or context.send is None or context.rank != 0:
+    state = _rank0_channel(context)
+    if state is None:
         return
-    state = channel(context)
     state.total = None if total is None else int(total)
     state.state_changed()
 
@@ -39,9 +39,9 @@ def report_epoch_length(context: LaunchContext | None, length: int, loader: obje
     Example:
         >>> report_epoch_length(current_launch(), len(prepared_loader), prepared_loader)
     """
-    if context is None or context.send is None or context.rank != 0:
+    state = _rank0_channel(context)
+    if state is None:
         return
-    state = channel(context)
     if state.progress_source is None:
         state.progress_source = id(loader)
     if state.progress_source != id(loader):
@@ -56,14 +56,21 @@ def advance(context: LaunchContext | None, steps: int = 1, loader: object = None
     Example:
         >>> advance(current_launch())
     """
-    if context is None or context.send is None or context.rank != 0:
+    state = _rank0_channel(context)
+    if state is None:
         return
-    state = channel(context)
     if state.progress_source is not None and state.progress_source != id(loader):
         return  # another loader (evaluation) is being iterated
     state.steps += steps
     if state.direct:
         state.state_changed()
+
+
+def _rank0_channel(context: LaunchContext | None) -> WorkerChannel | None:
+    """The metrics channel, on rank 0 of a launch (the one whose count is the run's)."""
+    if context is None or context.send is None or context.rank != 0:
+        return None
+    return channel(context)
 
 
 @dataclass
@@ -120,23 +127,19 @@ class ProgressState:
 
 
 class ProgressBar:
-    """The kernel's tqdm bar (``tqdm.auto``: a widget in notebooks), fed from a ProgressState.
+    """The kernel's tqdm bar (a ``tqdm.notebook`` widget), fed from a ProgressState.
 
     Example:
-        >>> bar = ProgressBar(widget=True); bar.show(state); bar.close(state, "success")
+        >>> bar = ProgressBar(); bar.show(state); bar.close(state, "success")
     """
 
-    def __init__(self, widget: bool) -> None:
-        options: dict[str, Any] = {"unit": "step", "dynamic_ncols": True, "mininterval": 0.25}
-        if widget:  # the caller knows a notebook front end is there (tqdm.auto's own probe)
-            from tqdm.notebook import tqdm as notebook_tqdm
+    def __init__(self) -> None:
+        from tqdm.notebook import tqdm as notebook_tqdm
 
-            self.bar = notebook_tqdm(total=None, display=False, **options)  # placed by the view
-        else:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=None, **options)
-        self.widget = getattr(self.bar, "container", None)
+        self.bar = notebook_tqdm(  # not displayed here: the live view places its widget
+            total=None, display=False, unit="step", dynamic_ncols=True, mininterval=0.25
+        )
+        self.widget = self.bar.container
 
     def show(self, state: ProgressState) -> None:
         expected = state.expected
@@ -146,11 +149,10 @@ class ProgressBar:
             self.bar.update(state.count - self.bar.n)
 
     def _set_total(self, total: int) -> None:
-        if self.widget is not None:  # tqdm.notebook draws an unknown total as a thin info bar
-            progress = self.widget.children[1]
-            progress.bar_style = ""
-            progress.max = total
-            progress.layout.width = None
+        progress = self.widget.children[1]  # tqdm.notebook draws an unknown total thin, in info
+        progress.bar_style = ""
+        progress.max = total
+        progress.layout.width = None
         self.bar.total = total
         self.bar.refresh()
 
@@ -162,7 +164,7 @@ class ProgressBar:
         if outcome == "success" and state.total is None and state.count:
             self._set_total(state.count)
         self.show(state)
-        if outcome == "success" or self.widget is None:
+        if outcome == "success":
             self.bar.close()
             return
         self.bar.refresh()

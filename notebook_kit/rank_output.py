@@ -17,7 +17,7 @@ from notebook_kit.observer import RankSummary, Stream
 __all__ = ["RankOutput", "last_segment"]
 
 _KEPT_LINES = 400  # per rank; older lines scroll away
-_ERROR_COLOUR = "#b00020"
+ERROR_COLOUR = "#b00020"
 
 
 def last_segment(line: str) -> str:
@@ -55,7 +55,10 @@ class RankOutput:
     def add(self, rank: int, stream: Stream, line: str) -> None:
         if rank not in self._lines:
             return
-        self._lines[rank].append((stream, last_segment(line)))
+        text = html.escape(last_segment(line))  # a kept line never changes: escape it once
+        if stream == "stderr":
+            text = f'<span style="color:{ERROR_COLOUR}">{text}</span>'
+        self._lines[rank].append(text)
         if stream == "stderr":
             self._has_error[rank] = True
         self._dirty.add(rank)
@@ -92,15 +95,7 @@ class RankOutput:
             self.widget.selected_index = self.ranks.index(failed[0])
 
 
-def _as_html(lines: collections.deque[tuple[Stream, str]]) -> str:
-    rows = []
-    for stream, text in lines:
-        escaped = html.escape(text)
-        rows.append(
-            f'<span style="color:{_ERROR_COLOUR}">{escaped}</span>'
-            if stream == "stderr"
-            else escaped
-        )
+def _as_html(rows: collections.deque[str]) -> str:
     body = "\n".join(rows)
     return (
         '<pre style="max-height:16em;overflow:auto;margin:0;font-size:12px;'

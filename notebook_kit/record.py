@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.metrics import MetricsAggregator
-from notebook_kit.observer import LaunchInfo, LaunchSummary, RankSummary
+from notebook_kit.observer import LaunchSummary, RankSummary
 from notebook_kit.progress import ProgressState
 
 __all__ = ["RunRecord", "RunRecorder", "last_run"]
@@ -79,10 +79,6 @@ class RunRecorder:
     def __init__(self) -> None:
         self.metrics = MetricsAggregator()
         self.progress = ProgressState()
-        self.info: LaunchInfo | None = None
-
-    def on_start(self, info: LaunchInfo) -> None:
-        self.info = info
 
     def on_message(self, rank: int, kind: str, payload: Any) -> bool:
         """Take metrics and progress; False for a message of another kind."""

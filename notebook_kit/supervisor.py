@@ -14,7 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, describe_exit
@@ -114,13 +114,6 @@ class Supervisor:
         self._deadline: float | None = None
         self._stopping = False  # exits from here on are ours, not failures
 
-    def run(self, timeout: float | None) -> LaunchOutcome:
-        """Wait until every worker ended, one failed, or ``timeout`` seconds passed."""
-        self.start_clock(timeout)
-        while (limit := self.wait_limit()) is not None:
-            self.serve(wait(self.waitables(), timeout=limit))
-        return self.outcome()
-
     def start_clock(self, timeout: float | None) -> None:
         self._deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -167,7 +160,7 @@ class Supervisor:
         )
 
     def outcome(self) -> LaunchOutcome:
-        self._drain_all()
+        """What the launch came to; called after ``shutdown``, which drained every pipe."""
         if self.timed_out:
             return LaunchOutcome(None, [], timed_out=True)
         return LaunchOutcome(self.result, self.failures)

@@ -118,7 +118,7 @@ class CheckpointMethods:
     def _drop_old_checkpoints(self) -> None:
         """Keep the newest ``total_limit`` numbered checkpoints; only after a new one is saved,
         so a crash while saving never leaves fewer than ``total_limit`` behind."""
-        limit = getattr(self, "total_limit", None)
+        limit = self.total_limit
         if limit is None or self.state.process_index != 0:
             return
         for _, folder in self._numbered_checkpoints()[:-limit]:

@@ -10,7 +10,6 @@ import builtins
 import contextlib
 import functools
 import os
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_kit import metrics, operations, stopping
+from notebook_kit.atomic_file import replace_atomically
 from notebook_kit.progress import report_total
 from notebook_kit.runtime import current_launch
 
@@ -31,10 +31,10 @@ __all__ = ["ProcessHelpers"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _only_if(condition: Callable[[Any], bool], function: F) -> F:
+def _only_if(condition: Callable[[], bool], function: F) -> F:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return function(*args, **kwargs) if condition(None) else None
+        return function(*args, **kwargs) if condition() else None
 
     return wrapper  # type: ignore[return-value]
 
@@ -137,15 +137,15 @@ class ProcessHelpers:
             >>> @accelerator.on_main_process
             ... def report(): print("done")
         """
-        return _only_if(lambda _: self.is_main_process, function)
+        return _only_if(lambda: self.is_main_process, function)
 
     def on_local_main_process(self, function: F) -> F:
         """Decorator: run ``function`` only on each node's main process."""
-        return _only_if(lambda _: self.is_local_main_process, function)
+        return _only_if(lambda: self.is_local_main_process, function)
 
     def on_last_process(self, function: F) -> F:
         """Decorator: run ``function`` only on the last process."""
-        return _only_if(lambda _: self.is_last_process, function)
+        return _only_if(lambda: self.is_last_process, function)
 
     def on_process(self, function: F | None = None, process_index: int = 0) -> Any:
         """Decorator: run ``function`` only on ``process_index``.
@@ -156,7 +156,7 @@ class ProcessHelpers:
         """
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
-        return _only_if(lambda _: self.state.process_index == process_index, function)
+        return _only_if(lambda: self.state.process_index == process_index, function)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only.
@@ -175,13 +175,7 @@ class ProcessHelpers:
         """
         if not self.is_main_process:
             return
-        path = Path(f)
-        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        try:
-            torch.save(obj, temporary)
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        replace_atomically(Path(f), lambda handle: torch.save(obj, handle))
 
     # -- collectives ----------------------------------------------------------------------
 
@@ -240,7 +234,7 @@ class ProcessHelpers:
         """
         floats = {str(key): _as_float(str(key), value) for key, value in values.items()}
         self.logged.append({"step": step, "values": floats})
-        metrics.log_from_worker(current_launch(), floats, step)  # buffered: never blocks
+        metrics.log_from_worker(current_launch(), floats, step)  # never waits for the kernel
 
     @property
     def should_stop(self) -> bool:
@@ -289,7 +283,10 @@ class ProcessHelpers:
 
     def check_trigger(self) -> bool:
         """True on every process if any process called ``set_trigger`` (then reset)."""
-        flag = torch.tensor([1.0 if getattr(self, "_trigger", False) else 0.0])
+        # On the process's device: an nccl group cannot reduce a CPU tensor.
+        flag = torch.tensor(
+            [1.0 if getattr(self, "_trigger", False) else 0.0], device=self.state.device
+        )
         raised = operations.reduce(flag, "sum").item() > 0
         self._trigger = False
         return raised

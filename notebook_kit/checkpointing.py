@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_kit.atomic_file import replace_atomically
 from notebook_kit.operations import broadcast_object, world_size
 from notebook_kit.seeding import get_rng_states, set_rng_states
 
@@ -76,14 +77,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def write_file(obj: Any, path: Path) -> None:
     """``torch.save`` that reaches the disk before returning (a later rename depends on it)."""
     with open(path, "wb") as handle:
@@ -93,13 +86,8 @@ def write_file(obj: Any, path: Path) -> None:
 
 
 def _commit(directory: Path, manifest: dict[str, Any]) -> None:
-    temporary = directory / f".{MANIFEST}.{uuid.uuid4().hex}"
-    with open(temporary, "w") as handle:
-        json.dump(manifest, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, directory / MANIFEST)
-    _fsync_directory(directory)
+    text = json.dumps(manifest, indent=2).encode()
+    replace_atomically(directory / MANIFEST, lambda handle: handle.write(text), durable=True)
 
 
 def save_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_index: int) -> Path:

@@ -127,16 +127,16 @@ class PreparedDataLoader:
         self.end_of_dataloader = False
         self._gradient_state.begin(self)
         try:
-            if isinstance(self._inner.dataset, IterableDataset):
+            launch = current_launch()
+            if isinstance(self._inner.dataset, IterableDataset):  # no length to report
                 batches = self._read_ahead(start)
             else:
                 batches = self._counted(self._start_pass(resuming=start > 0))
-            launch = current_launch()
-            if not isinstance(self._inner.dataset, IterableDataset):  # those have no length
                 progress.report_epoch_length(launch, len(self), self)
+            on_cpu = self._device.type == "cpu"
             for batch in batches:
                 progress.advance(launch, 1, self)  # an integer add on rank 0, nothing elsewhere
-                yield batch if self._device.type == "cpu" else send_to_device(batch, self._device)
+                yield batch if on_cpu else send_to_device(batch, self._device)
         finally:
             if sharded:
                 sampler.start = 0
@@ -226,20 +226,13 @@ def prepare_data_loader(
     if isinstance(dataset, IterableDataset):
         if loader.batch_size is None:
             raise ValueError("An IterableDataset needs a DataLoader with a batch_size to shard.")
-        if num_processes == 1:
-            inner = DataLoader(
-                dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **options
+        batch_size = loader.batch_size
+        if num_processes > 1:  # one process keeps its short last batch: nothing to pad
+            dataset = IterableDatasetShard(
+                dataset, batch_size, num_processes, process_index, loader.drop_last, split_batches
             )
-            return PreparedDataLoader(loader, inner, gradient_state, device)
-        shard = IterableDatasetShard(
-            dataset,
-            loader.batch_size,
-            num_processes,
-            process_index,
-            loader.drop_last,
-            split_batches,
-        )
-        inner = DataLoader(shard, batch_size=shard.piece, drop_last=loader.drop_last, **options)
+            batch_size = dataset.piece
+        inner = DataLoader(dataset, batch_size=batch_size, drop_last=loader.drop_last, **options)
         return PreparedDataLoader(loader, inner, gradient_state, device)
     batch_sampler, epoch_sampler = _seeded_batch_sampler(loader)
     batch_sampler = ShardedBatchSampler(

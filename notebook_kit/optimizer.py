@@ -84,6 +84,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.gradient_state = gradient_state
         self.step_was_skipped = False
+        self._stepped = False
+        if scaler is not None:
+            # GradScaler skips optimizer.step() on inf/nan gradients; a hook sees whether it ran
+            # without reading the scale back, which would wait for the GPU on every step.
+            optimizer.register_step_post_hook(self._note_step)
+
+    def _note_step(self, *_: Any) -> None:
+        self._stepped = True
 
     @property
     def state(self) -> Any:
@@ -117,11 +125,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.step(closure)
             self.step_was_skipped = False
             return
-        scale_before = self.scaler.get_scale()
+        self._stepped = False
         self.scaler.step(self.optimizer, closure)
         self.scaler.update()
-        # GradScaler lowers its scale exactly when it skipped the step (inf/nan gradients).
-        self.step_was_skipped = self.scaler.get_scale() < scale_before
+        self.step_was_skipped = not self._stepped
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"

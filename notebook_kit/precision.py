@@ -38,15 +38,25 @@ def _to_float32(outputs: Any) -> Any:
     return recursively_apply(convert, outputs)
 
 
+def _autocast_call(
+    function: Callable[..., Any],
+    mixed_precision: MixedPrecision,
+    device: torch.device,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    with autocast_context(mixed_precision, device):
+        outputs = function(*args, **kwargs)
+    # Losses computed outside the model then run in float32, as with Accelerate.
+    return _to_float32(outputs)
+
+
 def _autocast_forward(
     forward: Callable[..., Any], mixed_precision: MixedPrecision, device: torch.device
 ) -> Callable[..., Any]:
     @functools.wraps(forward)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with autocast_context(mixed_precision, device):
-            outputs = forward(*args, **kwargs)
-        # Losses computed outside the model then run in float32, as with Accelerate.
-        return _to_float32(outputs)
+        return _autocast_call(forward, mixed_precision, device, args, kwargs)
 
     return wrapped
 
@@ -61,12 +71,10 @@ class AutocastModule(nn.Module):
         super().__init__()
         self.module = module
         self.mixed_precision = mixed_precision
-        self.device_type = device.type
+        self.device = device
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with autocast_context(self.mixed_precision, torch.device(self.device_type)):
-            outputs = self.module(*args, **kwargs)
-        return _to_float32(outputs)
+        return _autocast_call(self.module, self.mixed_precision, self.device, args, kwargs)
 
 
 def patch_forward(module: nn.Module, mixed_precision: MixedPrecision, device: torch.device) -> None:

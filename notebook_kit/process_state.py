@@ -32,7 +32,6 @@ class ProcessState:
     local_process_index: int
     num_processes: int
     device: torch.device
-    backend: str | None
 
 
 def _torchrun_environment() -> bool:
@@ -65,8 +64,7 @@ def resolve_process_state(cpu: bool) -> ProcessState:
         rank, size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     else:
-        return ProcessState(0, 0, 1, torch.device("cuda" if use_cuda else "cpu"), None)
-    backend = dist.get_backend() if dist.is_initialized() else None
+        return ProcessState(0, 0, 1, torch.device("cuda" if use_cuda else "cpu"))
     if size > 1 and not dist.is_initialized():
         raise RuntimeError(
             f"This is rank {rank} of {size}, but no torch.distributed process group exists. "
@@ -75,7 +73,7 @@ def resolve_process_state(cpu: bool) -> ProcessState:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    return ProcessState(rank, local_rank, size, device, backend)
+    return ProcessState(rank, local_rank, size, device)
 
 
 def resolve_setting(

@@ -99,6 +99,21 @@ def test_fp16_path_uses_a_grad_scaler_and_keeps_the_loss_finite():
     assert isinstance(accelerator.optimizer_step_was_skipped, bool)
 
 
+def test_fp16_step_is_reported_skipped_exactly_when_gradients_overflow():
+    accelerator = Accelerator(mixed_precision="fp16", cpu=True)
+    net = _Net()
+    model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    accelerator.backward(model(torch.randn(8, 4)).pow(2).mean())
+    optimizer.step()
+    assert not accelerator.optimizer_step_was_skipped
+    optimizer.zero_grad()
+    accelerator.backward(model(torch.randn(8, 4)).pow(2).mean() * float("inf"))
+    before = [parameter.detach().clone() for parameter in net.parameters()]
+    optimizer.step()
+    assert accelerator.optimizer_step_was_skipped
+    assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+
+
 def test_accumulation_steps_the_optimizer_and_scheduler_only_on_sync():
     accelerator = Accelerator(gradient_accumulation_steps=2)
     model = nn.Linear(2, 1)

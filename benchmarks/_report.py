@@ -134,15 +134,3 @@ def save_json(results: Results, path: Path) -> None:
         for metric, cells in results.items()
     }
     path.write_text(json.dumps(data, indent=1))
-
-
-def load_json(path: Path) -> Results:
-    """Results saved by ``save_json`` (to redraw a chart or table without measuring again)."""
-    data = json.loads(path.read_text())
-    return {
-        metric: {
-            tool: Cell([float(value) for value in cell["values"]], cell["na"], cell["notes"])
-            for tool, cell in cells.items()
-        }
-        for metric, cells in data.items()
-    }

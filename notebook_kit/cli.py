@@ -21,10 +21,11 @@ from typing import Any
 from notebook_kit.config import (
     FIELD_HELP,
     LaunchConfig,
+    choice_words,
     default_config_path,
     field_errors,
     parse_field,
-    saved_default,
+    resolve_launch_config,
 )
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
 
 _FIELDS = tuple(field.name for field in dataclasses.fields(LaunchConfig))
 _MULTI_NODE_FIELDS = ("node_rank", "master_addr", "master_port")
-_CHOICES = {"mixed_precision": "no/fp16/bf16", "backend": "auto/gloo/nccl", "live": "auto/yes/no"}
 
 
 def option_name(field: str) -> str:
@@ -77,6 +77,11 @@ def add_launch_config_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _given(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The LaunchConfig fields present in ``namespace`` (options given on the command line)."""
+    return {field: getattr(namespace, field) for field in _FIELDS if hasattr(namespace, field)}
+
+
 def config_from_arguments(
     namespace: argparse.Namespace, base: LaunchConfig | None = None
 ) -> LaunchConfig:
@@ -86,9 +91,7 @@ def config_from_arguments(
         >>> config_from_arguments(argparse.Namespace(seed=3), LaunchConfig()).seed
         3
     """
-    base = base if base is not None else saved_default() or LaunchConfig()
-    given = {field: getattr(namespace, field) for field in _FIELDS if hasattr(namespace, field)}
-    return base.replace(**given)
+    return resolve_launch_config(base).replace(**_given(namespace))
 
 
 def launch_command_line(
@@ -129,7 +132,8 @@ def _answer_text(value: Any) -> str:
 def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
     """Ask for one field until the answer is valid; Enter keeps ``current``."""
     shown = "none" if field == "seed" and current is None else _answer_text(current)
-    choices = f" ({_CHOICES[field]})" if field in _CHOICES else ""
+    words = choice_words(field)
+    choices = f" ({'/'.join(words)})" if words else ""
     print(f"\n{FIELD_HELP[field]}")
     while True:
         text = input(f"{field}{choices} [{shown}]: ")
@@ -222,9 +226,8 @@ def _add_env_command(commands: argparse._SubParsersAction) -> None:
 def _run_launch(args: argparse.Namespace) -> int:
     from notebook_kit.script_launch import LaunchInputError, plan_script_launch, run_script_launch
 
-    given = {field: getattr(args, field) for field in _FIELDS if hasattr(args, field)}
     try:
-        launch = plan_script_launch(args.script, args.script_args, given, args.config)
+        launch = plan_script_launch(args.script, args.script_args, _given(args), args.config)
     except LaunchInputError as error:
         print(f"notebook-kit launch: error: {error}", file=sys.stderr)
         return 2

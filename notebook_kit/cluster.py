@@ -231,14 +231,17 @@ def slurm_process_environment(environ: Mapping[str, str] | None = None) -> dict[
     if "RANK" in environ or not in_step or "SLURM_PROCID" not in environ:
         return {}
     tasks_name = _first_present(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    if tasks_name is None or _integer(environ, tasks_name, 1) == 1:
+    if tasks_name is None:
+        return {}
+    tasks = _integer(environ, tasks_name, 1)
+    if tasks == 1:
         return {}
     list_name = _first_present(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
     if list_name is None:
         raise ClusterError("SLURM_PROCID is set but no SLURM node list is.")
     return {
         "RANK": str(_integer(environ, "SLURM_PROCID", 0)),
-        "WORLD_SIZE": str(_integer(environ, tasks_name, 1)),
+        "WORLD_SIZE": str(tasks),
         "LOCAL_RANK": str(_integer(environ, "SLURM_LOCALID", 0))
         if "SLURM_LOCALID" in environ
         else "0",

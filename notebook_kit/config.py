@@ -18,21 +18,28 @@ import difflib
 import json
 import numbers
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from notebook_kit.arguments import Backend, MixedPrecision
+from notebook_kit.arguments import (
+    BACKEND_CHOICES,
+    MIXED_PRECISION_CHOICES,
+    Backend,
+    MixedPrecision,
+)
+from notebook_kit.atomic_file import replace_atomically
 
 __all__ = [
     "CONFIG_ENV_VAR",
     "FIELD_HELP",
     "LaunchConfig",
+    "choice_words",
     "default_config_path",
     "field_errors",
     "parse_field",
+    "read_saved_default",
     "resolve_launch_config",
     "saved_default",
 ]
@@ -55,9 +62,9 @@ class _Spec:
 
 _SPECS: dict[str, _Spec] = {
     "num_processes": _Spec("int", optional=True, minimum=1),
-    "mixed_precision": _Spec("choice", choices=("no", "fp16", "bf16")),
+    "mixed_precision": _Spec("choice", choices=MIXED_PRECISION_CHOICES),
     "gradient_accumulation_steps": _Spec("int", minimum=1),
-    "backend": _Spec("choice", optional=True, choices=("gloo", "nccl")),
+    "backend": _Spec("choice", optional=True, choices=BACKEND_CHOICES),
     # numpy and random accept seeds in [0, 2**32); torch accepts more, so the narrower range wins.
     "seed": _Spec("int", optional=True, minimum=0, maximum=2**32 - 1),
     "master_addr": _Spec("str"),
@@ -85,11 +92,29 @@ FIELD_HELP: dict[str, str] = {
 }
 
 
+def _words(spec: _Spec) -> tuple[str, ...]:
+    """The words a choice or yes/no field is answered with, ``"auto"`` first when optional."""
+    if spec.kind == "choice":
+        return ("auto", *spec.choices) if spec.optional else spec.choices
+    if spec.kind == "bool":
+        return ("auto", "yes", "no") if spec.optional else ("yes", "no")
+    return ()
+
+
+def choice_words(field: str) -> tuple[str, ...]:
+    """The words field ``field`` is chosen from; empty for a number or an address.
+
+    Example:
+        >>> choice_words("backend"), choice_words("seed")
+        (('auto', 'gloo', 'nccl'), ())
+    """
+    return _words(_SPECS[field])
+
+
 def _allowed(spec: _Spec) -> str:
     """Describe the values a field accepts, for error messages and prompts."""
     if spec.kind == "choice":
-        choices = ("auto", *spec.choices) if spec.optional else spec.choices
-        text = "one of " + ", ".join(repr(choice) for choice in choices)
+        text = "one of " + ", ".join(repr(choice) for choice in _words(spec))
         return text + " (None means 'auto')" if spec.optional else text
     if spec.kind == "bool":
         return "True, False or None (auto)" if spec.optional else "True or False"
@@ -133,8 +158,10 @@ def _check(name: str, value: Any) -> Any:
     return value
 
 
-def _field_problems(values: Mapping[str, Any]) -> dict[str, TypeError | ValueError]:
-    """Every problem in ``values``, keyed by field, including those between fields."""
+def _check_fields(
+    values: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, TypeError | ValueError]]:
+    """The valid values normalised, and every problem keyed by field (also between fields)."""
     problems: dict[str, TypeError | ValueError] = {}
     checked: dict[str, Any] = {}
     for name, value in values.items():
@@ -149,7 +176,7 @@ def _field_problems(values: Mapping[str, Any]) -> dict[str, TypeError | ValueErr
             f"node_rank must be from 0 to num_nodes - 1 = {checked['num_nodes'] - 1}; "
             f"got {checked['node_rank']}."
         )
-    return problems
+    return checked, problems
 
 
 def field_errors(values: Mapping[str, Any]) -> dict[str, str]:
@@ -165,7 +192,7 @@ def field_errors(values: Mapping[str, Any]) -> dict[str, str]:
         >>> field_errors({"mixed_precision": "fp32"})
         {'mixed_precision': "mixed_precision must be one of 'no', 'fp16', 'bf16'; got 'fp32'."}
     """
-    return {name: str(error) for name, error in _field_problems(values).items()}
+    return {name: str(error) for name, error in _check_fields(values)[1].items()}
 
 
 def parse_field(name: str, text: str) -> Any:
@@ -230,12 +257,12 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        problems = _field_problems(values)
+        checked, problems = _check_fields(values)
         if problems:
             raise next(iter(problems.values()))
-        for name, value in values.items():
+        for name, value in checked.items():
             # Frozen: normalised values ("auto" -> None, numpy ints -> int) go in directly.
-            object.__setattr__(self, name, _check(name, value))
+            object.__setattr__(self, name, value)
 
     def replace(self, **changes: Any) -> LaunchConfig:
         """A copy with ``changes`` applied and validated.
@@ -285,15 +312,8 @@ class LaunchConfig:
         """
         target = Path(path) if path is not None else default_config_path()
         target.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                file.write(text)
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        text = (json.dumps(self.to_dict(), indent=2) + "\n").encode("utf-8")
+        replace_atomically(target, lambda file: file.write(text))
         return target
 
     @classmethod
@@ -373,6 +393,20 @@ def saved_default() -> LaunchConfig | None:
     if not path.is_file():
         return None
     return LaunchConfig.load(path)
+
+
+def read_saved_default() -> tuple[LaunchConfig | None, OSError | TypeError | ValueError | None]:
+    """The saved default (None when there is none), or the reason it cannot be read.
+
+    For callers that report a broken file rather than fail on it.
+
+    Example:
+        >>> config, problem = read_saved_default()
+    """
+    try:
+        return saved_default(), None
+    except (OSError, TypeError, ValueError) as problem:
+        return None, problem
 
 
 def resolve_launch_config(config: LaunchConfig | None = None, **explicit: Any) -> LaunchConfig:

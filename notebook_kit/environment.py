@@ -5,7 +5,8 @@ itself as HTML in a notebook and as text everywhere else (``notebook-kit env``).
 
 Nothing here initialises CUDA in the calling process: a kernel that touched CUDA can no longer
 fork workers that use it. GPUs are counted through NVML when torch can, otherwise in a short-lived
-forked child, whose CUDA state dies with it.
+forked child, whose CUDA state dies with it. torch is imported by the functions that use it, so
+importing this module (as ``import notebook_kit`` does) stays cheap.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
-from notebook_kit.config import CONFIG_ENV_VAR, LaunchConfig, default_config_path
+from notebook_kit.config import (
+    CONFIG_ENV_VAR,
+    LaunchConfig,
+    default_config_path,
+    read_saved_default,
+)
 
 __all__ = ["EnvironmentReport", "GpuInfo", "environment", "gpu_count", "usable_cpu_count"]
 
@@ -89,6 +93,8 @@ def _run_in_fork(function: Callable[[], _T], timeout: float = _PROBE_TIMEOUT_S) 
 
 def _describe_gpus_here() -> list[list[Any]]:
     """Name and memory of every visible GPU, queried in this process (initialises CUDA)."""
+    import torch
+
     return [
         [index, props.name, props.total_memory]
         for index in range(torch.cuda.device_count())
@@ -98,6 +104,8 @@ def _describe_gpus_here() -> list[list[Any]]:
 
 def _nvml_count() -> int:
     """GPU count from NVML/AMD SMI through torch, or -1 when that route is unavailable."""
+    import torch
+
     try:
         if torch.version.hip:
             return int(torch.cuda._device_count_amdsmi())
@@ -107,6 +115,8 @@ def _nvml_count() -> int:
 
 
 def _cuda_compiled() -> bool:
+    import torch
+
     return bool(torch.cuda._is_compiled())
 
 
@@ -117,6 +127,8 @@ def gpu_count() -> int:
         >>> gpu_count() >= 0
         True
     """
+    import torch
+
     if not _cuda_compiled():
         return 0
     if torch.cuda.is_initialized():
@@ -132,6 +144,8 @@ def gpu_count() -> int:
 
 def _detect_gpus() -> tuple[tuple[GpuInfo, ...], str | None]:
     """Visible GPUs and, when there are none or they cannot be listed, why."""
+    import torch
+
     if not _cuda_compiled():
         return (), f"torch {torch.__version__} was built without CUDA"
     try:
@@ -157,6 +171,8 @@ def usable_cpu_count() -> int:
 
 
 def _distributed_backends() -> tuple[str, ...]:
+    import torch
+
     distributed = torch.distributed
     if not distributed.is_available():
         return ()
@@ -283,13 +299,10 @@ def environment() -> EnvironmentReport:
         >>> report.fork_safe
         True
     """
+    import torch
+
     gpus, gpu_note = _detect_gpus()
-    saved, error = None, None
-    path = default_config_path()
-    try:
-        saved = LaunchConfig.load(path) if path.is_file() else None
-    except (OSError, TypeError, ValueError) as problem:
-        error = str(problem)
+    saved, problem = read_saved_default()
     distributed = torch.distributed
     return EnvironmentReport(
         python_version=platform.python_version(),
@@ -302,8 +315,8 @@ def environment() -> EnvironmentReport:
         backends=_distributed_backends(),
         cuda_initialized=bool(torch.cuda.is_initialized()),
         process_group_active=distributed.is_available() and distributed.is_initialized(),
-        config_path=path,
+        config_path=default_config_path(),
         config_from_env=bool(os.environ.get(CONFIG_ENV_VAR)),
         saved_config=saved,
-        config_error=error,
+        config_error=None if problem is None else str(problem),
     )

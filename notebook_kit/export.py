@@ -28,7 +28,7 @@ import io
 import os
 import symtable
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nbformat
@@ -93,15 +93,17 @@ def _parse(source: str, where: str) -> ast.Module:
             raise ExportError(f"{where}: {error.msg} (line {error.lineno}).") from error
 
 
+def _call_name(call: ast.Call) -> str | None:
+    """The called name: ``f`` for ``f(...)`` and ``obj.f(...)``; None for other callees."""
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+
+
 def _calls(node: ast.AST, names: tuple[str, ...]) -> bool:
     """Whether ``node`` contains a call of a function named one of ``names``."""
-    for inner in ast.walk(node):
-        if isinstance(inner, ast.Call):
-            func = inner.func
-            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            if name in names:
-                return True
-    return False
+    return any(
+        isinstance(inner, ast.Call) and _call_name(inner) in names for inner in ast.walk(node)
+    )
 
 
 def _is_display_only(statement: ast.stmt) -> bool:
@@ -111,9 +113,8 @@ def _is_display_only(statement: ast.stmt) -> bool:
     if isinstance(value, (ast.Name, ast.Attribute, ast.Subscript, ast.Constant)):
         return True
     if isinstance(value, ast.Call):
-        func = value.func
-        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        return name == "display" or (isinstance(func, ast.Attribute) and name == "show")
+        name = _call_name(value)
+        return name == "display" or (isinstance(value.func, ast.Attribute) and name == "show")
     return False
 
 
@@ -304,4 +305,4 @@ def export_notebook(
     target = Path(output) if output is not None else source.with_suffix(".py")
     script, result = notebook_to_script(nb, source.name)
     target.write_text(script, encoding="utf-8")
-    return ExportResult(target, result.kept, result.dropped, result.has_main)
+    return replace(result, path=target)

@@ -18,17 +18,19 @@ from notebook_kit.cli import launch_command_line
 from notebook_kit.config import (
     FIELD_HELP,
     LaunchConfig,
+    choice_words,
     default_config_path,
     field_errors,
     parse_field,
-    saved_default,
+    read_saved_default,
 )
 from notebook_kit.environment import gpu_count, usable_cpu_count
 
 __all__ = ["ConfigPanel"]
 
-# Fields that may be empty ("auto"/"none") are typed as text; IntText cannot hold "nothing".
-_TEXT_FIELDS = ("seed", "master_port", "threads_per_process")
+# Typed as text: the address, and numbers that may be empty ("auto"/"none"), which IntText
+# cannot hold.
+_TEXT_FIELDS = ("seed", "master_addr", "master_port", "threads_per_process")
 _INT_RANGES = {
     "gradient_accumulation_steps": (1, 4096),
     "num_nodes": (1, 4096),
@@ -63,11 +65,10 @@ def _new_widget(field: str, process_limit: int) -> widgets.ValueWidget:
         options = [("auto", _AUTO)] + [(str(n), n) for n in range(1, process_limit + 1)]
         return widgets.Dropdown(options=options, **common)
     if field == "mixed_precision":
-        return widgets.Dropdown(options=["no", "fp16", "bf16"], **common)
+        return widgets.Dropdown(options=list(choice_words(field)), **common)
     if field == "backend":
-        return widgets.Dropdown(
-            options=[("auto", _AUTO), ("gloo", "gloo"), ("nccl", "nccl")], **common
-        )
+        options = [(word, _AUTO if word == "auto" else word) for word in choice_words(field)]
+        return widgets.Dropdown(options=options, **common)
     if field == "live":
         return widgets.Dropdown(options=[("auto", _AUTO), ("on", True), ("off", False)], **common)
     if field in _INT_RANGES:
@@ -127,10 +128,10 @@ class ConfigPanel(widgets.VBox):
 
     @staticmethod
     def _read_saved_default() -> tuple[LaunchConfig | None, str | None]:
-        try:
-            return saved_default(), None
-        except (OSError, TypeError, ValueError) as error:
-            return None, f"The saved default could not be read: {error}"
+        saved, problem = read_saved_default()
+        if problem is not None:
+            return None, f"The saved default could not be read: {problem}"
+        return saved, None
 
     # -- values ------------------------------------------------------------------------------
 
@@ -139,7 +140,7 @@ class ConfigPanel(widgets.VBox):
         values: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for field, widget in self.widgets.items():
-            if field in _TEXT_FIELDS or field == "master_addr":
+            if field in _TEXT_FIELDS:
                 try:
                     values[field] = parse_field(field, widget.value)
                 except (TypeError, ValueError) as error:

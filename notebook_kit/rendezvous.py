@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from notebook_kit.cluster import DEFAULT_MASTER_PORT
+
 if TYPE_CHECKING:
     from notebook_kit.worker import WorkerSpec
 
@@ -130,7 +132,7 @@ def init_group_from_environment(backend: str, timeout: timedelta = timedelta(min
     hosted_by_agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         environ["MASTER_ADDR"],
-        int(environ.get("MASTER_PORT", "29500")),
+        int(environ.get("MASTER_PORT", str(DEFAULT_MASTER_PORT))),
         world_size,
         is_master=rank == 0 and not hosted_by_agent,
         timeout=timeout,

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from notebook_kit.cli import option_name
 from notebook_kit.cluster import DEFAULT_MASTER_PORT, ClusterError, NodePlacement, detect_node
-from notebook_kit.config import LaunchConfig, field_errors, saved_default
+from notebook_kit.config import LaunchConfig, field_errors, read_saved_default
 from notebook_kit.errors import is_consequence
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
@@ -137,17 +138,12 @@ class ScriptLaunch:
         return " ".join(shlex.quote(word) for word in words)
 
 
-def _option(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
 def _base_config(config_path: str | None) -> tuple[LaunchConfig, str]:
     """The config file's settings (or the saved default's), and where they came from."""
     if config_path is None:
-        try:
-            saved = saved_default()
-        except (OSError, TypeError, ValueError) as error:
-            raise LaunchInputError(f"saved default config: {error}") from error
+        saved, problem = read_saved_default()
+        if problem is not None:
+            raise LaunchInputError(f"saved default config: {problem}") from problem
         return (saved, "the saved default") if saved else (LaunchConfig(), "built-in defaults")
     path = Path(config_path)
     if not path.is_file():
@@ -203,7 +199,7 @@ def plan_script_launch(
     problems = field_errors(values)
     if problems:
         field, message = next(iter(problems.items()))
-        raise LaunchInputError(f"{_option(field)}: {message.rstrip('.')}{origins[field]}.")
+        raise LaunchInputError(f"{option_name(field)}: {message.rstrip('.')}{origins[field]}.")
     config = LaunchConfig(**values)
     if not Path(script).is_file():
         raise LaunchInputError(f"script: no such file: {script}")
@@ -223,9 +219,9 @@ def _default_threads(num_processes: int) -> int:
     exported = os.environ.get("OMP_NUM_THREADS", "")
     if exported.isdigit() and int(exported) > 0:
         return int(exported)
-    from notebook_kit.plan import usable_cores
+    from notebook_kit.environment import usable_cpu_count
 
-    return max(1, usable_cores() // num_processes)
+    return max(1, usable_cpu_count() // num_processes)
 
 
 def run_script_launch(launch: ScriptLaunch) -> int:

@@ -53,13 +53,13 @@ def check_args(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]
     return tuple(args), dict(kwargs)
 
 
-def check_timeout(timeout: Any) -> float | None:
+def check_timeout(timeout: Any, name: str = "timeout") -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}.")
+        raise TypeError(f"{name} must be a number of seconds or None, got {timeout!r}.")
     if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}.")
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout}.")
     return float(timeout)
 
 
@@ -72,11 +72,9 @@ def check_master_addr(master_addr: Any) -> str:
     return master_addr.strip()
 
 
-def check_nodes(num_nodes: Any, node_rank: Any) -> tuple[int, int]:
-    num_nodes = check_int("num_nodes", num_nodes, minimum=1)
-    node_rank = check_int("node_rank", node_rank, minimum=0)
+def check_node_rank(num_nodes: int, node_rank: int) -> None:
+    """Both already checked as integers: node_rank must name one of the nodes."""
     if node_rank >= num_nodes:
         raise ValueError(
             f"node_rank must be in 0..{num_nodes - 1} (num_nodes={num_nodes}), got {node_rank}."
         )
-    return num_nodes, node_rank

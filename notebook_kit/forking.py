@@ -9,7 +9,7 @@ import socket
 import sys
 import warnings
 
-from notebook_kit.plan import DEFAULT_MULTI_NODE_PORT, LOOPBACK, Call, LaunchPlan
+from notebook_kit.plan import LOOPBACK, Call, LaunchPlan
 from notebook_kit.preflight import open_rendezvous_socket
 from notebook_kit.runtime import StopFlag
 from notebook_kit.supervisor import LineReader, WorkerProcess
@@ -33,13 +33,15 @@ def fork_workers(
     stop_flag: StopFlag,
     home_model_ids: frozenset[int],
     workers: list[WorkerProcess],
-    restart_count: int = 0,
+    restart_count: int,
 ) -> None:
     """Fork ``plan.num_processes`` workers, appending each to ``workers`` as it starts.
 
     Appending one by one lets the caller stop the ones already running if a fork fails.
     """
-    port = listener.getsockname()[1] if listener else plan.port or DEFAULT_MULTI_NODE_PORT
+    # Without a listener this node joins another's store: a multi-node plan always has a port.
+    port = listener.getsockname()[1] if listener else plan.port
+    assert port is not None
     for local_rank in range(plan.num_processes):
         serves_store = listener is not None and local_rank == 0
         spec = WorkerSpec(
@@ -50,7 +52,7 @@ def fork_workers(
             node_rank=plan.node_rank,
             num_nodes=plan.num_nodes,
             master_addr=plan.master_addr,
-            master_port=int(port),
+            master_port=port,
             backend=plan.backend,
             threads=plan.threads,
             mixed_precision=plan.mixed_precision,

@@ -17,7 +17,13 @@ from notebook_kit.forking import fork_workers, open_listener
 from notebook_kit.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.in_process import run_in_process, torchrun_place
 from notebook_kit.observer import LaunchInfo, LaunchObserver, LaunchSummary
-from notebook_kit.plan import Call, LaunchPlan, check_explicit_settings, make_plan
+from notebook_kit.plan import (
+    DEFAULT_RENDEZVOUS_TIMEOUT,
+    Call,
+    LaunchPlan,
+    check_explicit_settings,
+    make_plan,
+)
 from notebook_kit.preflight import check_fork_safety
 from notebook_kit.runtime import StopFlag
 from notebook_kit.supervisor import Supervisor, interrupts_deferred
@@ -40,7 +46,7 @@ def notebook_launcher(
     threads_per_process: int | None = None,
     timeout: float | None = None,
     gradient_accumulation_steps: int | None = None,
-    rendezvous_timeout: float = 300.0,
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     max_restarts: int | None = None,
     seed: int | None = None,
     live: bool | None = None,
@@ -164,9 +170,11 @@ def _attempts(
     and the awaitable launcher share every step; an exception thrown in (Ctrl-C) stops the
     workers and propagates. Returns rank 0's value.
     """
+    check_fork_safety(plan.kernel)  # the kernel runs nothing between attempts: check once
+    kernel_models = find_kernel_models(*call)
     restart = 0
     while True:
-        launch = _ForkedLaunch(call, plan, observer, restart)
+        launch = _ForkedLaunch(call, plan, observer, kernel_models, restart)
         error: BaseException | None = None
         try:
             launch.start()
@@ -211,7 +219,7 @@ def _resolve(
     plan = make_plan(
         settings,
         timeout=options.get("timeout"),
-        rendezvous_timeout=options.get("rendezvous_timeout", 300.0),
+        rendezvous_timeout=options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT),
     )
     return (function, args, kwargs), plan
 
@@ -223,7 +231,12 @@ class _ForkedLaunch:
     """One multi-process launch: ``start``, a wait loop over ``supervisor``, then ``finish``."""
 
     def __init__(
-        self, call: Call, plan: LaunchPlan, observer: LaunchObserver, restart_count: int = 0
+        self,
+        call: Call,
+        plan: LaunchPlan,
+        observer: LaunchObserver,
+        kernel_models: dict[int, Any],
+        restart_count: int,
     ) -> None:
         self.call = call
         self.restart_count = restart_count
@@ -231,13 +244,11 @@ class _ForkedLaunch:
         self.observer = observer
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor([], observer)
-        self.kernel_models = find_kernel_models(*call)
-        self._started = time.monotonic()
-        self._announced = False
+        self.kernel_models = kernel_models
+        self._started: float | None = None  # set once the observer has been told
 
     def start(self) -> None:
-        """Check the kernel, tell the observer, fork every worker."""
-        check_fork_safety()
+        """Tell the observer, fork every worker."""
         with open_listener(self.plan) or contextlib.nullcontext() as listener:
             ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
             info = LaunchInfo(
@@ -248,7 +259,6 @@ class _ForkedLaunch:
                 self.stop_flag,
             )
             self.observer.on_start(info)
-            self._announced = True
             self._started = time.monotonic()
             fork_workers(
                 self.call,
@@ -280,8 +290,8 @@ class _ForkedLaunch:
         with interrupts_deferred():
             self.supervisor.shutdown()
         outcome = self.supervisor.outcome()
-        if self._announced:
-            self.observer.on_finish(self._summary(outcome, error))
+        if self._started is not None:
+            self.observer.on_finish(self._summary(outcome, error, self._started))
         self.stop_flag.close()
         if error is not None:
             raise error
@@ -296,10 +306,10 @@ class _ForkedLaunch:
         load_home_weights(self.kernel_models, result.get("weights", {}))
         return result.get("value")
 
-    def _summary(self, outcome: Any, error: BaseException | None) -> LaunchSummary:
+    def _summary(self, outcome: Any, error: BaseException | None, started: float) -> LaunchSummary:
         return LaunchSummary(
             ranks=self.supervisor.rank_summaries(),
-            duration=time.monotonic() - self._started,
+            duration=time.monotonic() - started,
             failures=tuple(outcome.failures),
             timed_out=outcome.timed_out,
             interrupted=isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)),

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit import arguments
+from notebook_kit.cluster import DEFAULT_MASTER_PORT
 from notebook_kit.config import LaunchConfig
-from notebook_kit.preflight import probe_kernel
+from notebook_kit.environment import usable_cpu_count
+from notebook_kit.preflight import KernelState, probe_kernel
 
-__all__ = ["DEFAULT_MULTI_NODE_PORT", "LOOPBACK", "Call", "LaunchPlan", "make_plan"]
+__all__ = ["DEFAULT_RENDEZVOUS_TIMEOUT", "LOOPBACK", "Call", "LaunchPlan", "make_plan"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
 
-DEFAULT_MULTI_NODE_PORT = 29500
 LOOPBACK = "127.0.0.1"
+DEFAULT_RENDEZVOUS_TIMEOUT = 300.0  # seconds for the other nodes to join
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,14 @@ class LaunchPlan:
     port: int | None
     backend: str
     threads: int
-    mixed_precision: str | None
-    gradient_accumulation_steps: int | None
+    mixed_precision: str
+    gradient_accumulation_steps: int
     rendezvous_timeout: float
     timeout: float | None
     max_restarts: int = 0
     seed: int | None = None
     live: bool | None = None
+    kernel: KernelState | None = field(default=None, compare=False)  # the fork probe, if run
 
     @property
     def world_size(self) -> int:
@@ -92,23 +94,30 @@ def check_explicit_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         for name, value in given.items()
     }
     if "num_nodes" in checked and "node_rank" in checked:
-        arguments.check_nodes(checked["num_nodes"], checked["node_rank"])
+        arguments.check_node_rank(checked["num_nodes"], checked["node_rank"])
     return checked
 
 
 def make_plan(
-    config: LaunchConfig, *, timeout: Any = None, rendezvous_timeout: Any = 300.0
+    config: LaunchConfig,
+    *,
+    timeout: Any = None,
+    rendezvous_timeout: Any = DEFAULT_RENDEZVOUS_TIMEOUT,
 ) -> LaunchPlan:
     """Resolve what ``config`` leaves to the machine (processes, backend, threads, port)."""
-    rendezvous_timeout = arguments.check_timeout(rendezvous_timeout) or 300.0
-    timeout = arguments.check_timeout(timeout)
+    rendezvous_timeout = (
+        arguments.check_timeout(rendezvous_timeout, "rendezvous_timeout")
+        or DEFAULT_RENDEZVOUS_TIMEOUT
+    )
+    timeout = arguments.check_timeout(timeout, "timeout")
     num_processes, backend = config.num_processes, config.backend
-    gpus = probe_kernel().cuda_devices if num_processes is None or backend != "gloo" else 0
+    kernel = probe_kernel() if num_processes is None or backend != "gloo" else None
+    gpus = kernel.cuda_devices if kernel is not None else 0
     num_processes = num_processes or max(gpus, 1)
     backend = _choose_backend(backend, gpus, num_processes)
     port = config.master_port
     if config.num_nodes > 1 and port is None:
-        port = DEFAULT_MULTI_NODE_PORT
+        port = DEFAULT_MASTER_PORT
     return LaunchPlan(
         num_processes=num_processes,
         num_nodes=config.num_nodes,
@@ -116,7 +125,7 @@ def make_plan(
         master_addr=config.master_addr if config.num_nodes > 1 else LOOPBACK,
         port=port,
         backend=backend,
-        threads=config.threads_per_process or max(1, usable_cores() // num_processes),
+        threads=config.threads_per_process or max(1, usable_cpu_count() // num_processes),
         mixed_precision=config.mixed_precision,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         rendezvous_timeout=rendezvous_timeout,
@@ -124,6 +133,7 @@ def make_plan(
         max_restarts=config.max_restarts,
         seed=config.seed,
         live=config.live,
+        kernel=kernel,
     )
 
 
@@ -136,11 +146,3 @@ def _choose_backend(backend: str | None, gpus: int, num_processes: int) -> str:
             f"num_processes={num_processes}. Use backend='gloo' or fewer processes."
         )
     return backend
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1

@@ -7,14 +7,13 @@ checked here, with messages that say what happened and how to recover.
 from __future__ import annotations
 
 import errno
-import os
 import socket
-import struct
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from notebook_kit.environment import _cuda_compiled, _run_in_fork
 from notebook_kit.errors import PortInUseError
 
 __all__ = ["ForkSafetyError", "KernelState", "check_fork_safety", "open_rendezvous_socket"]
@@ -32,10 +31,6 @@ class KernelState:
     cuda_devices: int
 
 
-def _cuda_compiled() -> bool:
-    return bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
-
-
 def _cuda_state_in_child() -> tuple[int, int]:
     """(in bad fork, device count) as seen from a freshly forked process."""
     bad = bool(torch._C._cuda_isInBadFork())
@@ -51,32 +46,25 @@ def probe_kernel() -> KernelState:
     """
     if not _cuda_compiled():
         return KernelState(cuda_bad_fork=False, cuda_devices=0)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the probe: report and leave without running any cleanup of the kernel's
-        try:
-            os.write(write_end, struct.pack("ii", *_cuda_state_in_child()))
-        finally:
-            os._exit(0)
-    os.close(write_end)
     try:
-        data = os.read(read_end, 8)
-    finally:
-        os.close(read_end)
-        os.waitpid(pid, 0)
-    bad, count = struct.unpack("ii", data) if len(data) == 8 else (0, 0)
+        bad, count = _run_in_fork(_cuda_state_in_child)
+    except RuntimeError:  # the probe failed or hung: nothing seen, as for a CPU-only build
+        bad, count = 0, 0
     return KernelState(cuda_bad_fork=bool(bad), cuda_devices=count)
 
 
-def check_fork_safety() -> KernelState:
-    """Raise ForkSafetyError if workers cannot be forked from this process."""
+def check_fork_safety(state: KernelState | None = None) -> KernelState:
+    """Raise ForkSafetyError if workers cannot be forked from this process.
+
+    ``state`` is an earlier probe's answer, when the launch already has one.
+    """
     if dist.is_available() and dist.is_initialized():
         raise ForkSafetyError(
             "A torch.distributed process group is already initialised in this kernel, so "
             "forked workers would inherit it. Call torch.distributed.destroy_process_group() "
             "in the kernel (or restart the kernel), then launch again."
         )
-    state = probe_kernel()
+    state = state or probe_kernel()
     if state.cuda_bad_fork or (_cuda_compiled() and torch.cuda.is_initialized()):
         raise ForkSafetyError(
             "CUDA is already initialised in this kernel, so forked workers cannot use the GPU. "

@@ -46,8 +46,8 @@ class WorkerSpec:
     master_port: int
     backend: str
     threads: int
-    mixed_precision: str | None
-    gradient_accumulation_steps: int | None
+    mixed_precision: str
+    gradient_accumulation_steps: int
     rendezvous_timeout: float
     listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
     home_model_ids: frozenset[int]
@@ -233,13 +233,9 @@ def _set_environment(spec: WorkerSpec) -> None:
         MASTER_PORT=str(spec.master_port),
         OMP_NUM_THREADS=str(spec.threads),
         NOTEBOOK_KIT_RESTART_COUNT=str(spec.restart_count),
+        NOTEBOOK_KIT_MIXED_PRECISION=spec.mixed_precision,
+        NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.gradient_accumulation_steps),
     )
-    if spec.mixed_precision is not None:
-        os.environ["NOTEBOOK_KIT_MIXED_PRECISION"] = spec.mixed_precision
-    if spec.gradient_accumulation_steps is not None:
-        os.environ["NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS"] = str(
-            spec.gradient_accumulation_steps
-        )
     if spec.num_nodes == 1 and sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
 

@@ -1,9 +1,10 @@
-"""Shared fixtures: every test that forks workers must leave no process behind."""
+"""Shared fixtures: an isolated saved default, and no process left behind by a test."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -47,11 +48,9 @@ def no_leftover_processes():
     assert not left, f"processes left behind: {[(c.pid, c.status()) for c in left]}"
 
 
-def kernel_environment() -> dict[str, str]:
-    """Environment for a Jupyter kernel started by a test.
-
-    ipykernel stops forwarding fd-level output when PYTEST_CURRENT_TEST is set.
-    """
-    env = dict(os.environ)
-    env.pop("PYTEST_CURRENT_TEST", None)
-    return env
+@pytest.fixture
+def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the saved default at a temporary file; the real ~/.config is never touched."""
+    path = tmp_path / "config" / "launch.json"
+    monkeypatch.setenv("NOTEBOOK_KIT_CONFIG", str(path))
+    return path

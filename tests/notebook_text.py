@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from tests.conftest import kernel_environment
+from tests.processes import kernel_environment
 
 
 def cell_text(cell: nbformat.NotebookNode) -> str:
@@ -35,7 +35,11 @@ def widget_text(nb: nbformat.NotebookNode) -> str:
 
 
 def execute_copy(
-    notebook: Path, folder: Path, env: dict[str, str] | None = None, timeout: int = 150
+    notebook: Path,
+    folder: Path,
+    env: dict[str, str] | None = None,
+    timeout: int = 150,
+    store_widget_state: bool = True,
 ) -> nbformat.NotebookNode:
     """Run a copy of ``notebook`` inside ``folder`` in a fresh kernel, keeping widget state."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -45,7 +49,7 @@ def execute_copy(
         nb,
         timeout=timeout,
         kernel_name="python3",
-        store_widget_state=True,
+        store_widget_state=store_widget_state,
         resources={"metadata": {"path": str(folder)}},
     )
     client.execute(env=env or kernel_environment())

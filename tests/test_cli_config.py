@@ -27,12 +27,7 @@ from notebook_kit.cli import (
 SINGLE_NODE = ["1", "2", "bf16", "4", "gloo", "42", "", "no", "1"]
 
 
-@pytest.fixture(autouse=True)
-def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point the saved default at a temporary file; the real ~/.config is never touched."""
-    path = tmp_path / "config" / "launch.json"
-    monkeypatch.setenv("NOTEBOOK_KIT_CONFIG", str(path))
-    return path
+pytestmark = pytest.mark.usefixtures("config_file")
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, answers: list[str], *argv: str) -> int:

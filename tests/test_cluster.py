@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from notebook_kit.cluster import ClusterError, detect_node, first_host, slurm_process_environment
+from tests.processes import clean_environment, free_port
 
 
 @pytest.mark.parametrize(
@@ -143,8 +144,6 @@ print(accelerator.process_index, accelerator.num_processes, accelerator.local_pr
 @pytest.mark.integration
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_accelerator_in_processes_started_like_srun_tasks(tmp_path):
-    from tests.test_script_launch_integration import clean_environment, free_port
-
     port = str(free_port())
     tasks = []
     for task in ("0", "1"):

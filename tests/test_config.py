@@ -16,14 +16,9 @@ from notebook_kit.config import (
     resolve_launch_config,
     saved_default,
 )
+from tests.configs import EVERY_FIELD_SET
 
-
-@pytest.fixture(autouse=True)
-def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point the saved default at a temporary file; the real ~/.config is never touched."""
-    path = tmp_path / "config" / "launch.json"
-    monkeypatch.setenv("NOTEBOOK_KIT_CONFIG", str(path))
-    return path
+pytestmark = pytest.mark.usefixtures("config_file")
 
 
 def test_builtin_defaults_mean_auto_where_none() -> None:
@@ -116,20 +111,7 @@ def test_parse_field_rejects_bad_answers(field: str, text: str) -> None:
 
 
 def test_file_round_trip_is_readable_json(tmp_path: Path) -> None:
-    config = LaunchConfig(
-        num_processes=4,
-        mixed_precision="bf16",
-        gradient_accumulation_steps=8,
-        backend="gloo",
-        seed=1234,
-        master_addr="10.1.2.3",
-        master_port=29555,
-        num_nodes=2,
-        node_rank=1,
-        threads_per_process=3,
-        live=False,
-        max_restarts=2,
-    )
+    config = EVERY_FIELD_SET
     path = config.save(tmp_path / "nested" / "run.json")
     assert LaunchConfig.load(path) == config
     data = json.loads(path.read_text())

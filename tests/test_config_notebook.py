@@ -9,8 +9,8 @@ import nbformat
 import pytest
 
 import notebook_kit
-from tests.conftest import kernel_environment
 from tests.notebook_text import cell_text, execute_copy
+from tests.processes import kernel_environment
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_config_panel.ipynb"
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, TensorDataset
 
-from notebook_kit.data_loader import prepare_data_loader, skip_first_batches
+from notebook_kit.data_loader import PreparedDataLoader, prepare_data_loader, skip_first_batches
 from notebook_kit.optimizer import GradientState
 from notebook_kit.sharding import EpochRandomSampler, IterableDatasetShard, ShardedBatchSampler
 
@@ -88,16 +88,22 @@ def test_iterable_shards_cover_the_stream(length):
     assert set(shards[0] + shards[1]) == set(range(length))
 
 
-def _loader(length=10, batch_size=2, shuffle=False, size=1, rank=0):
-    data = TensorDataset(torch.arange(length))
-    loader = DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+def _prepare(
+    loader: DataLoader, size: int = 1, rank: int = 0, state: GradientState | None = None
+) -> PreparedDataLoader:
+    """``prepare_data_loader`` on CPU; a fresh ``GradientState(1)`` unless ``state`` is given."""
     return prepare_data_loader(
         loader,
         num_processes=size,
         process_index=rank,
-        gradient_state=GradientState(1),
+        gradient_state=GradientState(1) if state is None else state,
         device=torch.device("cpu"),
     )
+
+
+def _loader(length=10, batch_size=2, shuffle=False, size=1, rank=0):
+    data = TensorDataset(torch.arange(length))
+    return _prepare(DataLoader(data, batch_size=batch_size, shuffle=shuffle), size, rank)
 
 
 def _indices(batches):
@@ -152,9 +158,7 @@ def test_skip_first_batches_is_absolute_and_one_pass():
 def test_iterable_loader_knows_its_last_batch():
     loader = DataLoader(_Stream(11), batch_size=2)
     state = GradientState(1)
-    prepared = prepare_data_loader(
-        loader, num_processes=2, process_index=0, gradient_state=state, device=torch.device("cpu")
-    )
+    prepared = _prepare(loader, size=2, state=state)
     flags = [(prepared.end_of_dataloader, state.end_of_dataloader) for _ in prepared]
     assert flags[-1] == (True, True) and not any(itertools.chain(*flags[:-1]))
     assert prepared.remainder == 11 % 4 and not state.end_of_dataloader
@@ -163,19 +167,7 @@ def test_iterable_loader_knows_its_last_batch():
 def test_preparing_twice_and_unbatched_loaders_are_refused():
     prepared = _loader()
     with pytest.raises(ValueError, match="already prepared"):
-        prepare_data_loader(
-            prepared,
-            num_processes=1,
-            process_index=0,
-            gradient_state=GradientState(1),
-            device=torch.device("cpu"),
-        )
+        _prepare(prepared)
     with pytest.raises(ValueError, match="batch_size"):
         _unbatched = DataLoader(TensorDataset(torch.arange(4)), batch_size=None)
-        prepare_data_loader(
-            _unbatched,
-            num_processes=1,
-            process_index=0,
-            gradient_state=GradientState(1),
-            device=torch.device("cpu"),
-        )
+        _prepare(_unbatched)

@@ -19,12 +19,7 @@ from notebook_kit import LaunchConfig
 env_module = importlib.import_module("notebook_kit.environment")
 
 
-@pytest.fixture(autouse=True)
-def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point the saved default at a temporary file; the real ~/.config is never touched."""
-    path = tmp_path / "config" / "launch.json"
-    monkeypatch.setenv("NOTEBOOK_KIT_CONFIG", str(path))
-    return path
+pytestmark = pytest.mark.usefixtures("config_file")
 
 
 def test_report_facts(config_file: Path) -> None:

@@ -6,13 +6,11 @@ import re
 import subprocess
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from notebook_kit.export import export_notebook
-from tests.conftest import kernel_environment
-from tests.test_script_launch_integration import CLI, clean_environment
+from tests.notebook_text import execute_copy
+from tests.processes import CLI, clean_environment, kernel_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -23,11 +21,8 @@ HOME = re.compile(r"accuracy of the trained model in this kernel: ([\d.]+)%")
 
 def _notebook_accuracy(tmp_path: Path) -> str:
     """The accuracy the notebook's last cell prints for the model trained by the launch."""
-    nb = nbformat.read(QUICKSTART, as_version=4)
-    client = NotebookClient(
-        nb, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute(env={**kernel_environment(), **clean_environment(tmp_path)})
+    env = {**kernel_environment(), **clean_environment(tmp_path)}
+    nb = execute_copy(QUICKSTART, tmp_path, env, store_widget_state=False)
     shown = "".join(
         output.get("text", "") + output.get("data", {}).get("text/plain", "")
         for cell in nb.cells

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from notebook_kit import notebook_launcher
-from tests.test_script_launch_integration import CLI, clean_environment
+from tests.processes import CLI, clean_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -10,8 +10,8 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
-from tests.conftest import kernel_environment
 from tests.notebook_text import cell_text, widget_text
+from tests.processes import kernel_environment
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.conftest import kernel_environment
+from tests.processes import kernel_environment
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_live_training.ipynb"
 

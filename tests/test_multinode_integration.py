@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+
+from tests.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -40,11 +41,6 @@ NODE_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
-
-
 def _start_node(script, node_rank: int, port: int, wait: float) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(script), str(node_rank), str(port), str(wait)],
@@ -57,7 +53,7 @@ def _start_node(script, node_rank: int, port: int, wait: float) -> subprocess.Po
 def test_two_nodes_form_one_world_of_four(tmp_path):
     script = tmp_path / "node.py"
     script.write_text(NODE_SCRIPT)
-    port = _free_port()
+    port = free_port()
     nodes = [_start_node(script, rank, port, 60) for rank in (1, 0)]  # node 1 arrives first
     outputs = [node.communicate(timeout=120)[0] for node in nodes]
     assert all(node.returncode == 0 for node in nodes), outputs
@@ -71,7 +67,7 @@ def test_a_node_that_never_arrives_gives_a_rendezvous_error(tmp_path):
     script = tmp_path / "node.py"
     script.write_text(NODE_SCRIPT)
     started = time.monotonic()
-    node0 = _start_node(script, 0, _free_port(), 3)
+    node0 = _start_node(script, 0, free_port(), 3)
     output = node0.communicate(timeout=60)[0]
     assert node0.returncode != 0
     assert time.monotonic() - started < 30

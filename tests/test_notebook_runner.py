@@ -8,7 +8,7 @@ import sys
 import nbformat
 import pytest
 
-from tests.conftest import kernel_environment
+from tests.processes import kernel_environment
 
 pytestmark = pytest.mark.integration
 

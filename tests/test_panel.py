@@ -12,29 +12,9 @@ import pytest
 import notebook_kit
 from notebook_kit import ConfigPanel, LaunchConfig
 from notebook_kit.cli import add_launch_config_arguments, config_from_arguments
+from tests.configs import EVERY_FIELD_SET
 
-FULL = LaunchConfig(
-    num_processes=2,
-    mixed_precision="bf16",
-    gradient_accumulation_steps=4,
-    backend="gloo",
-    seed=7,
-    master_addr="10.0.0.5",
-    master_port=29600,
-    num_nodes=3,
-    node_rank=2,
-    threads_per_process=1,
-    live=False,
-    max_restarts=1,
-)
-
-
-@pytest.fixture(autouse=True)
-def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point the saved default at a temporary file; the real ~/.config is never touched."""
-    path = tmp_path / "config" / "launch.json"
-    monkeypatch.setenv("NOTEBOOK_KIT_CONFIG", str(path))
-    return path
+pytestmark = pytest.mark.usefixtures("config_file")
 
 
 def test_starts_from_builtin_defaults_without_a_saved_file() -> None:
@@ -50,10 +30,10 @@ def test_starts_from_the_saved_default(config_file: Path) -> None:
 
 
 def test_config_to_widgets_and_back() -> None:
-    panel = ConfigPanel(FULL)
+    panel = ConfigPanel(EVERY_FIELD_SET)
     assert panel.widgets["seed"].value == "7"
     assert panel.widgets["backend"].value == "gloo"
-    assert panel.config == FULL
+    assert panel.config == EVERY_FIELD_SET
     panel.config = LaunchConfig()
     assert panel.widgets["seed"].value == ""
     assert panel.config == LaunchConfig()
@@ -116,14 +96,14 @@ def test_save_and_load_buttons(config_file: Path) -> None:
     panel = ConfigPanel()
     panel.load_button.click()
     assert "No saved default" in panel.status.value
-    panel.config = FULL
+    panel.config = EVERY_FIELD_SET
     panel.save_button.click()
     assert str(config_file) in panel.status.value
-    assert LaunchConfig.load(config_file) == FULL
+    assert LaunchConfig.load(config_file) == EVERY_FIELD_SET
 
     other = ConfigPanel(LaunchConfig())
     other.load_button.click()
-    assert other.config == FULL
+    assert other.config == EVERY_FIELD_SET
 
 
 def test_save_refuses_an_invalid_form(config_file: Path) -> None:
@@ -143,12 +123,12 @@ def test_broken_saved_default_is_reported_in_the_panel(config_file: Path) -> Non
 
 
 def test_python_call_rebuilds_the_same_config() -> None:
-    panel = ConfigPanel(FULL)
+    panel = ConfigPanel(EVERY_FIELD_SET)
     code = panel.python_call()
     assert code.startswith("from notebook_kit import LaunchConfig, notebook_launcher")
     namespace: dict[str, Any] = {}
     exec(code.split("\nnotebook_launcher(")[0], namespace)
-    assert namespace["config"] == FULL
+    assert namespace["config"] == EVERY_FIELD_SET
     assert "config = LaunchConfig()" in ConfigPanel().python_call()
 
 
@@ -162,11 +142,11 @@ def _parse_command(command: str) -> LaunchConfig:
 
 
 def test_command_line_means_the_same_with_or_without_a_saved_default() -> None:
-    panel = ConfigPanel(FULL)
+    panel = ConfigPanel(EVERY_FIELD_SET)
     command = panel.command_line()
     assert command.startswith("notebook-kit launch --num-processes 2 --mixed-precision bf16")
     assert command.endswith(" --live no --max-restarts 1 train.py")
-    assert _parse_command(command) == FULL
+    assert _parse_command(command) == EVERY_FIELD_SET
 
     LaunchConfig(seed=99, num_processes=1).save()  # a later saved default must not leak in
     panel = ConfigPanel(LaunchConfig(num_processes=2))

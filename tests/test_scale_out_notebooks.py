@@ -6,11 +6,10 @@ import shutil
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.conftest import kernel_environment
+from tests.notebook_text import execute_copy
+from tests.processes import kernel_environment
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -19,16 +18,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_proc
 
 def _execute(name: str, tmp_path: Path, *companions: str) -> tuple[list[str], float]:
     """Run a copy of notebook ``name`` in ``tmp_path``; the text each code cell showed."""
-    for file in (name, *companions):
+    for file in companions:
         shutil.copy(NOTEBOOKS / file, tmp_path / file)
-    nb = nbformat.read(tmp_path / name, as_version=4)
-    client = NotebookClient(
-        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
     env = kernel_environment()
     env["NOTEBOOK_KIT_CONFIG"] = str(tmp_path / "no-saved-default.json")
     started = time.monotonic()
-    client.execute(env=env)
+    nb = execute_copy(NOTEBOOKS / name, tmp_path, env, timeout=240, store_widget_state=False)
     texts = [
         "".join(output.get("text", "") for output in cell.get("outputs", []))
         for cell in nb.cells

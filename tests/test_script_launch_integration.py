@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+from tests.processes import CLI, clean_environment, free_port
 
-CLI = [sys.executable, "-m", "notebook_kit", "launch"]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
 SCRIPT = textwrap.dedent(
     """
@@ -36,19 +33,6 @@ SCRIPT = textwrap.dedent(
     dist.barrier()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def clean_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without a saved default config or scheduler variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "COILED_", "PET_"))}
-    env.pop("OMP_NUM_THREADS", None)
-    return {**env, "NOTEBOOK_KIT_CONFIG": str(tmp_path / "none.json"), **extra}
 
 
 @pytest.fixture

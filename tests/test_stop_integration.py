@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from tests.conftest import kernel_environment
+from tests.processes import kernel_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests.processes import free_port
 
 # Lab settings that keep a headless run offline and deterministic. "windowingMode: none" keeps
 # every cell in the DOM, so selectors find cells that are scrolled out of view.
@@ -35,13 +36,6 @@ _LAB_SETTINGS: dict[str, dict[str, Any]] = {
 }
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _write_settings(settings_dir: Path) -> None:

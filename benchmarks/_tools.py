@@ -31,10 +31,13 @@ class Tool:
     description: str
     launch: Callable[[Task], None]
     module: str  # the user's import; also tells whether the tool is installed
+    names: tuple[str, ...] = ()  # what the import cell takes from it
 
     def load(self) -> None:
         """The user's import cell: done before timing, as a notebook does it before launching."""
-        importlib.import_module(self.module)
+        module = importlib.import_module(self.module)
+        for name in self.names:
+            getattr(module, name)
 
     def unavailable(self) -> str | None:
         """Why this tool cannot run here, or None."""
@@ -198,7 +201,13 @@ def _launch_fabric(task: Task) -> None:
 TOOLS: dict[str, Tool] = {
     tool.name: tool
     for tool in (
-        Tool("notebook_kit", "notebook_launcher (fork)", _launch_notebook_kit, "notebook_kit"),
+        Tool(
+            "notebook_kit",
+            "notebook_launcher (fork)",
+            _launch_notebook_kit,
+            "notebook_kit",
+            ("notebook_launcher",),
+        ),
         Tool(
             "torch-fork",
             "start_processes fork + gloo + DDP by hand",

@@ -25,6 +25,9 @@ from typing import Any, NoReturn
 
 import torch
 
+# Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
+# inherit the module instead of importing it again at each launch.
+import notebook_kit.accelerator  # noqa: F401
 from notebook_kit.rendezvous import join_process_group, leave_process_group
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
 from notebook_kit.seeding import set_seed

@@ -45,23 +45,12 @@ def fork_workers(
     for local_rank in range(plan.num_processes):
         serves_store = listener is not None and local_rank == 0
         spec = WorkerSpec(
-            rank=plan.global_rank(local_rank),
+            plan=plan,
             local_rank=local_rank,
-            world_size=plan.world_size,
-            local_world_size=plan.num_processes,
-            node_rank=plan.node_rank,
-            num_nodes=plan.num_nodes,
-            master_addr=plan.master_addr,
             master_port=port,
-            backend=plan.backend,
-            threads=plan.threads,
-            mixed_precision=plan.mixed_precision,
-            gradient_accumulation_steps=plan.gradient_accumulation_steps,
-            rendezvous_timeout=plan.rendezvous_timeout,
             listen_fd=listener.fileno() if serves_store else None,
             home_model_ids=home_model_ids,
             restart_count=restart_count,
-            seed=plan.seed,
         )
         also_close = (listener.fileno(),) if listener is not None and not serves_store else ()
         workers.append(_fork_worker(call, spec, stop_flag, workers, also_close))

@@ -47,30 +47,35 @@ class RendezvousTimeout(RuntimeError):
 def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
     """Connect to the store, wait for every rank, and initialise the default group."""
     store = _connect_store(spec)
-    if spec.num_nodes > 1:  # on one node the kernel forked every rank and sees any death
+    if spec.plan.num_nodes > 1:  # on one node the kernel forked every rank and sees any death
         _wait_for_other_nodes(store, spec)
     device_id = None
-    if spec.backend == "nccl":
+    if spec.plan.backend == "nccl":
         torch.cuda.set_device(spec.local_rank)
         device_id = torch.device("cuda", spec.local_rank)
     dist.init_process_group(
-        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, device_id=device_id
+        spec.plan.backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.plan.world_size,
+        device_id=device_id,
     )
     # A rank's init can return before its peers have finished their handshake with it; had
     # it crashed right away, theirs would fail too. Nobody starts until everybody is ready.
     _check_in(store, spec, _READY_KEY, _ALL_READY_KEY)
-    store.wait([_ALL_READY_KEY], timedelta(seconds=spec.rendezvous_timeout))
+    store.wait([_ALL_READY_KEY], timedelta(seconds=spec.plan.rendezvous_timeout))
     return store
 
 
 def _wait_for_other_nodes(store: dist.TCPStore, spec: WorkerSpec) -> None:
+    plan = spec.plan
     _check_in(store, spec, _JOINED_KEY, _ALL_JOINED_KEY)
     try:
-        store.wait([_ALL_JOINED_KEY], timedelta(seconds=spec.rendezvous_timeout))
+        store.wait([_ALL_JOINED_KEY], timedelta(seconds=plan.rendezvous_timeout))
     except (dist.DistError, RuntimeError) as error:
         raise RendezvousTimeout(
-            f"Only {store.add(_JOINED_KEY, 0)} of {spec.world_size} processes joined the "
-            f"rendezvous within {spec.rendezvous_timeout:g} s (num_nodes={spec.num_nodes}). "
+            f"Only {store.add(_JOINED_KEY, 0)} of {plan.world_size} processes joined the "
+            f"rendezvous within {plan.rendezvous_timeout:g} s (num_nodes={plan.num_nodes}). "
             f"Start the launch on every node with the same num_nodes, num_processes, "
             f"master_addr and use_port."
         ) from error
@@ -90,12 +95,13 @@ def leave_process_group(store: dist.TCPStore, spec: WorkerSpec) -> None:
 
 
 def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
-    timeout = timedelta(seconds=spec.rendezvous_timeout)
+    plan = spec.plan
+    timeout = timedelta(seconds=plan.rendezvous_timeout)
     if spec.listen_fd is not None:
         return dist.TCPStore(
-            spec.master_addr,
+            plan.master_addr,
             spec.master_port,
-            spec.world_size,
+            plan.world_size,
             is_master=True,
             timeout=timeout,
             wait_for_workers=False,
@@ -103,12 +109,12 @@ def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
         )
     try:
         return dist.TCPStore(
-            spec.master_addr, spec.master_port, spec.world_size, is_master=False, timeout=timeout
+            plan.master_addr, spec.master_port, plan.world_size, is_master=False, timeout=timeout
         )
     except (dist.DistError, RuntimeError) as error:
         raise RendezvousTimeout(
             f"Rank {spec.rank} could not reach the rendezvous at "
-            f"{spec.master_addr}:{spec.master_port} within {spec.rendezvous_timeout:g} s. "
+            f"{plan.master_addr}:{spec.master_port} within {plan.rendezvous_timeout:g} s. "
             f"Start node 0 (node_rank=0) with the same master_addr, use_port and num_nodes, "
             f"and check that the port is reachable from this node."
         ) from error
@@ -116,7 +122,7 @@ def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
 
 def _check_in(store: dist.TCPStore, spec: WorkerSpec, counter: str, all_in: str) -> None:
     """Count this rank in; the last one to arrive announces that everyone has."""
-    if store.add(counter, 1) == spec.world_size:
+    if store.add(counter, 1) == spec.plan.world_size:
         store.set(all_in, "1")
 
 

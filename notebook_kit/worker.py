@@ -28,6 +28,7 @@ import torch
 # Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
 # inherit the module instead of importing it again at each launch.
 import notebook_kit.accelerator  # noqa: F401
+from notebook_kit.plan import LaunchPlan
 from notebook_kit.rendezvous import join_process_group, leave_process_group
 from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
 from notebook_kit.seeding import set_seed
@@ -39,23 +40,16 @@ _PR_SET_PDEATHSIG = 1
 class WorkerSpec:
     """Everything one worker needs to know, decided by the kernel before forking."""
 
-    rank: int
+    plan: LaunchPlan  # what every worker of the launch shares
     local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
-    master_addr: str
     master_port: int
-    backend: str
-    threads: int
-    mixed_precision: str
-    gradient_accumulation_steps: int
-    rendezvous_timeout: float
     listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
     home_model_ids: frozenset[int]
-    restart_count: int = 0
-    seed: int | None = None
+    restart_count: int
+
+    @property
+    def rank(self) -> int:
+        return self.plan.global_rank(self.local_rank)
 
 
 @dataclass(frozen=True)
@@ -160,19 +154,19 @@ def _run(
     stop_flag: StopFlag,
 ) -> int:
     _set_environment(spec)
-    torch.set_num_threads(spec.threads)
-    if spec.seed is not None:
-        set_seed(spec.seed)
+    torch.set_num_threads(spec.plan.threads)
+    if spec.plan.seed is not None:
+        set_seed(spec.plan.seed)
     context = LaunchContext(
         rank=spec.rank,
         local_rank=spec.local_rank,
-        world_size=spec.world_size,
-        local_world_size=spec.local_world_size,
-        node_rank=spec.node_rank,
-        num_nodes=spec.num_nodes,
-        backend=spec.backend,
-        mixed_precision=spec.mixed_precision,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        world_size=spec.plan.world_size,
+        local_world_size=spec.plan.num_processes,
+        node_rank=spec.plan.node_rank,
+        num_nodes=spec.plan.num_nodes,
+        backend=spec.plan.backend,
+        mixed_precision=spec.plan.mixed_precision,
+        gradient_accumulation_steps=spec.plan.gradient_accumulation_steps,
         send=send,
         stop_flag=stop_flag,
         restart_count=spec.restart_count,
@@ -181,7 +175,7 @@ def _run(
         store = join_process_group(spec)
         with active_launch(context):
             try:
-                value = _call_on_fresh_thread(function, args, kwargs, spec.threads)
+                value = _call_on_fresh_thread(function, args, kwargs, spec.plan.threads)
             finally:
                 context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
@@ -228,18 +222,18 @@ def _set_environment(spec: WorkerSpec) -> None:
     os.environ.update(
         RANK=str(spec.rank),
         LOCAL_RANK=str(spec.local_rank),
-        WORLD_SIZE=str(spec.world_size),
-        LOCAL_WORLD_SIZE=str(spec.local_world_size),
-        NODE_RANK=str(spec.node_rank),
-        GROUP_RANK=str(spec.node_rank),
-        MASTER_ADDR=spec.master_addr,
+        WORLD_SIZE=str(spec.plan.world_size),
+        LOCAL_WORLD_SIZE=str(spec.plan.num_processes),
+        NODE_RANK=str(spec.plan.node_rank),
+        GROUP_RANK=str(spec.plan.node_rank),
+        MASTER_ADDR=spec.plan.master_addr,
         MASTER_PORT=str(spec.master_port),
-        OMP_NUM_THREADS=str(spec.threads),
+        OMP_NUM_THREADS=str(spec.plan.threads),
         NOTEBOOK_KIT_RESTART_COUNT=str(spec.restart_count),
-        NOTEBOOK_KIT_MIXED_PRECISION=spec.mixed_precision,
-        NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.gradient_accumulation_steps),
+        NOTEBOOK_KIT_MIXED_PRECISION=spec.plan.mixed_precision,
+        NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.plan.gradient_accumulation_steps),
     )
-    if spec.num_nodes == 1 and sys.platform.startswith("linux"):
+    if spec.plan.num_nodes == 1 and sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from notebook_kit.cli import option_name
 from notebook_kit.cluster import DEFAULT_MASTER_PORT, ClusterError, NodePlacement, detect_node
 from notebook_kit.config import LaunchConfig, field_errors, read_saved_default
+from notebook_kit.environment import gpu_count, usable_cpu_count
 from notebook_kit.errors import is_consequence
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
@@ -209,9 +210,7 @@ def plan_script_launch(
 
 
 def _default_process_count() -> int:
-    from notebook_kit.environment import gpu_count  # never initialises CUDA here
-
-    return max(gpu_count(), 1)
+    return max(gpu_count(), 1)  # never initialises CUDA here
 
 
 def _default_threads(num_processes: int) -> int:
@@ -219,8 +218,6 @@ def _default_threads(num_processes: int) -> int:
     exported = os.environ.get("OMP_NUM_THREADS", "")
     if exported.isdigit() and int(exported) > 0:
         return int(exported)
-    from notebook_kit.environment import usable_cpu_count
-
     return max(1, usable_cpu_count() // num_processes)
 
 

@@ -24,11 +24,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from notebook_kit import notebook_launcher
-from notebook_kit.live import LiveObserver
-from notebook_kit.metrics import close_channel, log_from_worker
-from notebook_kit.progress import advance, report_total
-from notebook_kit.runtime import current_launch
-from notebook_kit.stopping import should_stop
+from notebook_kit.live.notebook_view import LiveObserver
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.metrics import close_channel, log_from_worker
+from notebook_kit.runtime.progress import advance, report_total
+from notebook_kit.runtime.stopping import should_stop
 
 
 def _train(steps: int) -> dict[str, float]:

@@ -9,23 +9,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Eager on purpose: ``notebook_kit.environment`` is also a submodule, and importing a submodule
-# the first time sets the package attribute of that name to the module. Importing it here,
-# before anything else can, keeps the attribute bound to the function.
-from notebook_kit.environment import environment
+from notebook_kit.config.environment import environment
 
 if TYPE_CHECKING:
-    from notebook_kit.accelerator import Accelerator
-    from notebook_kit.accelerator_checkpoints import ProjectConfiguration
-    from notebook_kit.checkpointing import CheckpointError
-    from notebook_kit.config import LaunchConfig
-    from notebook_kit.data_loader import skip_first_batches
+    from notebook_kit.accelerator.accelerator import Accelerator
+    from notebook_kit.accelerator.checkpoint_methods import ProjectConfiguration
+    from notebook_kit.accelerator.checkpointing import CheckpointError
+    from notebook_kit.accelerator.data_loader import skip_first_batches
+    from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
-    from notebook_kit.launcher import notebook_launcher, notebook_launcher_async
-    from notebook_kit.panel import ConfigPanel
-    from notebook_kit.preflight import ForkSafetyError
-    from notebook_kit.record import RunRecord, last_run
-    from notebook_kit.seeding import set_seed
+    from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
+    from notebook_kit.launch.panel import ConfigPanel
+    from notebook_kit.launch.preflight import ForkSafetyError
+    from notebook_kit.live.record import RunRecord, last_run
+    from notebook_kit.runtime.seeding import set_seed
 
 __all__ = [
     "Accelerator",
@@ -49,20 +46,20 @@ __version__ = "0.1.0"
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
-    "Accelerator": "accelerator",
-    "CheckpointError": "checkpointing",
-    "ConfigPanel": "panel",
-    "ForkSafetyError": "preflight",
-    "LaunchConfig": "config",
+    "Accelerator": "accelerator.accelerator",
+    "CheckpointError": "accelerator.checkpointing",
+    "ConfigPanel": "launch.panel",
+    "ForkSafetyError": "launch.preflight",
+    "LaunchConfig": "config.launch_config",
     "PortInUseError": "errors",
-    "ProjectConfiguration": "accelerator_checkpoints",
-    "RunRecord": "record",
+    "ProjectConfiguration": "accelerator.checkpoint_methods",
+    "RunRecord": "live.record",
     "WorkerError": "errors",
-    "last_run": "record",
-    "notebook_launcher": "launcher",
-    "notebook_launcher_async": "launcher",
-    "set_seed": "seeding",
-    "skip_first_batches": "data_loader",
+    "last_run": "live.record",
+    "notebook_launcher": "launch.launcher",
+    "notebook_launcher_async": "launch.launcher",
+    "set_seed": "runtime.seeding",
+    "skip_first_batches": "accelerator.data_loader",
 }
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from notebook_kit.cli import main
+from notebook_kit.cli.main import main
 
 sys.exit(main())

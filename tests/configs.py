@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from notebook_kit.config import LaunchConfig
+from notebook_kit.config.launch_config import LaunchConfig
 
 # Every field differs from the built-in default, and the whole is valid.
 EVERY_FIELD_SET = LaunchConfig(

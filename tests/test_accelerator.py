@@ -8,10 +8,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_kit import Accelerator, set_seed
-from notebook_kit.accelerator_helpers import _split
-from notebook_kit.metrics import MetricsAggregator
-from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
-from notebook_kit.runtime import LaunchContext, active_launch
+from notebook_kit.accelerator.optimizer import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    GradientState,
+)
+from notebook_kit.accelerator.process_methods import _split
+from notebook_kit.runtime.context import LaunchContext, active_launch
+from notebook_kit.runtime.metrics import MetricsAggregator
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_kit import Accelerator, WorkerError, notebook_launcher, set_seed
-from notebook_kit.operations import gather_object
+from notebook_kit.accelerator.operations import gather_object
 
 pytestmark = pytest.mark.integration
 

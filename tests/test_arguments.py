@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from notebook_kit import notebook_launcher
-from notebook_kit.config import LaunchConfig
+from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.errors import WorkerError, WorkerFailure
-from notebook_kit.plan import make_plan
+from notebook_kit.launch.plan import make_plan
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from notebook_kit import Accelerator, CheckpointError, checkpointing
+from notebook_kit import Accelerator, CheckpointError
+from notebook_kit.accelerator import checkpointing
 
 
 def _setup(accelerator: Accelerator):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from notebook_kit import LaunchConfig
-from notebook_kit.cli import (
+from notebook_kit.cli.main import (
     add_launch_config_arguments,
     build_parser,
     config_from_arguments,

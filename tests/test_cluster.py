@@ -7,7 +7,12 @@ import sys
 
 import pytest
 
-from notebook_kit.cluster import ClusterError, detect_node, first_host, slurm_process_environment
+from notebook_kit.config.cluster import (
+    ClusterError,
+    detect_node,
+    first_host,
+    slurm_process_environment,
+)
 from tests.processes import clean_environment, free_port
 
 

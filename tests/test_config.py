@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from notebook_kit.config import (
+from notebook_kit.config.launch_config import (
     LaunchConfig,
     default_config_path,
     field_errors,

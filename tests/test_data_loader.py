@@ -8,9 +8,17 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, TensorDataset
 
-from notebook_kit.data_loader import PreparedDataLoader, prepare_data_loader, skip_first_batches
-from notebook_kit.optimizer import GradientState
-from notebook_kit.sharding import EpochRandomSampler, IterableDatasetShard, ShardedBatchSampler
+from notebook_kit.accelerator.data_loader import (
+    PreparedDataLoader,
+    prepare_data_loader,
+    skip_first_batches,
+)
+from notebook_kit.accelerator.optimizer import GradientState
+from notebook_kit.accelerator.sharding import (
+    EpochRandomSampler,
+    IterableDatasetShard,
+    ShardedBatchSampler,
+)
 
 
 def _shards(length, batch_size, size, drop_last=False, split=False, even=True):

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import notebook_kit
 from notebook_kit import LaunchConfig
 
-# notebook_kit.environment is the function; the module is reached through importlib.
-env_module = importlib.import_module("notebook_kit.environment")
+# notebook_kit.config.environment is the function; the module is reached through importlib.
+env_module = importlib.import_module("notebook_kit.config.environment")
 
 
 pytestmark = pytest.mark.usefixtures("config_file")

@@ -9,8 +9,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from notebook_kit.cli import main as cli_main
-from notebook_kit.export import ExportError, export_notebook, notebook_to_script
+from notebook_kit.cli.export import ExportError, export_notebook, notebook_to_script
+from notebook_kit.cli.main import main as cli_main
 
 
 def _script(*sources: str, tags: dict[int, list[str]] | None = None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_kit.export import export_notebook
+from notebook_kit.cli.export import export_notebook
 from tests.notebook_text import execute_copy
 from tests.processes import CLI, clean_environment, kernel_environment
 

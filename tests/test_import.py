@@ -9,7 +9,7 @@ PROBE = """
 import os, sys, torch
 before = dict(os.environ)
 import notebook_kit
-import notebook_kit.launcher, notebook_kit.worker, notebook_kit.preflight
+import notebook_kit.launch.launcher, notebook_kit.worker.entry, notebook_kit.launch.preflight
 print(torch.cuda.is_initialized())
 print(sorted(set(os.environ) - set(before)))
 import torch.distributed as dist

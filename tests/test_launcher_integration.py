@@ -23,7 +23,7 @@ from notebook_kit import (
     WorkerError,
     notebook_launcher,
 )
-from notebook_kit.runtime import current_launch
+from notebook_kit.runtime.context import current_launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -223,7 +223,7 @@ def test_existing_process_group_in_kernel_is_refused(tmp_path):
 
 
 def test_cuda_seen_as_initialised_by_the_fork_probe_is_refused(monkeypatch):
-    from notebook_kit import preflight
+    from notebook_kit.launch import preflight
 
     # The probe really forks; only what the child reads from CUDA is simulated (no GPU here).
     monkeypatch.setattr(preflight, "_cuda_compiled", lambda: True)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from notebook_kit.display import default_observer, notebook_front_end
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.headless import HeadlessObserver, QuietObserver
-from notebook_kit.live import LiveObserver
-from notebook_kit.metrics import BATCH_KIND
-from notebook_kit.observer import LaunchInfo, LaunchSummary, RankSummary
-from notebook_kit.plot import draw_metrics, metric_group
-from notebook_kit.rank_output import RankOutput, last_segment
-from notebook_kit.record import last_run
-from notebook_kit.runtime import StopFlag
-from notebook_kit.stop_button import StopButton
+from notebook_kit.live.display import default_observer, notebook_front_end
+from notebook_kit.live.headless import HeadlessObserver, QuietObserver
+from notebook_kit.live.notebook_view import LiveObserver
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
+from notebook_kit.live.plot import draw_metrics, metric_group
+from notebook_kit.live.rank_output import RankOutput, last_segment
+from notebook_kit.live.record import last_run
+from notebook_kit.live.stop_button import StopButton
+from notebook_kit.runtime.context import StopFlag
+from notebook_kit.runtime.metrics import BATCH_KIND
 
 
 def test_without_a_notebook_front_end_the_text_displays_are_chosen() -> None:

@@ -9,11 +9,11 @@ import pytest
 import torch.distributed as dist
 
 from notebook_kit import last_run, notebook_launcher
-from notebook_kit.headless import HeadlessObserver
-from notebook_kit.metrics import close_channel, log_from_worker
-from notebook_kit.progress import advance, report_total
-from notebook_kit.runtime import current_launch
-from notebook_kit.stopping import should_stop
+from notebook_kit.live.headless import HeadlessObserver
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.metrics import close_channel, log_from_worker
+from notebook_kit.runtime.progress import advance, report_total
+from notebook_kit.runtime.stopping import should_stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 

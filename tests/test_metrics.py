@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from notebook_kit import metrics, progress
-from notebook_kit.headless import progress_line
-from notebook_kit.metrics import BATCH_KIND, MetricsAggregator, WorkerChannel
-from notebook_kit.observer import LaunchSummary, RankSummary
-from notebook_kit.progress import ProgressState
-from notebook_kit.record import RunRecorder, last_run
-from notebook_kit.runtime import LaunchContext
+from notebook_kit.live.headless import progress_line
+from notebook_kit.live.observer import LaunchSummary, RankSummary
+from notebook_kit.live.record import RunRecorder, last_run
+from notebook_kit.runtime import metrics, progress
+from notebook_kit.runtime.context import LaunchContext
+from notebook_kit.runtime.metrics import BATCH_KIND, MetricsAggregator, WorkerChannel
+from notebook_kit.runtime.progress import ProgressState
 
 
 def test_mean_over_ranks_per_step_and_per_rank_values_kept() -> None:

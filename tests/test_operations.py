@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from notebook_kit import notebook_launcher
-from notebook_kit.operations import (
+from notebook_kit.accelerator.operations import (
     broadcast,
     broadcast_object,
     gather,

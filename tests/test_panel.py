@@ -11,7 +11,7 @@ import pytest
 
 import notebook_kit
 from notebook_kit import ConfigPanel, LaunchConfig
-from notebook_kit.cli import add_launch_config_arguments, config_from_arguments
+from notebook_kit.cli.main import add_launch_config_arguments, config_from_arguments
 from tests.configs import EVERY_FIELD_SET
 
 pytestmark = pytest.mark.usefixtures("config_file")

@@ -52,7 +52,7 @@ def test_scale_out_notebook(tmp_path):
     assert "def main() -> None:" in shown
     assert (
         "torchrun --nproc-per-node 2 --max-restarts 0 --standalone "
-        "-m notebook_kit.script_entry quickstart.py"
+        "-m notebook_kit.cli.script_entry quickstart.py"
     ) in shown
     assert "exit status 0" in shown
     assert "--- node 0: exit status 0 ---" in shown and "--- node 1: exit status 0 ---" in shown

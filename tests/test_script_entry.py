@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
 def test_script_runs_as_main_and_keeps_its_exit_status(tmp_path, mode, status, expected):
     (tmp_path / "helper.py").write_text("")
     (tmp_path / "script.py").write_text(SCRIPT)
-    command = [sys.executable, "-m", "notebook_kit.script_entry", str(tmp_path / "script.py")]
+    command = [sys.executable, "-m", "notebook_kit.cli.script_entry", str(tmp_path / "script.py")]
     done = subprocess.run([*command, mode, "x"], capture_output=True, text=True, timeout=60)
     assert done.returncode == status, done.stderr
     assert expected in done.stdout

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from notebook_kit.cli import main
-from notebook_kit.config import LaunchConfig
-from notebook_kit.script_launch import LaunchInputError, ScriptLaunch, plan_script_launch
+from notebook_kit.cli.main import main
+from notebook_kit.cli.script_launch import LaunchInputError, ScriptLaunch, plan_script_launch
+from notebook_kit.config.launch_config import LaunchConfig
 
 COILED = {
     "COILED_BATCH_TASK_ID": "1",
@@ -30,7 +30,7 @@ def test_single_node_uses_a_free_port_and_the_notebook_environment(script):
     launch = plan_script_launch(script, ["--lr", "0.1"], {"num_processes": 2}, environ={})
     assert launch.torchrun_arguments() == [
         "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
-        "-m", "notebook_kit.script_entry", script, "--lr", "0.1",
+        "-m", "notebook_kit.cli.script_entry", script, "--lr", "0.1",
     ]  # fmt: skip
     env = launch.worker_environment()
     assert env["NOTEBOOK_KIT_MIXED_PRECISION"] == "no"
@@ -45,7 +45,7 @@ def test_multi_node_uses_the_static_rendezvous_at_node_0(script):
     assert launch.torchrun_arguments() == [
         "--nproc-per-node", "2", "--max-restarts", "0", "--nnodes", "2", "--node-rank", "1",
         "--master-addr", "head", "--master-port", "29500",
-        "-m", "notebook_kit.script_entry", script,
+        "-m", "notebook_kit.cli.script_entry", script,
     ]  # fmt: skip
     env = launch.worker_environment()
     assert "GLOO_SOCKET_IFNAME" not in env
@@ -133,5 +133,5 @@ def test_command_line_names_the_equivalent_torchrun_call():
     launch = ScriptLaunch(LaunchConfig(num_processes=2, max_restarts=1), 2, 1, "t.py", ("a b",))
     assert launch.command_line().endswith(
         "torchrun --nproc-per-node 2 --max-restarts 1 --standalone"
-        " -m notebook_kit.script_entry t.py 'a b'"
+        " -m notebook_kit.cli.script_entry t.py 'a b'"
     )

@@ -22,10 +22,10 @@ DEFINE = """\
 import time
 import notebook_kit
 from notebook_kit import notebook_launcher, notebook_launcher_async
-from notebook_kit.metrics import close_channel, log_from_worker
-from notebook_kit.progress import advance
-from notebook_kit.runtime import current_launch
-from notebook_kit.stopping import should_stop
+from notebook_kit.runtime.metrics import close_channel, log_from_worker
+from notebook_kit.runtime.progress import advance
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.stopping import should_stop
 
 def train(seconds=60.0):
     launch, step, started = current_launch(), 0, time.monotonic()
@@ -131,7 +131,7 @@ def test_click_during_an_awaited_launch_without_subshells(kernel: tuple[Any, Any
     _, client = kernel
     clicker = _Clicker(client)
     code = (
-        "import notebook_kit.stop_button as stop_button\n"
+        "import notebook_kit.live.stop_button as stop_button\n"
         "stop_button._self_client = lambda: None  # as on a kernel without subshells\n"
         "result = await notebook_launcher_async(train, num_processes=2)" + REPORT
     )

@@ -19,11 +19,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_kit.accelerator_checkpoints import CheckpointMethods, ProjectConfiguration
-from notebook_kit.accelerator_helpers import ProcessHelpers
-from notebook_kit.data_loader import PreparedDataLoader, prepare_data_loader
-from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
-from notebook_kit.precision import (
+from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods, ProjectConfiguration
+from notebook_kit.accelerator.data_loader import PreparedDataLoader, prepare_data_loader
+from notebook_kit.accelerator.optimizer import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    GradientState,
+)
+from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
     AutocastModule,
     MixedPrecision,
@@ -31,8 +34,9 @@ from notebook_kit.precision import (
     make_grad_scaler,
     patch_forward,
 )
-from notebook_kit.process_state import resolve_process_state, resolve_setting
-from notebook_kit.runtime import current_launch
+from notebook_kit.accelerator.process_methods import ProcessHelpers
+from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
+from notebook_kit.runtime.context import current_launch
 
 __all__ = ["Accelerator"]
 

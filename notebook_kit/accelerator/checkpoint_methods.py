@@ -1,7 +1,8 @@
 """The Accelerator's checkpoint methods (a mixin): what goes into ``save_state`` and where.
 
-The file format and the atomic commit live in :mod:`notebook_kit.checkpointing`; this mixin
-only collects the Accelerator's prepared objects and resolves numbered checkpoint folders.
+The file format and the atomic commit live in :mod:`notebook_kit.accelerator.checkpointing`;
+this mixin only collects the Accelerator's prepared objects and resolves numbered checkpoint
+folders.
 
 Numbered checkpoints follow Accelerate's automatic naming: ``save_state()`` without a directory
 writes ``project_dir/checkpoints/checkpoint_<n>`` with ``n`` one past the highest existing
@@ -20,16 +21,21 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from notebook_kit import operations
-from notebook_kit.checkpointing import MANIFEST, Stateful, load_checkpoint, save_checkpoint
-from notebook_kit.data_loader import skip_first_batches
+from notebook_kit.accelerator import operations
+from notebook_kit.accelerator.checkpointing import (
+    MANIFEST,
+    Stateful,
+    load_checkpoint,
+    save_checkpoint,
+)
+from notebook_kit.accelerator.data_loader import skip_first_batches
 
 if TYPE_CHECKING:
     import torch
 
-    from notebook_kit.data_loader import PreparedDataLoader
-    from notebook_kit.optimizer import AcceleratedOptimizer, AcceleratedScheduler
-    from notebook_kit.process_state import ProcessState
+    from notebook_kit.accelerator.data_loader import PreparedDataLoader
+    from notebook_kit.accelerator.optimizer import AcceleratedOptimizer, AcceleratedScheduler
+    from notebook_kit.accelerator.state import ProcessState
 
 __all__ = ["CheckpointMethods", "ProjectConfiguration"]
 

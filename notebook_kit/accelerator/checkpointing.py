@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_kit.accelerator.operations import broadcast_object, world_size
 from notebook_kit.atomic_file import replace_atomically
-from notebook_kit.operations import broadcast_object, world_size
-from notebook_kit.seeding import get_rng_states, set_rng_states
+from notebook_kit.runtime.seeding import get_rng_states, set_rng_states
 
 __all__ = ["CheckpointError", "Stateful", "load_checkpoint", "save_checkpoint"]
 

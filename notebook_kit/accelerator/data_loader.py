@@ -21,11 +21,15 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from notebook_kit import progress
-from notebook_kit.operations import broadcast_object, send_to_device
-from notebook_kit.optimizer import GradientState
-from notebook_kit.runtime import current_launch
-from notebook_kit.sharding import EpochRandomSampler, IterableDatasetShard, ShardedBatchSampler
+from notebook_kit.accelerator.operations import broadcast_object, send_to_device
+from notebook_kit.accelerator.optimizer import GradientState
+from notebook_kit.accelerator.sharding import (
+    EpochRandomSampler,
+    IterableDatasetShard,
+    ShardedBatchSampler,
+)
+from notebook_kit.runtime import progress
+from notebook_kit.runtime.context import current_launch
 
 __all__ = ["PreparedDataLoader", "prepare_data_loader", "skip_first_batches"]
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from notebook_kit.operations import recursively_apply
+from notebook_kit.accelerator.operations import recursively_apply
 
 __all__ = ["AutocastModule", "autocast_context", "make_grad_scaler", "patch_forward"]
 

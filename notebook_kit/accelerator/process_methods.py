@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from notebook_kit import metrics, operations, stopping
+from notebook_kit.accelerator import operations
 from notebook_kit.atomic_file import replace_atomically
-from notebook_kit.progress import report_total
-from notebook_kit.runtime import current_launch
+from notebook_kit.runtime import metrics, stopping
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.progress import report_total
 
 if TYPE_CHECKING:
-    from notebook_kit.optimizer import GradientState
-    from notebook_kit.process_state import ProcessState
+    from notebook_kit.accelerator.optimizer import GradientState
+    from notebook_kit.accelerator.state import ProcessState
 
 __all__ = ["ProcessHelpers"]
 

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from notebook_kit.cluster import slurm_process_environment
-from notebook_kit.rendezvous import init_group_from_environment
-from notebook_kit.runtime import current_launch
+from notebook_kit.config.cluster import slurm_process_environment
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.worker.rendezvous import init_group_from_environment
 
 __all__ = ["ProcessState", "resolve_process_state", "resolve_setting"]
 

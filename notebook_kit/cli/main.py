@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from notebook_kit.config import (
+from notebook_kit.config.launch_config import (
     FIELD_HELP,
     LaunchConfig,
     choice_words,
@@ -206,7 +206,7 @@ def _add_config_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_env(args: argparse.Namespace) -> int:
-    from notebook_kit.environment import environment  # imports torch: only when asked for
+    from notebook_kit.config.environment import environment  # imports torch: only when asked for
 
     report = environment()
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
@@ -224,7 +224,11 @@ def _add_env_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_launch(args: argparse.Namespace) -> int:
-    from notebook_kit.script_launch import LaunchInputError, plan_script_launch, run_script_launch
+    from notebook_kit.cli.script_launch import (
+        LaunchInputError,
+        plan_script_launch,
+        run_script_launch,
+    )
 
     try:
         launch = plan_script_launch(args.script, args.script_args, _given(args), args.config)
@@ -258,7 +262,7 @@ def _add_launch_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from notebook_kit.export import ExportError, export_notebook
+    from notebook_kit.cli.export import ExportError, export_notebook
 
     try:
         result = export_notebook(args.notebook, args.output)
@@ -286,7 +290,7 @@ def _add_export_command(commands: argparse._SubParsersAction) -> None:
 def _run_execute(args: argparse.Namespace) -> int:
     from nbclient.exceptions import CellExecutionError
 
-    from notebook_kit.notebook_runner import execute_notebook
+    from notebook_kit.cli.notebook_runner import execute_notebook
 
     try:
         execute_notebook(args.notebook, output=args.output, timeout=args.timeout)

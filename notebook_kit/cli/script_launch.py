@@ -14,8 +14,8 @@ mixed precision, gradient accumulation, gloo on loopback for one node), so a scr
 ``Accelerator`` behaves as it does in the notebook.
 
 Settings are taken, first found first: options on the command line, the node placement a
-batch scheduler gives (:mod:`notebook_kit.cluster`), ``--config FILE`` (or the saved default),
-then the built-in defaults.
+batch scheduler gives (:mod:`notebook_kit.config.cluster`), ``--config FILE`` (or the saved
+default), then the built-in defaults.
 """
 
 from __future__ import annotations
@@ -28,10 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from notebook_kit.cli import option_name
-from notebook_kit.cluster import DEFAULT_MASTER_PORT, ClusterError, NodePlacement, detect_node
-from notebook_kit.config import LaunchConfig, field_errors, read_saved_default
-from notebook_kit.environment import gpu_count, usable_cpu_count
+from notebook_kit.cli.main import option_name
+from notebook_kit.config.cluster import (
+    DEFAULT_MASTER_PORT,
+    ClusterError,
+    NodePlacement,
+    detect_node,
+)
+from notebook_kit.config.environment import gpu_count, usable_cpu_count
+from notebook_kit.config.launch_config import LaunchConfig, field_errors, read_saved_default
 from notebook_kit.errors import is_consequence
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
@@ -93,7 +98,7 @@ class ScriptLaunch:
         else:
             words.append("--standalone")
         # Every process runs the script through script_entry, which ends it cleanly.
-        return [*words, "-m", "notebook_kit.script_entry", self.script, *self.script_args]
+        return [*words, "-m", "notebook_kit.cli.script_entry", self.script, *self.script_args]
 
     def worker_environment(self) -> dict[str, str]:
         """Variables every worker inherits, matching what a notebook launch sets.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from notebook_kit.config import (
+from notebook_kit.config.launch_config import (
     CONFIG_ENV_VAR,
     LaunchConfig,
     default_config_path,

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from notebook_kit.arguments import (
+from notebook_kit.atomic_file import replace_atomically
+from notebook_kit.config.arguments import (
     BACKEND_CHOICES,
     MIXED_PRECISION_CHOICES,
     Backend,
     MixedPrecision,
 )
-from notebook_kit.atomic_file import replace_atomically
 
 __all__ = [
     "CONFIG_ENV_VAR",

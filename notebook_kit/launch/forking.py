@@ -9,11 +9,11 @@ import socket
 import sys
 import warnings
 
-from notebook_kit.plan import LOOPBACK, Call, LaunchPlan
-from notebook_kit.preflight import open_rendezvous_socket
-from notebook_kit.runtime import StopFlag
-from notebook_kit.supervisor import LineReader, WorkerProcess
-from notebook_kit.worker import WorkerPipes, WorkerSpec, run_worker
+from notebook_kit.launch.plan import LOOPBACK, Call, LaunchPlan
+from notebook_kit.launch.preflight import open_rendezvous_socket
+from notebook_kit.launch.supervisor import LineReader, WorkerProcess
+from notebook_kit.runtime.context import StopFlag
+from notebook_kit.worker.entry import WorkerPipes, WorkerSpec, run_worker
 
 __all__ = ["fork_workers", "open_listener"]
 

@@ -1,4 +1,4 @@
-"""``ConfigPanel``: an ipywidgets form for :class:`~notebook_kit.config.LaunchConfig`.
+"""``ConfigPanel``: an ipywidgets form for :class:`~notebook_kit.config.launch_config.LaunchConfig`.
 
 The panel holds no state of its own: the widget values are the config. Every change, from a
 click or from code, re-validates the form, shows problems next to the offending field and
@@ -14,8 +14,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from notebook_kit.cli import launch_command_line
-from notebook_kit.config import (
+from notebook_kit.cli.main import launch_command_line
+from notebook_kit.config.environment import gpu_count, usable_cpu_count
+from notebook_kit.config.launch_config import (
     FIELD_HELP,
     LaunchConfig,
     choice_words,
@@ -24,7 +25,6 @@ from notebook_kit.config import (
     parse_field,
     read_saved_default,
 )
-from notebook_kit.environment import gpu_count, usable_cpu_count
 
 __all__ = ["ConfigPanel"]
 

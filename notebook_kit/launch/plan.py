@@ -6,11 +6,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_kit import arguments
-from notebook_kit.cluster import DEFAULT_MASTER_PORT
-from notebook_kit.config import LaunchConfig
-from notebook_kit.environment import usable_cpu_count
-from notebook_kit.preflight import KernelState, probe_kernel
+from notebook_kit.config import arguments
+from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
+from notebook_kit.config.environment import usable_cpu_count
+from notebook_kit.config.launch_config import LaunchConfig
+from notebook_kit.launch.preflight import KernelState, probe_kernel
 
 __all__ = ["DEFAULT_RENDEZVOUS_TIMEOUT", "LOOPBACK", "Call", "LaunchPlan", "make_plan"]
 

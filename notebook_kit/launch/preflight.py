@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from notebook_kit.environment import _cuda_compiled, _run_in_fork
+from notebook_kit.config.environment import _cuda_compiled, _run_in_fork
 from notebook_kit.errors import PortInUseError
 
 __all__ = ["ForkSafetyError", "KernelState", "check_fork_safety", "open_rendezvous_socket"]

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, describe_exit
-from notebook_kit.observer import LaunchObserver, RankSummary, Stream
+from notebook_kit.live.observer import LaunchObserver, RankSummary, Stream
 
 # After the first failure, collect the others' reports this long before picking a culprit.
 _FAILURE_SETTLE_SECONDS = 0.1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from notebook_kit.observer import LaunchInfo, LaunchSummary, Stream
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 
 __all__ = ["ConsolePrinter"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from notebook_kit.headless import HeadlessObserver, QuietObserver
-from notebook_kit.observer import LaunchObserver
+from notebook_kit.live.headless import HeadlessObserver, QuietObserver
+from notebook_kit.live.observer import LaunchObserver
 
 __all__ = ["default_observer", "notebook_front_end"]
 
@@ -41,7 +41,9 @@ def default_observer(live: bool | None) -> LaunchObserver:
     if live is False:
         return QuietObserver()
     if notebook_front_end():
-        from notebook_kit.live import LiveObserver  # widgets and matplotlib load only here
+        from notebook_kit.live.notebook_view import (
+            LiveObserver,  # widgets and matplotlib load only here
+        )
 
         return LiveObserver()
     return HeadlessObserver()

@@ -10,10 +10,10 @@ import sys
 import time
 from typing import Any
 
-from notebook_kit.console import ConsolePrinter
-from notebook_kit.observer import LaunchInfo, LaunchSummary, Stream
-from notebook_kit.rank_output import last_segment
-from notebook_kit.record import RunRecorder
+from notebook_kit.live.console import ConsolePrinter
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
+from notebook_kit.live.rank_output import last_segment
+from notebook_kit.live.record import RunRecorder
 
 __all__ = ["HeadlessObserver", "QuietObserver", "progress_line"]
 

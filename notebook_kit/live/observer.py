@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.runtime import StopFlag
+from notebook_kit.runtime.context import StopFlag
 
 __all__ = ["LaunchInfo", "LaunchObserver", "LaunchSummary", "RankSummary", "Stream"]
 

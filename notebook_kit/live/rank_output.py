@@ -12,7 +12,7 @@ import html
 
 import ipywidgets as widgets
 
-from notebook_kit.observer import RankSummary, Stream
+from notebook_kit.live.observer import RankSummary, Stream
 
 __all__ = ["RankOutput", "last_segment"]
 

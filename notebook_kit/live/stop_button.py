@@ -25,7 +25,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from notebook_kit.runtime import StopFlag
+from notebook_kit.runtime.context import StopFlag
 
 __all__ = ["StopButton"]
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_kit.runtime import LaunchContext
+from notebook_kit.runtime.context import LaunchContext
 
 __all__ = [
     "BATCH_KIND",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from notebook_kit.metrics import BATCH_KIND, SINGLE_KIND, WorkerChannel, channel
-from notebook_kit.runtime import LaunchContext
+from notebook_kit.runtime.context import LaunchContext
+from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND, WorkerChannel, channel
 
 __all__ = ["ProgressBar", "ProgressState", "advance", "report_epoch_length", "report_total"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_kit.runtime import LaunchContext
+from notebook_kit.runtime.context import LaunchContext
 
 __all__ = ["should_stop"]
 

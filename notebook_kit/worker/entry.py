@@ -27,11 +27,11 @@ import torch
 
 # Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
 # inherit the module instead of importing it again at each launch.
-import notebook_kit.accelerator  # noqa: F401
-from notebook_kit.plan import LaunchPlan
-from notebook_kit.rendezvous import join_process_group, leave_process_group
-from notebook_kit.runtime import LaunchContext, StopFlag, active_launch
-from notebook_kit.seeding import set_seed
+import notebook_kit.accelerator.accelerator  # noqa: F401
+from notebook_kit.launch.plan import LaunchPlan
+from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
+from notebook_kit.runtime.seeding import set_seed
+from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 
 _PR_SET_PDEATHSIG = 1
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from notebook_kit.cluster import DEFAULT_MASTER_PORT
+from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
 
 if TYPE_CHECKING:
-    from notebook_kit.worker import WorkerSpec
+    from notebook_kit.worker.entry import WorkerSpec
 
 __all__ = [
     "RendezvousTimeout",

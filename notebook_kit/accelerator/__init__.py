@@ -1,0 +1,14 @@
+"""The Accelerate-compatible runtime a training function uses: :class:`Accelerator` and its parts.
+
+Process state, data loader sharding, optimizer and scheduler wrappers, mixed precision,
+collective operations and checkpoints. Names and meanings follow Hugging Face Accelerate.
+
+Runs in every process that trains (a forked worker, the kernel with one process, or under
+torchrun); it never starts or stops processes. May import :mod:`notebook_kit.runtime` and
+:mod:`notebook_kit.config`.
+"""
+
+from notebook_kit.accelerator.accelerator import Accelerator
+from notebook_kit.accelerator.checkpoint_methods import ProjectConfiguration
+
+__all__ = ["Accelerator", "ProjectConfiguration"]

@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from notebook_kit import _moved
 from notebook_kit.config.environment import environment
+
+_moved.install()  # old documented module paths stay importable
 
 if TYPE_CHECKING:
     from notebook_kit.accelerator.accelerator import Accelerator
-    from notebook_kit.accelerator.checkpoint_methods import ProjectConfiguration
     from notebook_kit.accelerator.checkpointing import CheckpointError
+    from notebook_kit.accelerator.configuration import ProjectConfiguration
     from notebook_kit.accelerator.data_loader import skip_first_batches
     from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
@@ -52,7 +55,7 @@ _LAZY: dict[str, str] = {
     "ForkSafetyError": "launch.preflight",
     "LaunchConfig": "config.launch_config",
     "PortInUseError": "errors",
-    "ProjectConfiguration": "accelerator.checkpoint_methods",
+    "ProjectConfiguration": "accelerator.configuration",
     "RunRecord": "live.record",
     "WorkerError": "errors",
     "last_run": "live.record",

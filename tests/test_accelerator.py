@@ -14,8 +14,8 @@ from notebook_kit.accelerator.optimizer import (
     GradientState,
 )
 from notebook_kit.accelerator.process_methods import _split
+from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime.context import LaunchContext, active_launch
-from notebook_kit.runtime.metrics import MetricsAggregator
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,9 @@ from notebook_kit.cli.main import (
     add_launch_config_arguments,
     build_parser,
     config_from_arguments,
-    launch_command_line,
     main,
 )
+from notebook_kit.config.command_line import launch_command_line
 
 # Answers in question order for one node: num_nodes, num_processes, mixed_precision,
 # gradient_accumulation_steps, backend, seed, threads_per_process, live, max_restarts.

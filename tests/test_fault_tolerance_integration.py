@@ -31,7 +31,7 @@ TRAINING = textwrap.dedent(
     from torch.utils.data import DataLoader, Dataset
 
     from notebook_kit import Accelerator, set_seed
-    from notebook_kit.accelerator.checkpoint_methods import ProjectConfiguration
+    from notebook_kit.accelerator.configuration import ProjectConfiguration
 
     TOTAL_STEPS, FAIL_AT, KEEP = 12, 7, 2
 

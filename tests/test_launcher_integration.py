@@ -223,11 +223,13 @@ def test_existing_process_group_in_kernel_is_refused(tmp_path):
 
 
 def test_cuda_seen_as_initialised_by_the_fork_probe_is_refused(monkeypatch):
+    from notebook_kit.config import environment
     from notebook_kit.launch import preflight
 
     # The probe really forks; only what the child reads from CUDA is simulated (no GPU here).
     monkeypatch.setattr(preflight, "_cuda_compiled", lambda: True)
-    monkeypatch.setattr(preflight, "_cuda_state_in_child", lambda: (1, 0))
+    monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
+    monkeypatch.setattr(environment, "_cuda_state_in_child", lambda: (1, 0))
     with pytest.raises(ForkSafetyError, match="Restart the kernel"):
         notebook_launcher(lambda: None, num_processes=2)
 

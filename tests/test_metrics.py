@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from notebook_kit.live.headless import progress_line
+from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchSummary, RankSummary
+from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.record import RunRecorder, last_run
 from notebook_kit.runtime import metrics, progress
 from notebook_kit.runtime.context import LaunchContext
-from notebook_kit.runtime.metrics import BATCH_KIND, MetricsAggregator, WorkerChannel
-from notebook_kit.runtime.progress import ProgressState
+from notebook_kit.runtime.metrics import BATCH_KIND, WorkerChannel
 
 
 def test_mean_over_ranks_per_step_and_per_rank_values_kept() -> None:

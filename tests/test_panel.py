@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import notebook_kit
 from notebook_kit import ConfigPanel, LaunchConfig
 from notebook_kit.cli.main import add_launch_config_arguments, config_from_arguments
+from notebook_kit.launch import launcher
 from tests.configs import EVERY_FIELD_SET
 
 pytestmark = pytest.mark.usefixtures("config_file")
@@ -162,7 +162,7 @@ def test_launch_passes_the_panel_config(monkeypatch: pytest.MonkeyPatch) -> None
         calls.append((function, args, kwargs))
         return "done"
 
-    monkeypatch.setattr(notebook_kit, "notebook_launcher", fake_launcher)
+    monkeypatch.setattr(launcher, "notebook_launcher", fake_launcher)
     panel = ConfigPanel(LaunchConfig(num_processes=2))
     assert panel.launch(print, args=(1,), timeout=5.0) == "done"
     assert calls == [(print, (1,), {"config": LaunchConfig(num_processes=2), "timeout": 5.0})]

@@ -9,6 +9,6 @@ torchrun); it never starts or stops processes. May import :mod:`notebook_kit.run
 """
 
 from notebook_kit.accelerator.accelerator import Accelerator
-from notebook_kit.accelerator.checkpoint_methods import ProjectConfiguration
+from notebook_kit.accelerator.configuration import ProjectConfiguration
 
 __all__ = ["Accelerator", "ProjectConfiguration"]

@@ -19,7 +19,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods, ProjectConfiguration
+from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods
+from notebook_kit.accelerator.configuration import ProjectConfiguration
 from notebook_kit.accelerator.data_loader import PreparedDataLoader, prepare_data_loader
 from notebook_kit.accelerator.optimizer import (
     AcceleratedOptimizer,
@@ -34,7 +35,7 @@ from notebook_kit.accelerator.precision import (
     make_grad_scaler,
     patch_forward,
 )
-from notebook_kit.accelerator.process_methods import ProcessHelpers
+from notebook_kit.accelerator.process_methods import ProcessMethods
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
 from notebook_kit.runtime.context import current_launch
 
@@ -68,7 +69,7 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(CheckpointMethods, ProcessHelpers):
+class Accelerator(CheckpointMethods, ProcessMethods):
     """Runs a PyTorch training loop on one process or many, with Accelerate's API.
 
     Args:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,34 +36,7 @@ if TYPE_CHECKING:
     from notebook_kit.accelerator.optimizer import AcceleratedOptimizer, AcceleratedScheduler
     from notebook_kit.accelerator.state import ProcessState
 
-__all__ = ["CheckpointMethods", "ProjectConfiguration"]
-
-
-@dataclass
-class ProjectConfiguration:
-    """Where numbered checkpoints go and how many are kept, as in Accelerate.
-
-    Attributes:
-        project_dir: Folder holding ``checkpoints/checkpoint_<n>``.
-        automatic_checkpoint_naming: Accepted for Accelerate compatibility; ``save_state()``
-            without a directory always writes the next numbered checkpoint.
-        total_limit: Keep only the newest this many numbered checkpoints (None: keep all).
-
-    Example:
-        >>> config = ProjectConfiguration("runs/a", automatic_checkpoint_naming=True, total_limit=2)
-        >>> accelerator = Accelerator(project_config=config)
-    """
-
-    project_dir: str | os.PathLike[str] | None = None
-    automatic_checkpoint_naming: bool = True
-    total_limit: int | None = None
-
-    def __post_init__(self) -> None:
-        limit = self.total_limit
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise TypeError(f"total_limit must be a positive integer or None, got {limit!r}.")
-        if limit is not None and limit < 1:
-            raise ValueError(f"total_limit must be a positive integer or None, got {limit}.")
+__all__ = ["CheckpointMethods"]
 
 
 class CheckpointMethods:

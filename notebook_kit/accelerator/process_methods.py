@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from notebook_kit.accelerator.optimizer import GradientState
     from notebook_kit.accelerator.state import ProcessState
 
-__all__ = ["ProcessHelpers"]
+__all__ = ["ProcessMethods"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,7 +64,7 @@ def _as_float(key: str, value: Any) -> float:
     )
 
 
-class ProcessHelpers:
+class ProcessMethods:
     """Helpers an Accelerator offers about its processes. Needs ``state`` and friends."""
 
     state: ProcessState

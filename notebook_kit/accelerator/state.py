@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from notebook_kit.config.cluster import slurm_process_environment
 from notebook_kit.runtime.context import current_launch
-from notebook_kit.worker.rendezvous import init_group_from_environment
+from notebook_kit.runtime.process_group import init_group_from_environment
 
 __all__ = ["ProcessState", "resolve_process_state", "resolve_setting"]
 

@@ -10,14 +10,13 @@ line, the panel's rendered command and the config file always agree.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from notebook_kit.config.command_line import CONFIG_FIELDS, answer_text, option_name
 from notebook_kit.config.launch_config import (
     FIELD_HELP,
     LaunchConfig,
@@ -32,18 +31,10 @@ __all__ = [
     "add_launch_config_arguments",
     "build_parser",
     "config_from_arguments",
-    "launch_command_line",
     "main",
-    "option_name",
 ]
 
-_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchConfig))
 _MULTI_NODE_FIELDS = ("node_rank", "master_addr", "master_port")
-
-
-def option_name(field: str) -> str:
-    """The command-line flag for a LaunchConfig field: ``num_processes`` -> ``--num-processes``."""
-    return "--" + field.replace("_", "-")
 
 
 def _argument_type(field: str) -> Callable[[str], Any]:
@@ -67,7 +58,7 @@ def add_launch_config_arguments(parser: argparse.ArgumentParser) -> None:
         {'num_processes': 2}
     """
     group = parser.add_argument_group("launch settings (unset ones come from the saved default)")
-    for field in _FIELDS:
+    for field in CONFIG_FIELDS:
         group.add_argument(
             option_name(field),
             type=_argument_type(field),
@@ -79,7 +70,9 @@ def add_launch_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _given(namespace: argparse.Namespace) -> dict[str, Any]:
     """The LaunchConfig fields present in ``namespace`` (options given on the command line)."""
-    return {field: getattr(namespace, field) for field in _FIELDS if hasattr(namespace, field)}
+    return {
+        field: getattr(namespace, field) for field in CONFIG_FIELDS if hasattr(namespace, field)
+    }
 
 
 def config_from_arguments(
@@ -94,44 +87,9 @@ def config_from_arguments(
     return resolve_launch_config(base).replace(**_given(namespace))
 
 
-def launch_command_line(
-    config: LaunchConfig, script: str = "train.py", baseline: LaunchConfig | None = None
-) -> str:
-    """The ``notebook-kit launch`` command that runs ``script`` with ``config``.
-
-    A flag is written for every field that differs from the built-in defaults or from
-    ``baseline`` (what a run on this machine falls back to, usually the saved default), so the
-    command means the same here and on a machine without a saved default.
-
-    Example:
-        >>> launch_command_line(LaunchConfig(num_processes=2))
-        'notebook-kit launch --num-processes 2 train.py'
-    """
-    builtin = LaunchConfig()
-    words = ["notebook-kit", "launch"]
-    for field in _FIELDS:
-        value = getattr(config, field)
-        if value == getattr(builtin, field) and (
-            baseline is None or value == getattr(baseline, field)
-        ):
-            continue
-        words += [option_name(field), _answer_text(value)]
-    words.append(script)
-    return " ".join(shlex.quote(word) for word in words)
-
-
-def _answer_text(value: Any) -> str:
-    """A value as a person types it (and as parse_field reads it back)."""
-    if value is None:
-        return "auto"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
 def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
     """Ask for one field until the answer is valid; Enter keeps ``current``."""
-    shown = "none" if field == "seed" and current is None else _answer_text(current)
+    shown = "none" if field == "seed" and current is None else answer_text(current)
     words = choice_words(field)
     choices = f" ({'/'.join(words)})" if words else ""
     print(f"\n{FIELD_HELP[field]}")
@@ -159,7 +117,7 @@ def _questionnaire(start: LaunchConfig) -> LaunchConfig:
             answers[field] = _ask(field, getattr(start, field), answers)
     else:
         answers["node_rank"] = 0
-    for field in _FIELDS:
+    for field in CONFIG_FIELDS:
         if field not in answers and field not in _MULTI_NODE_FIELDS:
             answers[field] = _ask(field, getattr(start, field), answers)
     return start.replace(**answers)

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from notebook_kit.cli.main import option_name
 from notebook_kit.config.cluster import (
     DEFAULT_MASTER_PORT,
     ClusterError,
     NodePlacement,
     detect_node,
 )
+from notebook_kit.config.command_line import option_name
 from notebook_kit.config.environment import gpu_count, usable_cpu_count
 from notebook_kit.config.launch_config import LaunchConfig, field_errors, read_saved_default
 from notebook_kit.errors import is_consequence

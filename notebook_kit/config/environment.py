@@ -30,7 +30,15 @@ from notebook_kit.config.launch_config import (
     read_saved_default,
 )
 
-__all__ = ["EnvironmentReport", "GpuInfo", "environment", "gpu_count", "usable_cpu_count"]
+__all__ = [
+    "EnvironmentReport",
+    "GpuInfo",
+    "KernelState",
+    "environment",
+    "gpu_count",
+    "probe_kernel",
+    "usable_cpu_count",
+]
 
 _T = TypeVar("_T")
 _PROBE_TIMEOUT_S = 60.0
@@ -118,6 +126,38 @@ def _cuda_compiled() -> bool:
     import torch
 
     return bool(torch.cuda._is_compiled())
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """What the fork probe found out about the kernel."""
+
+    cuda_bad_fork: bool
+    cuda_devices: int
+
+
+def _cuda_state_in_child() -> tuple[int, int]:
+    """(in bad fork, device count) as seen from a freshly forked process."""
+    import torch
+
+    bad = bool(torch._C._cuda_isInBadFork())
+    return int(bad), 0 if bad else torch.cuda.device_count()
+
+
+def probe_kernel() -> KernelState:
+    """Fork a short-lived child that reports CUDA's state as a forked worker would see it.
+
+    ``torch.cuda.is_initialized()`` misses a CUDA context created behind torch's back (by an
+    imported library); torch's own bad-fork flag, read in a forked child, does not. The child
+    also counts the GPUs, so the kernel itself never touches the CUDA driver.
+    """
+    if not _cuda_compiled():
+        return KernelState(cuda_bad_fork=False, cuda_devices=0)
+    try:
+        bad, count = _run_in_fork(_cuda_state_in_child)
+    except RuntimeError:  # the probe failed or hung: nothing seen, as for a CPU-only build
+        bad, count = 0, 0
+    return KernelState(cuda_bad_fork=bool(bad), cuda_devices=count)
 
 
 def gpu_count() -> int:

@@ -9,11 +9,16 @@ import socket
 import sys
 import warnings
 
-from notebook_kit.launch.plan import LOOPBACK, Call, LaunchPlan
+# Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
+# inherit the module instead of importing it again at each launch.
+import notebook_kit.accelerator  # noqa: F401
+from notebook_kit.config.launch_plan import LOOPBACK, LaunchPlan
+from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import open_rendezvous_socket
 from notebook_kit.launch.supervisor import LineReader, WorkerProcess
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.worker.entry import WorkerPipes, WorkerSpec, run_worker
+from notebook_kit.worker.entry import run_worker
+from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 
 __all__ = ["fork_workers", "open_listener"]
 

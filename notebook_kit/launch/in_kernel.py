@@ -17,11 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_kit.launch.plan import Call, LaunchPlan
+from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.launch.plan import Call
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch, current_launch
+from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
-from notebook_kit.worker.rendezvous import init_group_from_environment
 
 __all__ = ["run_in_process", "torchrun_place"]
 

@@ -11,17 +11,12 @@ from typing import Any
 
 from notebook_kit.config import arguments
 from notebook_kit.config.launch_config import LaunchConfig, resolve_launch_config
+from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LaunchPlan
 from notebook_kit.errors import WorkerError
 from notebook_kit.launch.forking import fork_workers, open_listener
 from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
-from notebook_kit.launch.plan import (
-    DEFAULT_RENDEZVOUS_TIMEOUT,
-    Call,
-    LaunchPlan,
-    check_explicit_settings,
-    make_plan,
-)
+from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
 from notebook_kit.live.display import default_observer

@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from notebook_kit.cli.main import launch_command_line
+from notebook_kit.config.command_line import launch_command_line
 from notebook_kit.config.environment import gpu_count, usable_cpu_count
 from notebook_kit.config.launch_config import (
     FIELD_HELP,
@@ -287,6 +287,7 @@ class ConfigPanel(widgets.VBox):
         Example:
             >>> panel.launch(train, args=(model,))  # doctest: +SKIP
         """
-        import notebook_kit  # at call time: the launcher imports this package's heavier parts
+        # At call time: the launcher imports torch, which showing a panel does not need.
+        from notebook_kit.launch.launcher import notebook_launcher
 
-        return notebook_kit.notebook_launcher(function, args=args, config=self.config, **kwargs)
+        return notebook_launcher(function, args=args, config=self.config, **kwargs)

@@ -1,68 +1,19 @@
-"""The resolved shape of a launch: validated arguments plus defaults taken from the hardware."""
+"""Resolving a launch: validated arguments plus defaults from the hardware, as a LaunchPlan."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.config import arguments
 from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
-from notebook_kit.config.environment import usable_cpu_count
+from notebook_kit.config.environment import probe_kernel, usable_cpu_count
 from notebook_kit.config.launch_config import LaunchConfig
-from notebook_kit.launch.preflight import KernelState, probe_kernel
+from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LOOPBACK, LaunchPlan
 
-__all__ = ["DEFAULT_RENDEZVOUS_TIMEOUT", "LOOPBACK", "Call", "LaunchPlan", "make_plan"]
+__all__ = ["Call", "check_explicit_settings", "make_plan"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
-
-LOOPBACK = "127.0.0.1"
-DEFAULT_RENDEZVOUS_TIMEOUT = 300.0  # seconds for the other nodes to join
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """The validated, resolved shape of one launch on this node."""
-
-    num_processes: int
-    num_nodes: int
-    node_rank: int
-    master_addr: str
-    port: int | None
-    backend: str
-    threads: int
-    mixed_precision: str
-    gradient_accumulation_steps: int
-    rendezvous_timeout: float
-    timeout: float | None
-    max_restarts: int = 0
-    seed: int | None = None
-    live: bool | None = None
-    kernel: KernelState | None = field(default=None, compare=False)  # the fork probe, if run
-
-    @property
-    def world_size(self) -> int:
-        return self.num_processes * self.num_nodes
-
-    @property
-    def in_process(self) -> bool:
-        """One process on one node runs in the caller, without forking."""
-        return self.num_processes == 1 and self.num_nodes == 1
-
-    def global_rank(self, local_rank: int) -> int:
-        return self.node_rank * self.num_processes + local_rank
-
-    def banner(self) -> str:
-        if self.in_process:
-            return "Running 1 process in this kernel (world size 1, gloo)"
-        where = "CPU" if self.backend == "gloo" else f"{self.num_processes} GPUs"
-        noun = "process" if self.num_processes == 1 else "processes"
-        text = f"Launching {self.num_processes} {noun} on {where} ({self.backend})"
-        if self.num_nodes > 1:
-            text += f", node {self.node_rank} of {self.num_nodes}, world size {self.world_size}"
-        threads = "thread" if self.threads == 1 else "threads"
-        return f"{text}, {self.threads} {threads} each"
-
 
 # The launcher's own spelling of each LaunchConfig field (Accelerate's names where it has one).
 _LAUNCHER_NAMES = {"master_port": "use_port"}

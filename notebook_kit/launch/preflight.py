@@ -8,49 +8,18 @@ from __future__ import annotations
 
 import errno
 import socket
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from notebook_kit.config.environment import _cuda_compiled, _run_in_fork
+from notebook_kit.config.environment import KernelState, _cuda_compiled, probe_kernel
 from notebook_kit.errors import PortInUseError
 
-__all__ = ["ForkSafetyError", "KernelState", "check_fork_safety", "open_rendezvous_socket"]
+__all__ = ["ForkSafetyError", "check_fork_safety", "open_rendezvous_socket"]
 
 
 class ForkSafetyError(RuntimeError):
     """The kernel is in a state from which worker processes cannot be forked safely."""
-
-
-@dataclass(frozen=True)
-class KernelState:
-    """What the fork probe found out about the kernel."""
-
-    cuda_bad_fork: bool
-    cuda_devices: int
-
-
-def _cuda_state_in_child() -> tuple[int, int]:
-    """(in bad fork, device count) as seen from a freshly forked process."""
-    bad = bool(torch._C._cuda_isInBadFork())
-    return int(bad), 0 if bad else torch.cuda.device_count()
-
-
-def probe_kernel() -> KernelState:
-    """Fork a short-lived child that reports CUDA's state as a forked worker would see it.
-
-    ``torch.cuda.is_initialized()`` misses a CUDA context created behind torch's back (by an
-    imported library); torch's own bad-fork flag, read in a forked child, does not. The child
-    also counts the GPUs, so the kernel itself never touches the CUDA driver.
-    """
-    if not _cuda_compiled():
-        return KernelState(cuda_bad_fork=False, cuda_devices=0)
-    try:
-        bad, count = _run_in_fork(_cuda_state_in_child)
-    except RuntimeError:  # the probe failed or hung: nothing seen, as for a CPU-only build
-        bad, count = 0, 0
-    return KernelState(cuda_bad_fork=bool(bad), cuda_devices=count)
 
 
 def check_fork_safety(state: KernelState | None = None) -> KernelState:

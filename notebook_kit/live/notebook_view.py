@@ -16,10 +16,10 @@ from IPython.display import display
 
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.live.plot import LivePlot
+from notebook_kit.live.progress import ProgressBar
 from notebook_kit.live.rank_output import ERROR_COLOUR, RankOutput
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.stop_button import StopButton
-from notebook_kit.runtime.progress import ProgressBar
 
 __all__ = ["LiveObserver"]
 

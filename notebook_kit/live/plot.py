@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from notebook_kit.runtime.metrics import MetricsAggregator
+from notebook_kit.live.metrics import MetricsAggregator
 
 __all__ = ["LivePlot", "draw_metrics", "update_metrics"]
 

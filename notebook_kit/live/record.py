@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchSummary, RankSummary
-from notebook_kit.runtime.metrics import MetricsAggregator
-from notebook_kit.runtime.progress import ProgressState
+from notebook_kit.live.progress import ProgressState
 
 __all__ = ["RunRecord", "RunRecorder", "last_run"]
 

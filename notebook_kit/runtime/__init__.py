@@ -7,3 +7,7 @@ from torchrun's environment, and seeding.
 Runs in every process that trains: a forked worker, the kernel with one process, or a process
 torchrun started. Imports only :mod:`notebook_kit.config` and the shared leaf modules.
 """
+
+from notebook_kit.runtime.context import current_launch
+
+__all__ = ["current_launch"]

@@ -1,10 +1,10 @@
-"""The metrics channel: cheap logging in the workers, aggregation in the kernel.
+"""The worker half of the metrics channel: cheap logging, batches sent to the kernel.
 
 A worker's ``log`` call only appends to a bounded in-memory buffer; a background thread sends
 the buffer to the kernel in batches a few times a second. When the kernel reads too slowly the
 buffer fills, new records are dropped and counted, and the count travels with the next batch,
-so the kernel can say how many records it never saw. In the kernel, :class:`MetricsAggregator`
-keeps every value per metric, step and rank and gives the mean over ranks per step.
+so the kernel can say how many records it never saw. The kernel half is
+:class:`notebook_kit.live.metrics.MetricsAggregator`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import collections
 import contextlib
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.runtime.context import LaunchContext
@@ -21,12 +20,12 @@ from notebook_kit.runtime.context import LaunchContext
 __all__ = [
     "BATCH_KIND",
     "SINGLE_KIND",
-    "MetricsAggregator",
     "WorkerChannel",
     "channel",
     "close_channel",
     "flush",
     "log_from_worker",
+    "plain_values",
 ]
 
 BATCH_KIND = "metrics"  # message kind of a batch from the sender thread
@@ -94,7 +93,7 @@ class WorkerChannel:
             state = (self.dropped, self.steps, self.total, self.epoch_length)
             if send is None or (not records and state == self._sent_state):
                 return
-            records = [(rank, step, _plain(values)) for rank, step, values in records]
+            records = [(rank, step, plain_values(values)) for rank, step, values in records]
             payload = {
                 "rank": self.context.rank,
                 "records": records,
@@ -178,88 +177,10 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def _plain(values: dict[str, Any]) -> dict[str, float]:
+def plain_values(values: dict[str, Any]) -> dict[str, float]:
     """Numbers only: what cannot become a float is left out rather than failing the send."""
     plain = {}
     for name, value in values.items():
         with contextlib.suppress(TypeError, ValueError, RuntimeError):
             plain[str(name)] = float(value.item() if hasattr(value, "item") else value)
     return plain
-
-
-# -- kernel side -------------------------------------------------------------------------------
-
-
-@dataclass
-class MetricsAggregator:
-    """Every logged value by metric, step and rank; means over ranks per step.
-
-    Example:
-        >>> metrics = MetricsAggregator()
-        >>> metrics.add(0, 1, {"loss": 1.0}); metrics.add(1, 1, {"loss": 3.0})
-        >>> metrics.history("loss")
-        [(1, 2.0)]
-    """
-
-    values: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
-    dropped: dict[int, int] = field(default_factory=dict)  # rank -> records it could not send
-    version: int = 0  # grows with every change; a display redraws when it moved
-    _auto_steps: dict[int, int] = field(default_factory=dict)
-
-    def add(self, rank: int, step: int | None, values: Mapping[str, float]) -> None:
-        """Record one ``log`` call of ``rank``; ``step=None`` counts that rank's calls."""
-        if step is None:
-            step = self._auto_steps.get(rank, 0)
-        self._auto_steps[rank] = int(step) + 1
-        for name, value in values.items():
-            self.values.setdefault(name, {}).setdefault(int(step), {})[rank] = float(value)
-        self.version += 1
-
-    def add_message(self, rank: int, kind: str, payload: Any) -> bool:
-        """Take a worker message if it carries metrics; False for other kinds."""
-        if kind == SINGLE_KIND:
-            values = _plain(dict(payload.get("values", {})))
-            self.add(int(payload.get("rank", rank)), payload.get("step"), values)
-            return True
-        if kind != BATCH_KIND:
-            return False
-        for record_rank, step, values in payload["records"]:
-            self.add(record_rank, step, values)
-        if payload.get("dropped", 0) != self.dropped.get(rank, 0):
-            self.dropped[rank] = payload["dropped"]
-            self.version += 1
-        return True
-
-    @property
-    def total_dropped(self) -> int:
-        return sum(self.dropped.values())
-
-    def history(self, name: str) -> list[tuple[int, float]]:
-        """``(step, mean over the ranks that logged it)`` for one metric, by step."""
-        by_step = self.values.get(name, {})
-        return [(step, sum(r.values()) / len(r)) for step, r in sorted(by_step.items())]
-
-    def rank_history(self, name: str, rank: int) -> list[tuple[int, float]]:
-        """``(step, value)`` that ``rank`` logged for one metric."""
-        by_step = self.values.get(name, {})
-        return [(step, r[rank]) for step, r in sorted(by_step.items()) if rank in r]
-
-    def latest(self) -> dict[str, float]:
-        """The mean at the last step of every metric."""
-        latest = {}
-        for name, by_step in self.values.items():
-            ranks = by_step[max(by_step)]
-            latest[name] = sum(ranks.values()) / len(ranks)
-        return latest
-
-    def histories(self) -> dict[str, list[tuple[int, float]]]:
-        return {name: self.history(name) for name in self.values}
-
-    def rank_histories(self) -> dict[int, dict[str, list[tuple[int, float]]]]:
-        ranks = sorted({rank for s in self.values.values() for r in s.values() for rank in r})
-        return {
-            rank: {
-                name: history for name in self.values if (history := self.rank_history(name, rank))
-            }
-            for rank in ranks
-        }

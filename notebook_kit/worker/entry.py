@@ -18,48 +18,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any, NoReturn
 
 import torch
 
-# Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
-# inherit the module instead of importing it again at each launch.
-import notebook_kit.accelerator.accelerator  # noqa: F401
-from notebook_kit.launch.plan import LaunchPlan
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.seeding import set_seed
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
+from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 
 _PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything one worker needs to know, decided by the kernel before forking."""
-
-    plan: LaunchPlan  # what every worker of the launch shares
-    local_rank: int
-    master_port: int
-    listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
-    home_model_ids: frozenset[int]
-    restart_count: int
-
-    @property
-    def rank(self) -> int:
-        return self.plan.global_rank(self.local_rank)
-
-
-@dataclass(frozen=True)
-class WorkerPipes:
-    """The write ends a worker talks through, and the kernel's descriptors it must close."""
-
-    stdout_fd: int
-    stderr_fd: int
-    messages: Connection
-    inherited_fds: tuple[int, ...]
 
 
 def run_worker(

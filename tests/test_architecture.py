@@ -1,0 +1,88 @@
+"""The package tree is the architecture: imports between subpackages run one way only.
+
+Every ``import`` statement in the package is read (including ones inside functions and under
+``TYPE_CHECKING``), so a shortcut taken anywhere shows up here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import notebook_kit
+
+PACKAGE = Path(notebook_kit.__file__).parent
+
+# What each part may import, besides itself. The root modules ``errors`` and ``atomic_file``
+# are leaves every part may use; the root ``__init__`` and ``__main__`` are the public face.
+LEAVES = {"errors", "atomic_file"}
+ALLOWED: dict[str, set[str]] = {
+    "leaf": set(),
+    "config": set(),
+    "runtime": {"config"},
+    "accelerator": {"runtime", "config"},
+    "worker": {"runtime", "config"},
+    "live": {"runtime", "config"},
+    "launch": {"worker", "live", "accelerator", "runtime", "config"},
+    "cli": {"launch", "worker", "live", "accelerator", "runtime", "config"},
+}
+
+
+def _part(module: str) -> str:
+    """The part of the package a dotted module name belongs to."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in {"__init__", "__main__", "_moved"}:
+        return "root"
+    return "leaf" if parts[1] in LEAVES else parts[1]
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported notebook_kit module) for every import statement in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [
+                (node.lineno, a.name) for a in node.names if a.name.startswith("notebook_kit")
+            ]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("notebook_kit"):
+            module = node.module or ""
+            if module == "notebook_kit":  # ``from notebook_kit import x``: x may be a module
+                found += [(node.lineno, f"notebook_kit.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, module))
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(path for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def test_every_module_belongs_to_a_known_part() -> None:
+    for path in _modules():
+        relative = path.relative_to(PACKAGE)
+        name = relative.parts[0].removesuffix(".py")
+        assert name in {*ALLOWED, *LEAVES, "__init__", "__main__", "_moved"}, relative
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_run_one_way(path: Path) -> None:
+    module = ".".join(("notebook_kit", *path.relative_to(PACKAGE).with_suffix("").parts))
+    source = _part(module.removesuffix(".__init__"))
+    if source == "root":
+        return  # the public face may import anything
+    wrong = [
+        f"line {line}: {source} imports {target}"
+        for line, target in _imports(path)
+        if (part := _part(target)) != source and part not in ALLOWED[source] | {"leaf"}
+    ]
+    assert not wrong, f"{path.relative_to(PACKAGE)} imports upward: {wrong}"
+
+
+def test_each_subpackage_says_what_it_holds_and_may_import() -> None:
+    for name in ALLOWED.keys() - {"leaf"}:
+        docstring = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
+        assert docstring and "import" in docstring.lower(), (
+            f"{name}/__init__.py lacks its docstring"
+        )

@@ -72,14 +72,16 @@ class _Net(nn.Module):
         return self.out(torch.relu(self.hidden(x)))
 
 
-def test_bf16_runs_the_forward_in_bfloat16_without_changing_the_module():
+def test_bf16_runs_the_forward_in_bfloat16_on_the_users_own_module():
     accelerator = Accelerator(mixed_precision="bf16", cpu=True)
     net = _Net()
     prepared = accelerator.prepare(net)
+    assert prepared is net, "one process: the prepared model is the user's object"
     output = prepared(torch.randn(3, 4))
     assert net.seen == [torch.bfloat16] and output.dtype == torch.float32
     assert accelerator.unwrap_model(prepared) is net
-    assert "forward" not in vars(net), "the user's module object is left as it was"
+    accelerator.unwrap_model(prepared, keep_fp32_wrapper=False)
+    assert "forward" not in vars(net), "unwrapped without the wrapper: its own forward again"
     net(torch.randn(3, 4))
     assert net.seen[-1] == torch.float32
     with accelerator.autocast():

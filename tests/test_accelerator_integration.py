@@ -149,7 +149,7 @@ def test_launcher_mixed_precision_reaches_every_worker(num_processes):
     )
     assert inherited["mixed_precision"] == "bf16" and inherited["inner"] == torch.bfloat16
     assert inherited["finite"]
-    expected = "DistributedDataParallel" if num_processes == 2 else "AutocastModule"
+    expected = "DistributedDataParallel" if num_processes == 2 else "Sequential"
     assert inherited["wrapped"] == expected
     own = notebook_launcher(
         _precision_probe, args=("no",), num_processes=num_processes, mixed_precision="bf16"

@@ -226,10 +226,11 @@ def test_cuda_seen_as_initialised_by_the_fork_probe_is_refused(monkeypatch):
     from notebook_kit.config import environment
     from notebook_kit.launch import preflight
 
-    # The probe really forks; only what the child reads from CUDA is simulated (no GPU here).
+    # The probe really forks; only the driver's answer in the child is simulated (no GPU
+    # here): CUDA_ERROR_NOT_INITIALIZED, as after a context made in the parent.
     monkeypatch.setattr(preflight, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
-    monkeypatch.setattr(environment, "_cuda_state_in_child", lambda: (1, 0))
+    monkeypatch.setattr(environment, "_driver_init_status", lambda: 3)
     with pytest.raises(ForkSafetyError, match="Restart the kernel"):
         notebook_launcher(lambda: None, num_processes=2)
 

@@ -29,11 +29,11 @@ from notebook_kit.accelerator.optimizer import (
 )
 from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
-    AutocastModule,
     MixedPrecision,
     autocast_context,
     make_grad_scaler,
     patch_forward,
+    restore_forward,
 )
 from notebook_kit.accelerator.process_methods import ProcessMethods
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
@@ -222,6 +222,10 @@ class Accelerator(CheckpointMethods, ProcessMethods):
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None) -> nn.Module:
         """Move ``model`` to the device; wrap it in DDP on several processes, autocast if set.
 
+        On one process the result is ``model`` itself (with mixed precision its forward runs
+        under autocast), so its attributes, methods and type stay as they were; under DDP
+        ``prepared.module`` is ``model``.
+
         Example:
             >>> model = accelerator.prepare_model(model)
         """
@@ -239,7 +243,7 @@ class Accelerator(CheckpointMethods, ProcessMethods):
                 patch_forward(wrapped, self.mixed_precision, self.device)
             return wrapped
         if self.mixed_precision != "no":
-            return AutocastModule(model, self.mixed_precision, self.device)
+            patch_forward(model, self.mixed_precision, self.device)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
@@ -289,14 +293,16 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         return prepared
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-        """The user's module inside the DDP / autocast wrappers.
+        """The user's module inside the DDP wrapper.
+
+        With ``keep_fp32_wrapper=False`` its forward no longer runs under autocast.
 
         Example:
             >>> torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
         """
-        while isinstance(model, (DistributedDataParallel, AutocastModule)):
+        while isinstance(model, DistributedDataParallel):
             model = model.module
-        return model
+        return model if keep_fp32_wrapper else restore_forward(model)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict (of the unwrapped module by default).

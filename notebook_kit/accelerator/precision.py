@@ -12,7 +12,13 @@ from torch import nn
 
 from notebook_kit.accelerator.operations import recursively_apply
 
-__all__ = ["AutocastModule", "autocast_context", "make_grad_scaler", "patch_forward"]
+__all__ = [
+    "AutocastForward",
+    "autocast_context",
+    "make_grad_scaler",
+    "patch_forward",
+    "restore_forward",
+]
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
 MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16")
@@ -51,36 +57,45 @@ def _autocast_call(
     return _to_float32(outputs)
 
 
-def _autocast_forward(
-    forward: Callable[..., Any], mixed_precision: MixedPrecision, device: torch.device
-) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        return _autocast_call(forward, mixed_precision, device, args, kwargs)
+class AutocastForward:
+    """A module's own forward run under autocast, outputs back in float32.
 
-    return wrapped
-
-
-class AutocastModule(nn.Module):
-    """Runs ``module``'s forward under autocast without touching the module object itself.
-
-    Used on one process; with several the DistributedDataParallel wrapper gets the autocast.
+    Set as an instance attribute, it shadows the class's ``forward`` (``nn.Module.__call__``
+    looks it up there), so the prepared model stays the user's object: its attributes,
+    methods and type are untouched. A class, not a closure, so the module still pickles.
     """
 
-    def __init__(self, module: nn.Module, mixed_precision: MixedPrecision, device: torch.device):
-        super().__init__()
-        self.module = module
+    def __init__(
+        self, forward: Callable[..., Any], mixed_precision: MixedPrecision, device: torch.device
+    ) -> None:
+        self.original = forward
         self.mixed_precision = mixed_precision
         self.device = device
+        functools.update_wrapper(self, forward)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return _autocast_call(self.module, self.mixed_precision, self.device, args, kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _autocast_call(self.original, self.mixed_precision, self.device, args, kwargs)
 
 
 def patch_forward(module: nn.Module, mixed_precision: MixedPrecision, device: torch.device) -> None:
-    """Put autocast around the forward of a wrapper we created (never the user's module)."""
-    # An instance attribute shadows the class's forward; nn.Module.__call__ looks it up.
-    module.forward = _autocast_forward(module.forward, mixed_precision, device)
+    """Run ``module``'s forward under autocast from now on (again: the setting is replaced).
+
+    Example:
+        >>> patch_forward(model, "bf16", torch.device("cpu")); model(x).dtype
+        torch.float32
+    """
+    restore_forward(module)
+    module.forward = AutocastForward(module.forward, mixed_precision, device)
+
+
+def restore_forward(module: nn.Module) -> nn.Module:
+    """Undo :func:`patch_forward`: the module's forward is the one it had before."""
+    patched = module.__dict__.get("forward")
+    if isinstance(patched, AutocastForward):
+        del module.forward
+        if getattr(patched.original, "__self__", None) is not module:
+            module.forward = patched.original  # the user had set a forward of their own
+    return module
 
 
 def make_grad_scaler(mixed_precision: MixedPrecision, device: torch.device) -> Any:

@@ -48,7 +48,7 @@ def resolve_process_state(cpu: bool) -> ProcessState:
     launch = current_launch()
     if launch is not None:
         # The launcher already chose the hardware; asking CUDA again here is not needed.
-        use_cuda = not cpu and launch.backend == "nccl"
+        use_cuda = not cpu and launch.device == "cuda"
     else:
         use_cuda = not cpu and torch.cuda.is_available()
     initialised = dist.is_available() and dist.is_initialized()

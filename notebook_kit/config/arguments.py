@@ -25,6 +25,13 @@ def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None
     return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is True or False, else raise naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise naming ``name``."""
     if value not in choices:

@@ -130,34 +130,73 @@ def _cuda_compiled() -> bool:
 
 @dataclass(frozen=True)
 class KernelState:
-    """What the fork probe found out about the kernel."""
+    """What the fork probe found out about the kernel, as a forked worker would see it.
+
+    Attributes:
+        cuda_bad_fork: A CUDA context exists in the kernel (made by torch or any other
+            library), so a forked child cannot use the GPU.
+        cuda_devices: GPUs a forked child can use (0 when ``cuda_bad_fork``).
+        gpu_names: Their names, for the launch banner.
+        probe_error: Why the probe could not tell (it failed or hung), else None.
+    """
 
     cuda_bad_fork: bool
     cuda_devices: int
+    gpu_names: tuple[str, ...] = ()
+    probe_error: str | None = None
 
 
-def _cuda_state_in_child() -> tuple[int, int]:
-    """(in bad fork, device count) as seen from a freshly forked process."""
+_CUDA_SUCCESS = 0
+_CUDA_ERROR_NOT_INITIALIZED = 3  # what cuInit answers in a child forked after it ran
+
+
+def _driver_init_status() -> int | None:
+    """``cuInit(0)`` through the driver library itself, or None where there is no driver.
+
+    In a child forked from a process that created a CUDA context (through torch, cupy,
+    numba, jax or a bare ``cuInit``), the driver refuses with CUDA_ERROR_NOT_INITIALIZED;
+    torch's own bad-fork flag only knows about contexts torch made.
+    """
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return int(driver.cuInit(0))
+
+
+def _cuda_state_in_child() -> list[Any]:
+    """[bad fork, device count, names] as seen from a freshly forked process."""
     import torch
 
-    bad = bool(torch._C._cuda_isInBadFork())
-    return int(bad), 0 if bad else torch.cuda.device_count()
+    status = _driver_init_status()
+    torch_bad_fork = getattr(torch._C, "_cuda_isInBadFork", lambda: False)  # CUDA builds only
+    bad = bool(torch_bad_fork()) or status == _CUDA_ERROR_NOT_INITIALIZED
+    if bad or status not in (None, _CUDA_SUCCESS):
+        return [1 if bad else 0, 0, []]
+    count = torch.cuda.device_count()
+    return [0, count, [torch.cuda.get_device_name(index) for index in range(count)]]
 
 
 def probe_kernel() -> KernelState:
     """Fork a short-lived child that reports CUDA's state as a forked worker would see it.
 
-    ``torch.cuda.is_initialized()`` misses a CUDA context created behind torch's back (by an
-    imported library); torch's own bad-fork flag, read in a forked child, does not. The child
-    also counts the GPUs, so the kernel itself never touches the CUDA driver.
+    ``torch.cuda.is_initialized()`` misses a CUDA context created behind torch's back (by
+    another library); the driver's answer in a forked child does not. The child also counts
+    and names the GPUs, so the kernel itself never touches the CUDA driver.
+
+    Example:
+        >>> probe_kernel().cuda_bad_fork  # a kernel that ran no CUDA code
+        False
     """
     if not _cuda_compiled():
         return KernelState(cuda_bad_fork=False, cuda_devices=0)
     try:
-        bad, count = _run_in_fork(_cuda_state_in_child)
-    except RuntimeError:  # the probe failed or hung: nothing seen, as for a CPU-only build
-        bad, count = 0, 0
-    return KernelState(cuda_bad_fork=bool(bad), cuda_devices=count)
+        bad, count, names = _run_in_fork(_cuda_state_in_child)
+    except RuntimeError as error:
+        return KernelState(cuda_bad_fork=False, cuda_devices=0, probe_error=str(error))
+    return KernelState(bool(bad), int(count), tuple(names))
 
 
 def gpu_count() -> int:

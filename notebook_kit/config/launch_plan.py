@@ -30,6 +30,9 @@ class LaunchPlan:
     max_restarts: int = 0
     seed: int | None = None
     live: bool | None = None
+    device: str = "cpu"  # "cuda" (each process on its own GPU) or "cpu"
+    isolate: bool = False  # one process runs in a forked worker, not in the caller
+    cpu_reason: str | None = None  # why GPUs are visible but the run stays on the CPU
     kernel: KernelState | None = field(default=None, compare=False)  # the fork probe, if run
 
     @property
@@ -38,19 +41,40 @@ class LaunchPlan:
 
     @property
     def in_process(self) -> bool:
-        """One process on one node runs in the caller, without forking."""
-        return self.num_processes == 1 and self.num_nodes == 1
+        """One process on one node runs in the caller, without forking (unless isolated)."""
+        return self.num_processes == 1 and self.num_nodes == 1 and not self.isolate
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.num_processes + local_rank
 
     def banner(self) -> str:
+        """One line saying where the run goes, and why it is on the CPU when GPUs are there.
+
+        Example:
+            >>> LaunchPlan(2, 1, 0, LOOPBACK, None, "gloo", 1, "no", 1, 300.0, None).banner()
+            'Launching 2 processes on CPU (gloo), 1 thread each'
+        """
         if self.in_process:
-            return "Running 1 process in this kernel (world size 1, gloo)"
-        where = "CPU" if self.backend == "gloo" else f"{self.num_processes} GPUs"
-        noun = "process" if self.num_processes == 1 else "processes"
-        text = f"Launching {self.num_processes} {noun} on {where} ({self.backend})"
-        if self.num_nodes > 1:
-            text += f", node {self.node_rank} of {self.num_nodes}, world size {self.world_size}"
-        threads = "thread" if self.threads == 1 else "threads"
-        return f"{text}, {self.threads} {threads} each"
+            text = f"Running 1 process in this kernel on {self._where(0)}"
+            text += "" if self.device == "cuda" else " (world size 1, gloo)"
+        else:
+            noun = "process" if self.num_processes == 1 else "processes"
+            where = "CPU" if self.device == "cpu" else self._gpus()
+            text = f"Launching {self.num_processes} {noun} on {where} ({self.backend})"
+            if self.num_nodes > 1:
+                text += f", node {self.node_rank} of {self.num_nodes}, world size {self.world_size}"
+            threads = "thread" if self.threads == 1 else "threads"
+            text += f", {self.threads} {threads} each"
+        return f"{text}. {self.cpu_reason}" if self.cpu_reason else text
+
+    def _where(self, index: int) -> str:
+        if self.device == "cpu":
+            return "CPU"
+        names = self.kernel.gpu_names if self.kernel else ()
+        return f"cuda:{index} ({names[index]})" if index < len(names) else f"cuda:{index}"
+
+    def _gpus(self) -> str:
+        if self.num_processes == 1:
+            return self._where(0)
+        names = set(self.kernel.gpu_names[: self.num_processes]) if self.kernel else set()
+        return f"{self.num_processes} GPUs" + (f" ({names.pop()})" if len(names) == 1 else "")

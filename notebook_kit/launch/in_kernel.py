@@ -17,8 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_kit.accelerator.precision import restore_forward
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.plan import Call
+from notebook_kit.launch.preflight import note_gpu_run_in_kernel
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch, current_launch
 from notebook_kit.runtime.process_group import init_group_from_environment
@@ -42,6 +44,7 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
         world_size=place.world_size,
         local_world_size=place.local_world_size,
         backend="gloo",
+        device=plan.device if place.world_size == 1 else "cpu",
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
         send=lambda kind, payload: _deliver(observer, place.rank, kind, payload),
@@ -52,6 +55,8 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
     observer.on_start(LaunchInfo(banner, 1, place.world_size, (place.rank,), stop_flag))
     if plan.seed is not None:
         set_seed(plan.seed)
+    if context.device == "cuda":
+        note_gpu_run_in_kernel()  # from here on, forking onto the GPU is refused, with reason
     started = time.monotonic()
     error: BaseException | None = None
     try:
@@ -60,6 +65,8 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
                 return function(*args, **kwargs)
             finally:
                 context.close()
+                for model in context.prepared_models:  # the kernel's own objects: as they were
+                    restore_forward(model)
     except BaseException as raised:
         error = raised
         raise
@@ -117,11 +124,14 @@ def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[Non
     """The job's group under torchrun, a gloo group of one otherwise; kept if one exists."""
     if dist.is_initialized():
         context.backend = dist.get_backend()
+        if context.backend == "nccl":
+            context.device = "cuda"
         yield
         return
     if place.world_size > 1:
         use_cuda = torch.cuda.is_available()
         context.backend = "nccl" if use_cuda else "gloo"
+        context.device = "cuda" if use_cuda else "cpu"
         if use_cuda:
             torch.cuda.set_device(place.local_rank)
         init_group_from_environment(context.backend)

@@ -45,6 +45,7 @@ def notebook_launcher(
     max_restarts: int | None = None,
     seed: int | None = None,
     live: bool | None = None,
+    isolate: bool = False,
     config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
 ) -> Any:
@@ -81,6 +82,9 @@ def notebook_launcher(
         seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
+        isolate: Run a single process in a forked worker instead of this kernel, so that
+            training on the GPU leaves the kernel free of CUDA and later launches can still
+            fork (``num_processes=1`` otherwise runs here, where ``%debug`` works).
         config: A ``LaunchConfig`` (e.g. ``ConfigPanel().config``) for the settings not given.
         observer: Receives worker output and messages instead of the default display.
 
@@ -187,7 +191,7 @@ _SETTINGS = (
     "num_processes", "mixed_precision", "master_addr", "node_rank", "num_nodes", "backend",
     "threads_per_process", "gradient_accumulation_steps", "max_restarts", "seed", "live",
 )  # fmt: skip
-_OPTIONS = (*_SETTINGS, "use_port", "config", "timeout", "rendezvous_timeout")
+_OPTIONS = (*_SETTINGS, "use_port", "config", "timeout", "rendezvous_timeout", "isolate")
 
 
 def _resolve(
@@ -215,6 +219,7 @@ def _resolve(
         settings,
         timeout=options.get("timeout"),
         rendezvous_timeout=options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT),
+        isolate=arguments.check_bool("isolate", options.get("isolate", False)),
     )
     return (function, args, kwargs), plan
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from notebook_kit.config import arguments
 from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
-from notebook_kit.config.environment import probe_kernel, usable_cpu_count
+from notebook_kit.config.environment import KernelState, probe_kernel, usable_cpu_count
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LOOPBACK, LaunchPlan
 
@@ -54,18 +54,24 @@ def make_plan(
     *,
     timeout: Any = None,
     rendezvous_timeout: Any = DEFAULT_RENDEZVOUS_TIMEOUT,
+    isolate: bool = False,
 ) -> LaunchPlan:
-    """Resolve what ``config`` leaves to the machine (processes, backend, threads, port)."""
+    """Resolve what ``config`` leaves to the machine (processes, backend, device, threads, port).
+
+    Each process trains on its own GPU when there are enough of them (nccl between forked
+    workers); otherwise on the CPU, and the banner says why.
+    """
     rendezvous_timeout = (
         arguments.check_timeout(rendezvous_timeout, "rendezvous_timeout")
         or DEFAULT_RENDEZVOUS_TIMEOUT
     )
     timeout = arguments.check_timeout(timeout, "timeout")
-    num_processes, backend = config.num_processes, config.backend
-    kernel = probe_kernel() if num_processes is None or backend != "gloo" else None
-    gpus = kernel.cuda_devices if kernel is not None else 0
-    num_processes = num_processes or max(gpus, 1)
-    backend = _choose_backend(backend, gpus, num_processes)
+    kernel = probe_kernel()
+    num_processes = config.num_processes or max(kernel.cuda_devices, 1)
+    in_kernel = num_processes == 1 and config.num_nodes == 1 and not isolate
+    gpus = _gpus_for(kernel, in_kernel)
+    backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
+    device = "cuda" if gpus and (in_kernel or backend == "nccl") else "cpu"
     port = config.master_port
     if config.num_nodes > 1 and port is None:
         port = DEFAULT_MASTER_PORT
@@ -84,13 +90,43 @@ def make_plan(
         max_restarts=config.max_restarts,
         seed=config.seed,
         live=config.live,
+        device=device,
+        isolate=isolate,
+        cpu_reason=_cpu_reason(gpus, num_processes, config.backend) if device == "cpu" else None,
         kernel=kernel,
+    )
+
+
+def _gpus_for(kernel: KernelState, in_kernel: bool) -> int:
+    """GPUs the run can use: a forked worker sees the probe's count; the kernel its own.
+
+    A kernel that already holds a CUDA context (an earlier run here on the GPU, or another
+    library's) cannot fork workers onto the GPU, but can still train in itself: then torch's
+    count is asked directly, which costs nothing more in a kernel CUDA already tainted.
+    """
+    if in_kernel and kernel.cuda_bad_fork:
+        import torch
+
+        return torch.cuda.device_count()
+    return kernel.cuda_devices
+
+
+def _cpu_reason(gpus: int, num_processes: int, backend: str | None) -> str | None:
+    """Why a run with GPUs in sight stays on the CPU, for the banner (None: no GPU here)."""
+    if not gpus:
+        return None
+    noun = "GPU" if gpus == 1 else "GPUs"
+    if backend == "gloo":
+        return f"backend='gloo': the workers run on CPU although {gpus} {noun} are visible"
+    return (
+        f"{num_processes} processes but {gpus} {noun} visible: the workers run on CPU (gloo); "
+        f"use num_processes={gpus} to train on the {noun}"
     )
 
 
 def _choose_backend(backend: str | None, gpus: int, num_processes: int) -> str:
     if backend is None:
-        return "nccl" if num_processes > 1 and gpus >= num_processes else "gloo"
+        return "nccl" if gpus >= num_processes else "gloo"
     if backend == "nccl" and gpus < num_processes:
         raise ValueError(
             f"backend='nccl' needs one GPU per process, but {gpus} GPUs are visible for "

@@ -15,11 +15,25 @@ import torch.distributed as dist
 from notebook_kit.config.environment import KernelState, _cuda_compiled, probe_kernel
 from notebook_kit.errors import PortInUseError
 
-__all__ = ["ForkSafetyError", "check_fork_safety", "open_rendezvous_socket"]
+__all__ = [
+    "ForkSafetyError",
+    "check_fork_safety",
+    "note_gpu_run_in_kernel",
+    "open_rendezvous_socket",
+]
 
 
 class ForkSafetyError(RuntimeError):
     """The kernel is in a state from which worker processes cannot be forked safely."""
+
+
+_gpu_run_in_kernel = False  # a num_processes=1 launch trained on the GPU in this process
+
+
+def note_gpu_run_in_kernel() -> None:
+    """Remember that a launch ran on the GPU here, so a later fork refusal can say so."""
+    global _gpu_run_in_kernel
+    _gpu_run_in_kernel = True
 
 
 def check_fork_safety(state: KernelState | None = None) -> KernelState:
@@ -34,14 +48,39 @@ def check_fork_safety(state: KernelState | None = None) -> KernelState:
             "in the kernel (or restart the kernel), then launch again."
         )
     state = state or probe_kernel()
-    if state.cuda_bad_fork or (_cuda_compiled() and torch.cuda.is_initialized()):
+    if state.probe_error is not None:
         raise ForkSafetyError(
-            "CUDA is already initialised in this kernel, so forked workers cannot use the GPU. "
-            "Something ran CUDA code before the launch (a .cuda() or .to('cuda') call, or a "
-            "library doing so on import). Restart the kernel and keep all CUDA work inside the "
-            "launched function."
+            f"Could not check that this kernel is safe to fork: {state.probe_error}. Forked "
+            "workers would likely fail the same way. Restart the kernel and launch again."
         )
+    torch_context = _cuda_compiled() and torch.cuda.is_initialized()
+    if state.cuda_bad_fork or torch_context:
+        raise ForkSafetyError(_cuda_refusal(torch_context))
     return state
+
+
+def _cuda_refusal(torch_context: bool) -> str:
+    """What made CUDA unusable for forked workers, and how to get them back."""
+    if _gpu_run_in_kernel:
+        cause = (
+            "An earlier launch with num_processes=1 trained on the GPU in this kernel, which "
+            "initialised CUDA here"
+        )
+    elif torch_context:
+        cause = (
+            "Something ran CUDA code through torch before the launch (a .cuda() or "
+            ".to('cuda') call, or a library doing so on import)"
+        )
+    else:
+        cause = (
+            "A library other than torch created a CUDA context in this kernel (cupy, numba, "
+            "jax or a direct driver call)"
+        )
+    return (
+        f"{cause}, so forked workers cannot use CUDA. Restart the kernel and keep all CUDA "
+        "work inside the launched function; to train one process on the GPU and still fork "
+        "later, launch it with isolate=True."
+    )
 
 
 def open_rendezvous_socket(host: str, port: int | None) -> socket.socket:

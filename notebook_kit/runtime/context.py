@@ -52,6 +52,8 @@ class LaunchContext:
         node_rank: Index of this node.
         num_nodes: Number of nodes.
         backend: The torch.distributed backend of the process group ("gloo" or "nccl").
+        device: Where the launch put this process: "cuda" (its own GPU, ``cuda:local_rank``)
+            or "cpu".
         mixed_precision: Launch-level mixed precision (None: let the Accelerator decide).
         gradient_accumulation_steps: Launch-level accumulation (None: Accelerator default).
         send: Sends ``(kind, payload)`` to the kernel; None when there is no kernel to talk to
@@ -70,6 +72,7 @@ class LaunchContext:
     node_rank: int = 0
     num_nodes: int = 1
     backend: str = "gloo"
+    device: str = "cpu"
     mixed_precision: str | None = None
     gradient_accumulation_steps: int | None = None
     send: Callable[[str, Any], None] | None = None

@@ -20,6 +20,7 @@ from notebook_kit.runtime.context import LaunchContext
 __all__ = [
     "BATCH_KIND",
     "SINGLE_KIND",
+    "DeviceScalar",
     "WorkerChannel",
     "channel",
     "close_channel",
@@ -85,11 +86,18 @@ class WorkerChannel:
         while not self._closed.wait(_SEND_INTERVAL):
             self.send_batch()
 
-    def send_batch(self) -> None:
-        """Send what is buffered (and the progress state, if it changed)."""
+    def send_batch(self, wait: bool = False) -> None:
+        """Send what is buffered (and the progress state, if it changed).
+
+        Records whose GPU values have not arrived yet stay for the next batch, unless
+        ``wait``: then everything goes, waiting for the device if it must.
+        """
         send = self.context.send
         with self._lock:
-            records = [self.buffer.popleft() for _ in range(len(self.buffer))]
+            ready = len(self.buffer)
+            if not wait:  # the first record still on its way, and those after it, wait
+                ready = next((i for i in range(ready) if not _ready(self.buffer[i][2])), ready)
+            records = [self.buffer.popleft() for _ in range(ready)]
             state = (self.dropped, self.steps, self.total, self.epoch_length)
             if send is None or (not records and state == self._sent_state):
                 return
@@ -110,7 +118,7 @@ class WorkerChannel:
         self._closed.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self.send_batch()
+        self.send_batch(wait=True)
 
 
 def channel(context: LaunchContext) -> WorkerChannel:
@@ -131,9 +139,9 @@ def log_from_worker(
 ) -> None:
     """Queue ``values`` for the kernel without blocking (what ``Accelerator.log`` calls).
 
-    Scalar tensors on the CPU are read at once; tensors on an accelerator are copied (an
-    asynchronous kernel launch) and read by the sender thread, so the training loop never
-    waits for the device. Outside a launch this does nothing.
+    Scalar tensors on the CPU are read at once; scalars on a GPU are copied to host memory
+    asynchronously and sent once they arrived, so the training loop never waits for the
+    device. Outside a launch this does nothing.
 
     Args:
         context: The launch of this process (``runtime.current_launch()``).
@@ -155,7 +163,7 @@ def flush(context: LaunchContext | None) -> None:
         >>> flush(current_launch())
     """
     if context is not None and _EXTENSION in context.extensions:
-        channel(context).send_batch()
+        channel(context).send_batch(wait=True)
 
 
 def close_channel(context: LaunchContext | None) -> None:
@@ -168,13 +176,47 @@ def close_channel(context: LaunchContext | None) -> None:
         channel(context).close()
 
 
+class DeviceScalar:
+    """A scalar logged on a GPU: copied to host memory in the background, read when it arrived.
+
+    The copy is queued behind the work that computes the value, and a CUDA event marks its
+    arrival, so neither logging nor sending ever waits for the GPU; only :meth:`item` on a
+    value not yet arrived does (at the end of a run).
+    """
+
+    __slots__ = ("arrived", "host")
+
+    def __init__(self, tensor: Any) -> None:
+        import torch
+
+        source = tensor.detach()
+        self.host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+        self.host.copy_(source, non_blocking=True)
+        self.arrived = torch.cuda.Event()
+        self.arrived.record()
+
+    def ready(self) -> bool:
+        return bool(self.arrived.query())
+
+    def item(self) -> Any:
+        self.arrived.synchronize()
+        return self.host.item()
+
+
 def _snapshot(value: Any) -> Any:
     """Read a CPU scalar now; copy a device tensor so later in-place updates don't leak in."""
     if hasattr(value, "detach") and hasattr(value, "device"):
         if value.device.type == "cpu":
             return value.detach().item() if value.numel() == 1 else value.detach().clone()
+        if value.device.type == "cuda" and value.numel() == 1:
+            return DeviceScalar(value)
         return value.detach().clone()
     return value
+
+
+def _ready(values: dict[str, Any]) -> bool:
+    """True when no value of a record is still on its way from the GPU."""
+    return all(value.ready() for value in values.values() if isinstance(value, DeviceScalar))
 
 
 def plain_values(values: dict[str, Any]) -> dict[str, float]:

@@ -26,6 +26,7 @@ import torch
 
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.seeding import set_seed
+from notebook_kit.worker.homeward import dumps_for_kernel
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 
@@ -108,7 +109,7 @@ def _message_sender(connection: Connection) -> Callable[[str, Any], None]:
     lock = threading.Lock()
 
     def send(kind: str, payload: Any) -> None:
-        data = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        data = dumps_for_kernel((kind, payload))  # tensors arrive on the CPU
         with lock:
             connection.send_bytes(data)
 
@@ -135,6 +136,7 @@ def _run(
         node_rank=spec.plan.node_rank,
         num_nodes=spec.plan.num_nodes,
         backend=spec.plan.backend,
+        device=spec.plan.device,
         mixed_precision=spec.plan.mixed_precision,
         gradient_accumulation_steps=spec.plan.gradient_accumulation_steps,
         send=send,

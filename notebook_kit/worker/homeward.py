@@ -1,0 +1,42 @@
+"""Pickling what a worker sends to the kernel, with every device tensor moved to the CPU.
+
+Unpickling a CUDA tensor in the kernel would initialise CUDA there, and a kernel holding a
+CUDA context can no longer fork workers that use the GPU. So tensors leave a worker on the
+CPU, wherever they sit inside the value (nested containers, objects, parameters); the kernel
+gets the same values with ``device == cpu``.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["dumps_for_kernel"]
+
+
+class _HostPickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor) or obj.device.type in ("cpu", "meta"):
+            return NotImplemented  # everything else pickles as usual
+        host = obj.detach().cpu()
+        if isinstance(obj, nn.Parameter):
+            host = nn.Parameter(host, requires_grad=obj.requires_grad)
+        elif obj.requires_grad:
+            host.requires_grad_(True)
+        return host.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+def dumps_for_kernel(obj: Any) -> bytes:
+    """``pickle.dumps(obj)``, with tensors on any device stored as CPU tensors.
+
+    Example:
+        >>> pickle.loads(dumps_for_kernel({"w": torch.ones(2, device="cuda")}))["w"].device
+        device(type='cpu')
+    """
+    buffer = io.BytesIO()
+    _HostPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()

@@ -7,7 +7,12 @@ The public names are imported on first use (PEP 562), so a light entry point suc
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# torch.cuda.is_available() otherwise initialises the CUDA driver, after which forked workers
+# cannot use the GPU; through NVML it asks without doing so. An explicit setting is kept.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 from notebook_kit import _moved
 from notebook_kit.config.environment import environment

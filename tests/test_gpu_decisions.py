@@ -33,8 +33,10 @@ def _machine(monkeypatch: pytest.MonkeyPatch, gpus: int, bad_fork: bool = False)
 
 
 @pytest.fixture(autouse=True)
-def _no_gpu_run_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU run noted and no GPUs remembered, as in a kernel that just started."""
     monkeypatch.setattr(preflight, "_gpu_run_in_kernel", False)
+    monkeypatch.setattr(environment, "_gpus_seen", {})
 
 
 # -- where the run goes ------------------------------------------------------------------------
@@ -256,3 +258,34 @@ def test_gpu_values_still_on_their_way_are_sent_later_in_order_without_waiting()
     channel.log(3, {"loss": late})
     channel.close()
     assert sent[-1] == (3, {"loss": 1.0}) and late.done, "the end of a run waits for the rest"
+
+
+@pytest.mark.integration
+def test_while_the_driver_is_not_loaded_a_launch_forks_no_probe(monkeypatch):
+    forks: list[str] = []
+    real_run_in_fork = environment._run_in_fork
+
+    def counted(function, *args, **kwargs):
+        forks.append(function.__name__)
+        return real_run_in_fork(function, *args, **kwargs)
+
+    monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
+    monkeypatch.setattr(environment, "_driver_init_status", lambda: 0)
+    monkeypatch.setattr(environment, "_run_in_fork", counted)
+    loaded = [False]
+    monkeypatch.setattr(environment, "_driver_loaded_here", lambda: loaded[0])
+    assert not environment.probe_kernel().cuda_bad_fork
+    assert not environment.probe_kernel().cuda_bad_fork
+    assert forks == ["_cuda_state_in_child"], "GPUs are found once; no driver, no context"
+    loaded[0] = True  # something loaded the driver: only a forked child can tell
+    environment.probe_kernel()
+    assert len(forks) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # other GPUs visible: found again
+    loaded[0] = False
+    environment.probe_kernel()
+    assert len(forks) == 3
+
+
+def test_importing_torch_and_notebook_kit_loads_no_cuda_driver():
+    # So a launch needs no probe fork; where the driver is loaded, probe_kernel forks to ask.
+    assert environment._driver_loaded_here() is False

@@ -179,12 +179,30 @@ def _cuda_state_in_child() -> list[Any]:
     return [0, count, [torch.cuda.get_device_name(index) for index in range(count)]]
 
 
+def _driver_loaded_here() -> bool:
+    """True when this process has the CUDA driver library mapped.
+
+    Every CUDA context, whoever makes it, lives in ``libcuda``; a process that never loaded it
+    holds none, so it is safe to fork without asking a forked child.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:  # not Linux: assume the worst and let the forked probe answer
+        return True
+
+
+_gpus_seen: dict[str | None, tuple[int, tuple[str, ...]]] = {}
+
+
 def probe_kernel() -> KernelState:
-    """Fork a short-lived child that reports CUDA's state as a forked worker would see it.
+    """Report CUDA's state as a forked worker would see it, without touching CUDA here.
 
     ``torch.cuda.is_initialized()`` misses a CUDA context created behind torch's back (by
-    another library); the driver's answer in a forked child does not. The child also counts
-    and names the GPUs, so the kernel itself never touches the CUDA driver.
+    another library, or by ``torch.cuda.is_available()`` without NVML); the driver's answer
+    in a forked child does not. While the driver library is not even loaded here, no context
+    can exist and the GPUs found by an earlier probe (for the same ``CUDA_VISIBLE_DEVICES``)
+    are reused, so a launch forks no probe at all.
 
     Example:
         >>> probe_kernel().cuda_bad_fork  # a kernel that ran no CUDA code
@@ -192,10 +210,16 @@ def probe_kernel() -> KernelState:
     """
     if not _cuda_compiled():
         return KernelState(cuda_bad_fork=False, cuda_devices=0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible in _gpus_seen and not _driver_loaded_here():
+        count, names = _gpus_seen[visible]
+        return KernelState(False, count, names)
     try:
         bad, count, names = _run_in_fork(_cuda_state_in_child)
     except RuntimeError as error:
         return KernelState(cuda_bad_fork=False, cuda_devices=0, probe_error=str(error))
+    if not bad:
+        _gpus_seen[visible] = (int(count), tuple(names))
     return KernelState(bool(bad), int(count), tuple(names))
 
 

@@ -74,7 +74,8 @@ def _cuda_refusal(torch_context: bool) -> str:
     else:
         cause = (
             "A library other than torch created a CUDA context in this kernel (cupy, numba, "
-            "jax or a direct driver call)"
+            "jax or a direct driver call; also torch.cuda.is_available() when "
+            "PYTORCH_NVML_BASED_CUDA_CHECK=0)"
         )
     return (
         f"{cause}, so forked workers cannot use CUDA. Restart the kernel and keep all CUDA "

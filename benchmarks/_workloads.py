@@ -17,7 +17,7 @@ from torch import nn
 
 from benchmarks._harness import report
 
-TaskKind = Literal["allreduce", "fail", "memory", "train", "hang"]
+TaskKind = Literal["allreduce", "fail", "memory", "train", "hang", "first_step"]
 
 # The raising rank's message; the caller checks that the exception it gets shows it.
 FAILURE_MARKER = "benchmark failure raised on rank 1"
@@ -144,6 +144,18 @@ def _train(task: Task, backend: Backend) -> None:
     )
 
 
+def _first_step(task: Task, backend: Backend) -> None:
+    """Build, wrap and take one optimizer step; report when it was done (wall clock)."""
+    torch.manual_seed(0)
+    model = SmallCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = backend.prepare(model, optimizer)
+    images, labels = torch.randn(task.batch, 1, 28, 28), torch.randint(0, 10, (task.batch,))
+    backend.backward(nn.functional.cross_entropy(model(images), labels))
+    optimizer.step()
+    report(task.run_dir, f"stepped-{backend.rank}", time.time())
+
+
 def _hang(task: Task, backend: Backend) -> None:
     """Keep running until stopped from outside (the interrupt measurement)."""
     report(task.run_dir, f"running-{backend.rank}", True)
@@ -157,4 +169,5 @@ _BODIES = {
     "memory": _read_shard,
     "train": _train,
     "hang": _hang,
+    "first_step": _first_step,
 }

@@ -19,11 +19,14 @@ from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
+from notebook_kit.launch.warmup import start_warmup
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
 
 __all__ = ["notebook_launcher", "notebook_launcher_async"]
+
+start_warmup()  # from the import cell on, workers' one-time imports are paid here, once
 
 
 def notebook_launcher(

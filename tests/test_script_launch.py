@@ -135,3 +135,13 @@ def test_command_line_names_the_equivalent_torchrun_call():
         "torchrun --nproc-per-node 2 --max-restarts 1 --standalone"
         " -m notebook_kit.cli.script_entry t.py 'a b'"
     )
+
+
+@pytest.mark.parametrize("argv", [["launch"], ["launch", "--num-processes", "2"]])
+def test_launch_without_a_script_says_what_to_type(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "required: script, script_args" not in err
+    assert "notebook-kit launch: error: name the script to run" in err
+    assert "notebook-kit launch --num-processes 2 train.py --epochs 3" in err
+    assert "notebook-kit export" in err

@@ -181,6 +181,14 @@ def _add_env_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run_env)
 
 
+_NO_SCRIPT = """\
+notebook-kit launch: error: name the script to run, after any options, for example:
+  notebook-kit launch --num-processes 2 train.py --epochs 3
+Everything after the script goes to the script. To run a notebook, export it first:
+  notebook-kit export train.ipynb && notebook-kit launch train.py
+See `notebook-kit launch --help` for every option."""
+
+
 def _run_launch(args: argparse.Namespace) -> int:
     from notebook_kit.cli.script_launch import (
         LaunchInputError,
@@ -188,6 +196,9 @@ def _run_launch(args: argparse.Namespace) -> int:
         run_script_launch,
     )
 
+    if args.script is None:
+        print(_NO_SCRIPT, file=sys.stderr)
+        return 2
     try:
         launch = plan_script_launch(args.script, args.script_args, _given(args), args.config)
     except LaunchInputError as error:
@@ -214,7 +225,8 @@ def _add_launch_command(commands: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="print the torchrun command; start nothing"
     )
     add_launch_config_arguments(parser)
-    parser.add_argument("script", help="the Python script to run on every process")
+    # Optional for argparse so that a missing script gets an example, not "required: ...".
+    parser.add_argument("script", nargs="?", help="the Python script to run on every process")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     parser.set_defaults(handler=_run_launch)
 

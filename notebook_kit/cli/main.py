@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from notebook_kit.config.arguments import loopback_master_problem
 from notebook_kit.config.command_line import CONFIG_FIELDS, answer_text, option_name
 from notebook_kit.config.launch_config import (
     FIELD_HELP,
@@ -24,7 +25,7 @@ from notebook_kit.config.launch_config import (
     default_config_path,
     field_errors,
     parse_field,
-    resolve_launch_config,
+    saved_default,
 )
 
 __all__ = [
@@ -84,7 +85,8 @@ def config_from_arguments(
         >>> config_from_arguments(argparse.Namespace(seed=3), LaunchConfig()).seed
         3
     """
-    return resolve_launch_config(base).replace(**_given(namespace))
+    start = base if base is not None else saved_default() or LaunchConfig()
+    return start.replace(**_given(namespace))
 
 
 def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
@@ -104,6 +106,9 @@ def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
             continue
         # Fields asked earlier (num_nodes before node_rank) constrain later ones.
         problem = field_errors({**answers, field: value}).get(field)
+        if problem is None and field == "master_addr":  # a saved default is never explicit
+            nodes = answers.get("num_nodes", 1)
+            problem = loopback_master_problem(nodes, value, "as the saved default", cli=True)
         if problem is None:
             return value
         print(f"  {problem} Please try again.")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from notebook_kit import notebook_launcher
-from notebook_kit.config.launch_config import LaunchConfig
+from notebook_kit.config import arguments
+from notebook_kit.config.launch_config import LaunchConfig, resolve_launch_config
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.plan import make_plan
 
@@ -30,6 +31,16 @@ from notebook_kit.launch.plan import make_plan
         ({"timeout": -5}, ValueError, r"timeout must be a positive number"),
         ({"timeout": "soon"}, TypeError, r"timeout must be a number"),
         ({"master_addr": ""}, ValueError, r"master_addr must be a host name"),
+        (
+            {"num_nodes": 2, "node_rank": 1},
+            ValueError,
+            r"master_addr is '127\.0\.0\.1' \(the default\), which only this machine can reach",
+        ),
+        (
+            {"config": LaunchConfig(num_nodes=2, master_addr="localhost")},
+            ValueError,
+            r"master_addr is 'localhost'.*master_addr=\"10\.0\.0\.1\".*pass master_addr=",
+        ),
         ({"args": 5}, TypeError, r"args must be a tuple .* args=\(value,\)"),
         ({"args": "abc"}, TypeError, r"args must be a tuple"),
         ({"kwargs": [1]}, TypeError, r"kwargs must be a dict"),
@@ -88,3 +99,30 @@ def test_root_cause_is_the_earliest_real_error():
     late = _failure(0, 2.0, "ValueError", "late")
     early = _failure(1, 1.0, "KeyError", "early")
     assert WorkerError([late, early], world_size=2).rank == 1
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("10.0.0.1", False),
+        ("node0.cluster", False),
+        ("0.0.0.0", False),
+    ],
+)
+def test_loopback_addresses_are_recognised(address, loopback):
+    assert arguments.is_loopback(address) is loopback
+
+
+def test_an_explicit_loopback_address_across_nodes_is_allowed_and_said():
+    settings = resolve_launch_config(num_nodes=2, master_addr="127.0.0.1")
+    banner = make_plan(settings).banner()
+    assert "node 0 of 2, world size 2, every node on this machine" in banner
+    assert "(master_addr 127.0.0.1 is loopback)" in banner
+    apart = make_plan(resolve_launch_config(num_nodes=2, master_addr="10.0.0.1")).banner()
+    assert "loopback" not in apart

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_kit import Accelerator, CheckpointError
 from notebook_kit.accelerator import checkpointing
+from notebook_kit.accelerator.configuration import ProjectConfiguration
 
 
 def _setup(accelerator: Accelerator):
@@ -61,17 +63,108 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint(tmp_path, monkeypatc
     def crash_on_second_file(obj, path):
         calls.append(path)
         if len(calls) == 2:
-            raise OSError("disk full")
+            raise OSError("disk broken")
         real_write(obj, path)
 
     monkeypatch.setattr(checkpointing, "write_file", crash_on_second_file)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match="disk broken"):
         accelerator.save_state(tmp_path)
     monkeypatch.undo()
+    assert len(list(tmp_path.glob("state-*"))) == 1  # the failed save removed its folder
     accelerator.load_state(tmp_path)
     assert torch.equal(model.weight, saved)
-    accelerator.save_state(tmp_path)  # the next good save removes the abandoned folder
-    assert len(list(tmp_path.glob("state-*"))) == 1
+
+
+def _full_disk_after(limit: int):
+    """A write_file whose disk fills after ``limit`` bytes, failing the way torch.save does."""
+    real_write, written = checkpointing.write_file, [0]
+
+    def write(obj, path):
+        real_write(obj, path)
+        written[0] += path.stat().st_size
+        if written[0] > limit:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:  # torch raises this, with the OSError only as its context
+                raise RuntimeError("[enforce fail at inline_container.cc:672]")  # noqa: B904
+
+    return write
+
+
+def test_a_full_disk_is_named_cleaned_up_and_recoverable(tmp_path, monkeypatch):
+    accelerator = Accelerator(project_dir=tmp_path)
+    model = accelerator.prepare(nn.Linear(500, 1000))  # 2 MB of weights
+    accelerator.save_state()
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    monkeypatch.setattr(checkpointing, "write_file", _full_disk_after(100_000))
+    with pytest.raises(OSError) as caught:
+        accelerator.save_state()
+    target = tmp_path / "checkpoints" / "checkpoint_1"
+    assert caught.value.errno == errno.ENOSPC
+    assert str(caught.value).startswith(
+        f"No space left on device while saving checkpoint 1 to {target} (needed ≈ 2.0 MB, "
+    )
+    assert "free some space" in str(caught.value)
+    assert not target.exists()
+    monkeypatch.undo()  # space was freed
+    accelerator.load_state()
+    assert torch.equal(model.weight, saved)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert accelerator.save_state().name == "checkpoint_1"
+
+
+def test_a_full_disk_in_a_named_directory_keeps_its_checkpoint(tmp_path, monkeypatch):
+    accelerator = Accelerator()
+    _setup(accelerator)
+    accelerator.save_state(tmp_path / "ckpt")
+    monkeypatch.setattr(checkpointing, "write_file", _full_disk_after(0))
+    with pytest.raises(OSError, match=r"while saving checkpoint to .*ckpt \(needed ≈ 0\.0 MB"):
+        accelerator.save_state(tmp_path / "ckpt")
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "ckpt").glob("state-*")] == [
+        json.loads((tmp_path / "ckpt" / checkpointing.MANIFEST).read_text())["folder"]
+    ]
+    accelerator.load_state(tmp_path / "ckpt")
+
+
+def test_what_a_killed_save_left_is_removed_before_the_next_save(tmp_path):
+    accelerator = Accelerator()
+    _setup(accelerator)
+    accelerator.save_state(tmp_path)
+    leftover = tmp_path / "state-0123456789ab"  # a killed save: files, no manifest naming it
+    leftover.mkdir()
+    (leftover / "model_0.pt").write_bytes(b"\0" * 1000)
+    (tmp_path / f".{checkpointing.MANIFEST}.5e1f").write_text("{")
+    accelerator.save_state(tmp_path)
+    assert len(list(tmp_path.glob("state-*"))) == 1 and not leftover.exists()
+    assert not list(tmp_path.glob(".checkpoint.json.*"))
+
+
+def test_total_limit_counts_only_complete_checkpoints(tmp_path):
+    project = ProjectConfiguration(tmp_path, total_limit=2)
+    accelerator = Accelerator(project_config=project)
+    model, *_ = _setup(accelerator)
+    accelerator.save_state()
+    accelerator.save_state()
+    unfinished = tmp_path / "checkpoints" / "checkpoint_2" / "state-00aa"
+    unfinished.mkdir(parents=True)  # killed inside the third save
+    (unfinished / "model_0.pt").write_bytes(b"\0" * 100)
+    foreign = tmp_path / "checkpoints" / "checkpoint_7"  # not written by save_state
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"")
+    with pytest.warns(UserWarning) as caught:
+        accelerator.save_state()
+        accelerator.save_state()
+    reports = sorted({str(warning.message).split(":")[0] for warning in caught})
+    assert reports == [f"Ignoring {foreign}", f"Removed {unfinished.parent}"]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["checkpoint_7", "checkpoint_8", "checkpoint_9"]
+    with torch.no_grad():
+        model.weight.zero_()
+    accelerator.load_state()  # the newest complete one, never the foreign folder
 
 
 def test_missing_checkpoint_and_missing_file_are_explained(tmp_path):
@@ -114,7 +207,7 @@ def test_loading_is_weights_only(tmp_path):
     accelerator.save_state(tmp_path)
     target = next(tmp_path.glob("state-*/scheduler_0.pt"))
     torch.save({"payload": _NotATensor()}, target)  # arbitrary pickled code
-    with pytest.raises(Exception, match="Weights only load failed"):
+    with pytest.raises(CheckpointError, match=r"scheduler_0\.pt cannot be read: .*never executed"):
         accelerator.load_state(tmp_path)
 
 
@@ -135,3 +228,80 @@ def test_numbered_checkpoints_in_project_dir(tmp_path):
     assert torch.equal(model.weight, expected)
     with pytest.raises(ValueError, match="project_dir"):
         Accelerator().save_state()
+
+
+def _damage_manifest(directory, text):
+    (directory / checkpointing.MANIFEST).write_text(text)
+
+
+def _damage_file(directory, name, blob):
+    next(directory.glob(f"state-*/{name}")).write_bytes(blob)
+
+
+def _truncate(directory, name):
+    path = next(directory.glob(f"state-*/{name}"))
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _replace_file(directory, name, obj):
+    torch.save(obj, next(directory.glob(f"state-*/{name}")))
+
+
+DAMAGE = {
+    "empty model file": (lambda d: _damage_file(d, "model_0.pt", b""), r"model_0\.pt.*is empty"),
+    "truncated model file": (lambda d: _truncate(d, "model_0.pt"), r"model_0\.pt cannot be read"),
+    "garbage optimizer file": (
+        lambda d: _damage_file(d, "optimizer_0.pt", b"PK\x03\x04" + b"\x00" * 300),
+        r"optimizer_0\.pt cannot be read",
+    ),
+    "manifest is a list": (lambda d: _damage_manifest(d, "[1, 2]"), r"checkpoint\.json holds a"),
+    "manifest is not JSON": (lambda d: _damage_manifest(d, "{"), r"checkpoint\.json cannot be"),
+    "manifest field missing": (
+        lambda d: _damage_manifest(d, '{"format": 1, "folder": "state-0a", "world_size": 1}'),
+        r"checkpoint\.json has 'counts' = None",
+    ),
+    "process file is a list": (
+        lambda d: _replace_file(d, "process_0.pt", [1, 2]),
+        r"process_0\.pt does not hold RNG states",
+    ),
+    "weights of another shape": (
+        lambda d: _replace_file(d, "model_0.pt", {"weight": torch.zeros(3, 3)}),
+        r"model_0\.pt does not fit the Linear of this run",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_checkpoint_names_the_file_and_the_problem(tmp_path, damage):
+    accelerator = Accelerator()
+    _setup(accelerator)
+    accelerator.save_state(tmp_path)
+    make_damage, message = DAMAGE[damage]
+    make_damage(tmp_path)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        accelerator.load_state(tmp_path)
+    assert str(tmp_path) in str(caught.value)
+
+
+@pytest.mark.parametrize("folder", ["../elsewhere", "/tmp", "state-ab/../../elsewhere", ""])
+def test_a_manifest_never_leads_outside_the_checkpoint(tmp_path, folder):
+    accelerator = Accelerator()
+    _setup(accelerator)
+    accelerator.save_state(tmp_path / "ckpt")
+    manifest = json.loads((tmp_path / "ckpt" / checkpointing.MANIFEST).read_text())
+    outside = tmp_path / "elsewhere"  # a complete, loadable state folder outside
+    next((tmp_path / "ckpt").glob("state-*")).rename(outside)
+    _damage_manifest(tmp_path / "ckpt", json.dumps({**manifest, "folder": folder}))
+    with pytest.raises(CheckpointError, match="never reads outside the checkpoint"):
+        accelerator.load_state(tmp_path / "ckpt")
+
+
+def test_a_state_folder_that_links_outside_is_refused(tmp_path):
+    accelerator = Accelerator()
+    _setup(accelerator)
+    accelerator.save_state(tmp_path / "ckpt")
+    state = next((tmp_path / "ckpt").glob("state-*"))
+    state.rename(tmp_path / "elsewhere")
+    state.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CheckpointError, match="never reads outside the checkpoint"):
+        accelerator.load_state(tmp_path / "ckpt")

@@ -68,11 +68,13 @@ def test_bad_answers_are_asked_again(
 def test_multi_node_questions_check_answers_against_each_other(
     monkeypatch: pytest.MonkeyPatch, config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # num_nodes, node_rank (bad, then good), master_addr, master_port, then the rest.
-    answers = ["2", "2", "1", "10.0.0.1", "29500", "", "", "", "", "", "", "", ""]
+    # num_nodes, node_rank (bad, then good), master_addr (Enter keeps the loopback default:
+    # refused, then good), master_port, then the rest.
+    answers = ["2", "2", "1", "", "10.0.0.1", "29500", "", "", "", "", "", "", "", ""]
     assert _run(monkeypatch, answers) == 0
     out = capsys.readouterr().out
     assert "node_rank must be from 0 to num_nodes - 1 = 1; got 2" in out
+    assert "master_addr is '127.0.0.1' (as the saved default), which only this machine" in out
     saved = LaunchConfig.load(config_file)
     assert (saved.num_nodes, saved.node_rank, saved.master_addr, saved.master_port) == (
         2,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -138,3 +139,50 @@ def test_recorder_keeps_the_last_run() -> None:
     assert record.exit_codes == {0: 0, 1: 0}
     assert record.durations[1] == pytest.approx(1.4)
     assert record.stopped and record.succeeded
+
+
+def _feed(aggregator: MetricsAggregator, start: int, stop: int, ranks: int = 2) -> None:
+    """What ``ranks`` workers logging ``loss`` (= step + rank) at every step send, in batches."""
+    for first in range(start, stop, 1000):
+        for rank in range(ranks):
+            records = [(rank, s, {"loss": float(s + rank)}) for s in range(first, first + 1000)]
+            aggregator.add_message(rank, BATCH_KIND, {"rank": rank, "records": records})
+
+
+def test_memory_stays_bounded_however_many_records_arrive() -> None:
+    aggregator = MetricsAggregator()
+    tracemalloc.start()
+    try:
+        _feed(aggregator, 0, 50_000)
+        after_50k = tracemalloc.get_traced_memory()[0]
+        _feed(aggregator, 50_000, 250_000)
+        after_250k, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 50e6
+    assert after_250k - after_50k < 1e6, "memory grows with the number of records"
+    assert len(aggregator.history("loss")) <= 2048
+    assert sum(len(h) for r in aggregator.rank_histories().values() for h in r.values()) <= 4096
+
+
+def test_a_long_history_stays_truthful() -> None:
+    aggregator = MetricsAggregator()
+    _feed(aggregator, 0, 54_000)
+    aggregator.add(1, 54_321, {"loss": 1e6})  # a spike, logged once, merged with others later
+    _feed(aggregator, 54_000, 100_000)
+    history = aggregator.history("loss")
+    steps = [step for step, _ in history]
+    assert steps == sorted(steps) and 1024 <= len(history) <= 2048
+    assert steps[0] >= 0 and steps[-1] <= 99_999
+    # Each point is the mean of the steps it covers, drawn at their middle step.
+    quiet = [(step, value) for step, value in history if abs(step - 54_321) > 200]
+    assert all(abs(value - (step + 0.5)) <= 1 for step, value in quiet)
+    stats = aggregator.stats("loss")
+    assert (stats.count, stats.min, stats.max) == (200_001, 0.0, 1e6)
+    assert (stats.first_step, stats.last_step) == (0, 99_999)
+    assert stats.last == aggregator.latest()["loss"] == 99_999.5
+    assert stats.steps_per_point == 64
+    assert aggregator.stats("loss", rank=0).count == 100_000
+    spike = max(aggregator.envelope("loss"), key=lambda point: point[2])
+    assert abs(spike[0] - 54_321) <= 64 and spike[2] == 1e6
+    assert aggregator.rank_history("loss", 0)[-1] == (99_984, 99_983.5)  # steps 99,968-99,999

@@ -58,12 +58,24 @@ def test_invalid_value_shows_beside_the_field_and_config_raises() -> None:
     assert "master_port must be an integer from 1 to 65535" in note.value
     assert "nk-error" in note._dom_classes
     assert "nk-error" not in panel.notes["seed"]._dom_classes
-    assert "Fix the fields" in panel.code.value
+    assert "Fix master_port (see the red message beside it)" in panel.code.value
     with pytest.raises(ValueError, match="master_port"):
         _ = panel.config
     panel.widgets["master_port"].value = ""
     assert "nk-error" not in note._dom_classes
     assert panel.config.master_port is None
+
+
+def test_labels_fit_and_the_footer_names_what_to_fix() -> None:
+    panel = ConfigPanel()
+    longest = max(len(field) for field in panel.widgets)  # gradient_accumulation_steps
+    for widget in panel.widgets.values():
+        width = widget.style.description_width
+        assert width.endswith("ch") and float(width[:-2]) > longest, width
+    panel.widgets["seed"].value = "-5"
+    panel.widgets["master_port"].value = "0"
+    assert "marked in red" not in panel.code.value
+    assert "Fix seed and master_port (see the red messages beside them)" in panel.code.value
 
 
 def test_problem_between_fields_is_shown_on_the_later_field() -> None:

@@ -17,11 +17,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_proc
 
 
 def _execute(name: str, tmp_path: Path, *companions: str) -> tuple[list[str], float]:
-    """Run a copy of notebook ``name`` in ``tmp_path``; the text each code cell showed."""
+    """Run a copy of notebook ``name`` in ``tmp_path``; the text each code cell showed.
+
+    The kernel's temporary files go to ``tmp_path / "scratch"``.
+    """
     for file in companions:
         shutil.copy(NOTEBOOKS / file, tmp_path / file)
     env = kernel_environment()
     env["NOTEBOOK_KIT_CONFIG"] = str(tmp_path / "no-saved-default.json")
+    (tmp_path / "scratch").mkdir()
+    env["TMPDIR"] = str(tmp_path / "scratch")
     started = time.monotonic()
     nb = execute_copy(NOTEBOOKS / name, tmp_path, env, timeout=240, store_widget_state=False)
     texts = [
@@ -57,7 +62,10 @@ def test_scale_out_notebook(tmp_path):
     assert "exit status 0" in shown
     assert "--- node 0: exit status 0 ---" in shown and "--- node 1: exit status 0 ---" in shown
     assert "(node 1 of 2, world size 2)" in shown
-    final = texts[-1].splitlines()
+    final = next(text for text in texts if text.startswith("one node")).splitlines()
     single = final[0].split(": ", 1)[1]
     assert single != "[]"
     assert final[1] == f"two nodes, 1 process each: {single} {single}"
+    # Running the notebook leaves nothing behind beside it, nor in the temporary folder.
+    assert sorted(path.name for path in tmp_path.glob("*.py")) == []
+    assert list((tmp_path / "scratch").glob("notebook_kit_scale_out_*")) == []

@@ -92,7 +92,14 @@ def test_config_file_then_scheduler_then_options(script, tmp_path):
         ({"num_nodes": 2, "node_rank": 2}, {}, "--node-rank: node_rank must be from 0 to"),
         ({"node_rank": 5}, COILED, r"--node-rank: .*got 5\.$"),
         ({}, {**COILED, "COILED_BATCH_TASK_COUNT": "x"}, "COILED_BATCH_TASK_COUNT='x'"),
-        ({"num_nodes": 2}, {}, None),
+        ({"num_nodes": 2, "master_addr": "head"}, {}, None),
+        (
+            {"num_nodes": 2},
+            {},
+            r"--master-addr: master_addr is '127\.0\.0\.1' \(from built-in defaults\), which "
+            r"only this machine can reach.*--master-addr 10\.0\.0\.1",
+        ),
+        ({"num_nodes": 2, "master_addr": "127.0.0.1"}, {}, None),  # every node on this machine
     ],
 )
 def test_bad_settings_name_the_option_or_variable(script, given, environ, message):
@@ -135,3 +142,22 @@ def test_command_line_names_the_equivalent_torchrun_call():
         "torchrun --nproc-per-node 2 --max-restarts 1 --standalone"
         " -m notebook_kit.cli.script_entry t.py 'a b'"
     )
+
+
+@pytest.mark.parametrize("argv", [["launch"], ["launch", "--num-processes", "2"]])
+def test_launch_without_a_script_says_what_to_type(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "required: script, script_args" not in err
+    assert "notebook-kit launch: error: name the script to run" in err
+    assert "notebook-kit launch --num-processes 2 train.py --epochs 3" in err
+    assert "notebook-kit export" in err
+
+
+def test_an_explicit_loopback_address_across_nodes_is_said_in_the_banner(script):
+    launch = plan_script_launch(
+        script, (), {"num_nodes": 2, "master_addr": "localhost"}, environ={}
+    )
+    assert "every node on this machine (master_addr localhost is loopback)" in launch.banner()
+    apart = plan_script_launch(script, (), {"num_nodes": 2, "master_addr": "head"}, environ={})
+    assert "every node on this machine" not in apart.banner()

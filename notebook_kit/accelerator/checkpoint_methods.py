@@ -9,24 +9,27 @@ writes ``project_dir/checkpoints/checkpoint_<n>`` with ``n`` one past the highes
 number (so a restarted run continues the sequence), ``load_state()`` without a directory loads
 the newest *committed* one (a save cut short by a crash is skipped), and
 ``ProjectConfiguration(total_limit=N)`` keeps only the newest ``N``.
+
+Only *complete* checkpoints (with a committed manifest) count. A ``checkpoint_<n>`` that a
+killed save left without its manifest is removed, with a warning, by the next numbered save
+before it writes, so it is never loaded, never counted towards ``total_limit`` and never
+keeps a good checkpoint from being kept. A folder without a manifest that save_state did not
+write (other files in it) is left alone and ignored, with a warning.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from notebook_kit.accelerator import operations
-from notebook_kit.accelerator.checkpointing import (
-    MANIFEST,
-    Stateful,
-    load_checkpoint,
-    save_checkpoint,
-)
+from notebook_kit.accelerator.checkpoint_files import MANIFEST, is_state_folder
+from notebook_kit.accelerator.checkpointing import Stateful, load_checkpoint, save_checkpoint
 from notebook_kit.accelerator.data_loader import skip_first_batches
 
 if TYPE_CHECKING:
@@ -93,34 +96,47 @@ class CheckpointMethods:
         numbered = sorted((int(number), path) for number, path in found if number.isdigit())
         return [item for item in numbered if not committed or (item[1] / MANIFEST).is_file()]
 
+    def _next_number(self) -> int:
+        """One past the highest ``checkpoint_<n>`` left after removing unfinished saves."""
+        for _, folder in self._numbered_checkpoints():
+            if not (folder / MANIFEST).is_file():
+                _remove_unfinished(folder)
+        existing = self._numbered_checkpoints()
+        return existing[-1][0] + 1 if existing else 0
+
     def _drop_old_checkpoints(self) -> None:
-        """Keep the newest ``total_limit`` numbered checkpoints; only after a new one is saved,
+        """Keep the newest ``total_limit`` complete checkpoints; only after a new one is saved,
         so a crash while saving never leaves fewer than ``total_limit`` behind."""
         limit = self.total_limit
         if limit is None or self.state.process_index != 0:
             return
-        for _, folder in self._numbered_checkpoints()[:-limit]:
+        for _, folder in self._numbered_checkpoints(committed=True)[:-limit]:
             shutil.rmtree(folder, ignore_errors=True)
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
         """Save models, optimizers, schedulers, scaler, RNG states and data positions.
 
         Must be called on every process. The save is atomic: a crash during it leaves the
-        previous checkpoint in ``output_dir`` intact. Without ``output_dir`` it writes the next
-        ``project_dir/checkpoints/checkpoint_<n>`` and then drops the oldest beyond
-        ``total_limit``.
+        previous checkpoint in ``output_dir`` intact, and a failed save removes what it wrote.
+        Without ``output_dir`` it writes the next ``project_dir/checkpoints/checkpoint_<n>``
+        and then drops the oldest complete ones beyond ``total_limit``.
+
+        Raises:
+            CheckpointSpaceError: The disk filled up (an ``OSError``); the partial save was
+                removed, earlier checkpoints are intact, and a later call can succeed.
 
         Example:
             >>> accelerator.save_state("checkpoints/step_100")
         """
         if output_dir is not None:
             return save_checkpoint(output_dir, self._stateful(), self.state.process_index)
-        existing = self._numbered_checkpoints()
-        number = operations.broadcast_object(existing[-1][0] + 1 if existing else 0)
+        rank_zero = self.state.process_index == 0
+        number = operations.broadcast_object(self._next_number() if rank_zero else None)
         saved = save_checkpoint(
             self._checkpoint_root() / f"checkpoint_{number}",
             self._stateful(),
             self.state.process_index,
+            number=number,
         )
         self._drop_old_checkpoints()
         return saved
@@ -133,7 +149,8 @@ class CheckpointMethods:
 
         Raises:
             FileNotFoundError: No checkpoint (or a file of it) at ``input_dir``.
-            CheckpointError: Saved with another number of processes or other objects.
+            CheckpointError: A damaged or edited file (named in the message), or saved with
+                another number of processes or other objects.
 
         Example:
             >>> accelerator.load_state("checkpoints/step_100")
@@ -152,3 +169,26 @@ class CheckpointMethods:
             >>> for batch in accelerator.skip_first_batches(train_dl, 10): ...
         """
         return skip_first_batches(dataloader, num_batches)
+
+
+def _remove_unfinished(folder: Path) -> None:
+    """Remove a ``checkpoint_<n>`` that a killed save left without its manifest.
+
+    Only a folder holding nothing but what a save writes is removed; anything else in it means
+    it was not written by save_state, so it is left alone.
+    """
+    contents = list(folder.iterdir())
+    ours = all(is_state_folder(p.name) or p.name.startswith(f".{MANIFEST}.") for p in contents)
+    if not ours:
+        warnings.warn(
+            f"Ignoring {folder}: it holds no {MANIFEST} and files save_state did not write, "
+            "so it is neither loaded nor counted towards total_limit.",
+            stacklevel=4,
+        )
+        return
+    warnings.warn(
+        f"Removed {folder}: a save into it did not finish (no {MANIFEST}; the process was "
+        "probably killed while saving). The newest complete checkpoint is unaffected.",
+        stacklevel=4,
+    )
+    shutil.rmtree(folder, ignore_errors=True)

@@ -3,16 +3,23 @@
 A checkpoint directory holds a ``checkpoint.json`` manifest and one ``state-<id>/`` folder of
 files. A save writes a fresh folder, waits until every process has written its part, and only
 then replaces the manifest with one ``os.replace``: that rename is the commit. A crash at any
-earlier moment leaves the previous manifest pointing at the previous, untouched folder. Stale
-folders are removed after the next successful commit.
+earlier moment leaves the previous manifest pointing at the previous, untouched folder.
+
+Nothing a failed save wrote is kept: a save that raises (a full disk, an interrupt) removes
+its folder before the error goes up, and every save first removes the folders that no
+manifest names (what a killed save left), so a failure never takes the space later saves
+need. A full disk raises :class:`CheckpointSpaceError` saying which save, where and how much
+it needed.
 
 Rank 0 writes models, optimizers, schedulers, the GradScaler and registered objects (they are
 identical on every rank); every rank writes its own RNG states and data-loader positions.
-Everything is read back with ``torch.load(weights_only=True)``.
+Everything is read back with ``torch.load(weights_only=True)``, and a damaged or edited file
+raises :class:`CheckpointError` naming it (see :mod:`~notebook_kit.accelerator.checkpoint_files`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,18 +32,35 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_kit.accelerator.checkpoint_files import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    CheckpointSpaceError,
+    free_bytes,
+    is_state_folder,
+    load_file,
+    read_manifest,
+    space_errno,
+    tensor_bytes,
+    write_file,
+)
 from notebook_kit.accelerator.operations import broadcast_object, world_size
 from notebook_kit.atomic_file import replace_atomically
 from notebook_kit.runtime.seeding import get_rng_states, set_rng_states
 
-__all__ = ["CheckpointError", "Stateful", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "MANIFEST",
+    "CheckpointError",
+    "CheckpointSpaceError",
+    "Stateful",
+    "load_checkpoint",
+    "read_manifest",
+    "remove_unreferenced",
+    "save_checkpoint",
+]
 
-MANIFEST = "checkpoint.json"
-FORMAT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint exists but cannot be loaded into this run."""
+_FILE_OVERHEAD = 4096  # bytes a torch.save file takes beyond its tensors, roughly
 
 
 @dataclass
@@ -71,18 +95,17 @@ class Stateful:
             files["scaler.pt"] = self.scaler
         return files
 
+    def own_state(self) -> dict[str, Any]:
+        """What only this process holds: its RNG states and data-loader positions."""
+        return {
+            "rng": get_rng_states(),
+            "dataloaders": [loader.state_dict() for loader in self.dataloaders],
+        }
+
 
 def _barrier() -> None:
     if world_size() > 1:
         dist.barrier()
-
-
-def write_file(obj: Any, path: Path) -> None:
-    """``torch.save`` that reaches the disk before returning (a later rename depends on it)."""
-    with open(path, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _commit(directory: Path, manifest: dict[str, Any]) -> None:
@@ -90,75 +113,115 @@ def _commit(directory: Path, manifest: dict[str, Any]) -> None:
     replace_atomically(directory / MANIFEST, lambda handle: handle.write(text), durable=True)
 
 
-def save_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_index: int) -> Path:
+def remove_unreferenced(directory: Path, keep: str | None = None) -> None:
+    """Remove the state folders of ``directory`` that its manifest does not name.
+
+    They are what a failed or killed save left, or the previous checkpoint once a newer one
+    is committed (``keep``). Nothing is removed while the manifest cannot be read: then which
+    folder is current is unknown.
+    """
+    if not directory.is_dir():
+        return
+    if keep is None and (directory / MANIFEST).exists():
+        try:
+            keep = read_manifest(directory)["folder"]
+        except (OSError, CheckpointError):
+            return
+    for path in directory.iterdir():
+        if is_state_folder(path.name) and path.name != keep and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.name.startswith(f".{MANIFEST}."):  # a manifest write cut short
+            path.unlink(missing_ok=True)
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    state: Stateful,
+    process_index: int,
+    number: int | None = None,
+) -> Path:
     """Write ``state`` into ``directory`` atomically; collective over all processes.
+
+    ``number`` (of a numbered ``checkpoint_<n>``) only appears in error messages.
+
+    Raises:
+        CheckpointSpaceError: The disk filled up; the partial save was removed.
 
     Example:
         >>> save_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
     """
     directory = Path(directory)
+    created = not directory.exists()
+    if process_index == 0:
+        remove_unreferenced(directory)  # what a killed save left takes no space from this one
     folder = broadcast_object(f"state-{uuid.uuid4().hex[:12]}")
     staging = directory / folder
-    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        if process_index == 0:
+            for name, obj in state.shared_files().items():
+                write_file(obj.state_dict(), staging / name)
+        write_file(state.own_state(), staging / f"process_{process_index}.pt")
+        _barrier()  # every rank's files are on disk before the commit
+        if process_index == 0:
+            manifest = {
+                "format": FORMAT_VERSION,
+                "folder": folder,
+                "world_size": world_size(),
+                "counts": state.counts,
+            }
+            _commit(directory, manifest)
+    except BaseException as error:
+        _discard(directory, staging, process_index, created)
+        code = space_errno(error)
+        if code is not None:
+            message = _space_message(directory, state, number)
+            raise CheckpointSpaceError(code, message) from error
+        raise
     if process_index == 0:
-        for name, obj in state.shared_files().items():
-            write_file(obj.state_dict(), staging / name)
-    own = {
-        "rng": get_rng_states(),
-        "dataloaders": [loader.state_dict() for loader in state.dataloaders],
-    }
-    write_file(own, staging / f"process_{process_index}.pt")
-    _barrier()  # every rank's files are on disk before the commit
-    if process_index == 0:
-        manifest = {
-            "format": FORMAT_VERSION,
-            "folder": folder,
-            "world_size": world_size(),
-            "counts": state.counts,
-        }
-        _commit(directory, manifest)
-        for stale in directory.glob("state-*"):
-            if stale.name != folder:
-                shutil.rmtree(stale, ignore_errors=True)
+        remove_unreferenced(directory, keep=folder)
     _barrier()  # nobody reads the checkpoint before it is committed
     return directory
 
 
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The committed manifest of ``directory``, or a FileNotFoundError that says why not."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"No checkpoint directory at {directory}.")
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{directory} holds no {MANIFEST}: it was not written by save_state, or no save "
-            "into it ever completed."
-        )
-    with open(path) as handle:
-        return json.load(handle)
+def _discard(directory: Path, staging: Path, process_index: int, created: bool) -> None:
+    """Remove what a failed save wrote. Rank 0 owns the folder; others only their own file,
+    since rank 0 may still be writing into it."""
+    if process_index != 0:
+        (staging / f"process_{process_index}.pt").unlink(missing_ok=True)
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+    if created:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only if the failed save left it empty
 
 
-def _load(path: Path) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Checkpoint file {path} is missing; the checkpoint was modified after it was saved."
-        )
-    return torch.load(path, map_location="cpu", weights_only=True)
+def _space_message(directory: Path, state: Stateful, number: int | None) -> str:
+    files = state.shared_files()
+    needed = sum(tensor_bytes(obj.state_dict()) for obj in files.values())
+    needed += world_size() * tensor_bytes(state.own_state())
+    needed += (len(files) + world_size()) * _FILE_OVERHEAD
+    which = "checkpoint" if number is None else f"checkpoint {number}"
+    return (
+        f"No space left on device while saving {which} to {directory} "
+        f"(needed ≈ {_megabytes(needed)}, {_megabytes(free_bytes(directory))} free). The "
+        "partial save was removed and checkpoints saved before are intact: free some space "
+        "(or save elsewhere, or keep fewer with ProjectConfiguration(total_limit=...)) and "
+        "call save_state() again."
+    )
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size < 100e6 else f"{size / 1e6:,.0f} MB"
 
 
 def _check_compatible(manifest: dict[str, Any], state: Stateful, directory: Path) -> None:
-    saved_size = manifest.get("world_size")
+    saved_size = manifest["world_size"]
     if saved_size != world_size():
         raise CheckpointError(
             f"The checkpoint in {directory} was saved by {saved_size} processes, but this run "
             f"has {world_size()}. Its RNG states and data positions are per process: load it "
             f"with num_processes={saved_size}."
-        )
-    if manifest.get("format") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{directory} has checkpoint format {manifest.get('format')}; this version of "
-            f"notebook_kit reads format {FORMAT_VERSION}."
         )
     for kind, count in state.counts.items():
         saved = manifest["counts"].get(kind, 0)
@@ -169,8 +232,48 @@ def _check_compatible(manifest: dict[str, Any], state: Stateful, directory: Path
             )
 
 
+def _restore(obj: Any, path: Path) -> None:
+    saved = load_file(path)
+    try:
+        obj.load_state_dict(saved)
+    except Exception as error:
+        raise CheckpointError(
+            f"{path} does not fit the {type(obj).__name__} of this run "
+            f"({type(error).__name__}: {_first_line(error)}); prepare the same objects as the "
+            "run that saved it."
+        ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def _restore_own(state: Stateful, path: Path) -> None:
+    own = load_file(path)
+    loaders = own.get("dataloaders") if isinstance(own, dict) else None
+    if not isinstance(loaders, list) or not isinstance(own.get("rng"), dict):
+        raise CheckpointError(
+            f"{path} does not hold RNG states and data positions as save_state writes them; "
+            "it was damaged or replaced: load an earlier checkpoint, or save a new one."
+        )
+    try:
+        for loader, loader_state in zip(state.dataloaders, loaders, strict=True):
+            loader.load_state_dict(loader_state)
+        set_rng_states(own["rng"])
+    except Exception as error:
+        raise CheckpointError(
+            f"{path} holds unusable RNG states or data positions ({type(error).__name__}: "
+            f"{error}); it was damaged or replaced: load an earlier checkpoint, or save a new one."
+        ) from error
+
+
 def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_index: int) -> None:
     """Restore ``state`` from a checkpoint written by :func:`save_checkpoint`.
+
+    Raises:
+        FileNotFoundError: No checkpoint, or a file of it, at ``directory``.
+        CheckpointError: A damaged file (named), or saved with other processes or objects.
 
     Example:
         >>> load_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
@@ -180,8 +283,5 @@ def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_
     _check_compatible(manifest, state, directory)
     staging = directory / manifest["folder"]
     for name, obj in state.shared_files().items():
-        obj.load_state_dict(_load(staging / name))
-    own = _load(staging / f"process_{process_index}.pt")
-    for loader, loader_state in zip(state.dataloaders, own["dataloaders"], strict=True):
-        loader.load_state_dict(loader_state)
-    set_rng_states(own["rng"])
+        _restore(obj, staging / name)
+    _restore_own(state, staging / f"process_{process_index}.pt")

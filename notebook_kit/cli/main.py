@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from notebook_kit.config.arguments import loopback_master_problem
 from notebook_kit.config.command_line import CONFIG_FIELDS, answer_text, option_name
 from notebook_kit.config.launch_config import (
     FIELD_HELP,
@@ -24,7 +25,7 @@ from notebook_kit.config.launch_config import (
     default_config_path,
     field_errors,
     parse_field,
-    resolve_launch_config,
+    saved_default,
 )
 
 __all__ = [
@@ -84,7 +85,8 @@ def config_from_arguments(
         >>> config_from_arguments(argparse.Namespace(seed=3), LaunchConfig()).seed
         3
     """
-    return resolve_launch_config(base).replace(**_given(namespace))
+    start = base if base is not None else saved_default() or LaunchConfig()
+    return start.replace(**_given(namespace))
 
 
 def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
@@ -104,6 +106,9 @@ def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
             continue
         # Fields asked earlier (num_nodes before node_rank) constrain later ones.
         problem = field_errors({**answers, field: value}).get(field)
+        if problem is None and field == "master_addr":  # a saved default is never explicit
+            nodes = answers.get("num_nodes", 1)
+            problem = loopback_master_problem(nodes, value, "as the saved default", cli=True)
         if problem is None:
             return value
         print(f"  {problem} Please try again.")
@@ -181,6 +186,14 @@ def _add_env_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run_env)
 
 
+_NO_SCRIPT = """\
+notebook-kit launch: error: name the script to run, after any options, for example:
+  notebook-kit launch --num-processes 2 train.py --epochs 3
+Everything after the script goes to the script. To run a notebook, export it first:
+  notebook-kit export train.ipynb && notebook-kit launch train.py
+See `notebook-kit launch --help` for every option."""
+
+
 def _run_launch(args: argparse.Namespace) -> int:
     from notebook_kit.cli.script_launch import (
         LaunchInputError,
@@ -188,6 +201,9 @@ def _run_launch(args: argparse.Namespace) -> int:
         run_script_launch,
     )
 
+    if args.script is None:
+        print(_NO_SCRIPT, file=sys.stderr)
+        return 2
     try:
         launch = plan_script_launch(args.script, args.script_args, _given(args), args.config)
     except LaunchInputError as error:
@@ -214,7 +230,8 @@ def _add_launch_command(commands: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="print the torchrun command; start nothing"
     )
     add_launch_config_arguments(parser)
-    parser.add_argument("script", help="the Python script to run on every process")
+    # Optional for argparse so that a missing script gets an example, not "required: ...".
+    parser.add_argument("script", nargs="?", help="the Python script to run on every process")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     parser.set_defaults(handler=_run_launch)
 

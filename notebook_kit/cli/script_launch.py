@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from notebook_kit.config.arguments import is_loopback, loopback_master_problem
 from notebook_kit.config.cluster import (
     DEFAULT_MASTER_PORT,
     ClusterError,
@@ -127,6 +128,9 @@ class ScriptLaunch:
         if config.num_nodes > 1:
             world = config.num_nodes * self.num_processes
             text += f" (node {config.node_rank} of {config.num_nodes}, world size {world})"
+            if is_loopback(config.master_addr):
+                address = config.master_addr
+                text += f"; every node on this machine (master_addr {address} is loopback)"
         if self.placement is not None:
             text += f"; {self.placement.describe()}"
         threads = "thread" if self.threads == 1 else "threads"
@@ -207,6 +211,11 @@ def plan_script_launch(
         field, message = next(iter(problems.items()))
         raise LaunchInputError(f"{option_name(field)}: {message.rstrip('.')}{origins[field]}.")
     config = LaunchConfig(**values)
+    if "master_addr" not in given and "master_addr" not in from_cluster:
+        origin = origins["master_addr"].strip().removeprefix("(master_addr ").removesuffix(")")
+        problem = loopback_master_problem(config.num_nodes, config.master_addr, origin, cli=True)
+        if problem:
+            raise LaunchInputError(f"--master-addr: {problem}")
     if not Path(script).is_file():
         raise LaunchInputError(f"script: no such file: {script}")
     num_processes = config.num_processes or _default_process_count()

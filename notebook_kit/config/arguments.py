@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -77,6 +78,53 @@ def check_master_addr(master_addr: Any) -> str:
             f"got {master_addr!r}."
         )
     return master_addr.strip()
+
+
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` reaches only this machine: 127.0.0.0/8, ::1 or ``localhost``.
+
+    Names are not resolved (that can block on DNS); a host name that maps to 127.0.1.1 in
+    ``/etc/hosts`` is not recognised.
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("10.0.0.1")
+        (True, False)
+    """
+    name = address.strip().lower().removeprefix("[").removesuffix("]")
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_master_problem(
+    num_nodes: int, master_addr: str, origin: str, *, cli: bool = False
+) -> str | None:
+    """Why a launch on several nodes cannot use ``master_addr`` (None when it can).
+
+    An address only this machine reaches, taken from a default rather than given, is almost
+    always a forgotten setting: the other nodes would wait for node 0 until the rendezvous
+    timeout. ``origin`` says where the value came from, e.g. ``"the default"``.
+    """
+    if num_nodes <= 1 or not is_loopback(master_addr):
+        return None
+    if cli:
+        example, explicit = "--master-addr 10.0.0.1", f"give --master-addr {master_addr}"
+    else:
+        example = f'notebook_launcher(..., num_nodes={num_nodes}, master_addr="10.0.0.1")'
+        explicit = f'pass master_addr="{master_addr}"'
+    return (
+        f"master_addr is {master_addr!r} ({origin}), which only this machine can reach, but "
+        f"num_nodes={num_nodes}: the other nodes could not join, and would wait for node 0 "
+        "until the rendezvous timeout. Set master_addr to node 0's address on the network "
+        f"that every node can reach, e.g. {example} (`hostname -I` on node 0 lists its "
+        f"addresses). To run every node on this one machine, as a test, {explicit} explicitly."
+    )
 
 
 def check_node_rank(num_nodes: int, node_rank: int) -> None:

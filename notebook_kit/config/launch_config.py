@@ -29,6 +29,7 @@ from notebook_kit.config.arguments import (
     MIXED_PRECISION_CHOICES,
     Backend,
     MixedPrecision,
+    loopback_master_problem,
 )
 
 __all__ = [
@@ -417,7 +418,8 @@ def resolve_launch_config(config: LaunchConfig | None = None, **explicit: Any) -
 
     Raises:
         TypeError: An explicit argument is not a LaunchConfig field, or has the wrong type.
-        ValueError: A value is out of range.
+        ValueError: A value is out of range, or several nodes would meet at a loopback
+            ``master_addr`` that was not given explicitly.
 
     Example:
         >>> resolve_launch_config(LaunchConfig(num_processes=2), num_processes=4).num_processes
@@ -426,6 +428,15 @@ def resolve_launch_config(config: LaunchConfig | None = None, **explicit: Any) -
     unknown = [name for name in explicit if name not in _SPECS]
     if unknown:
         raise TypeError(_unknown_keys_message(unknown))
-    base = config if config is not None else saved_default() or LaunchConfig()
+    saved = saved_default() if config is None else None
+    base = config if config is not None else saved or LaunchConfig()
     given = {name: value for name, value in explicit.items() if value is not None}
-    return base.replace(**given) if given else base
+    resolved = base.replace(**given) if given else base
+    if "master_addr" not in given:  # an address given explicitly is the caller's choice
+        origin = "from config=" if config else f"from {default_config_path()}" if saved else ""
+        problem = loopback_master_problem(
+            resolved.num_nodes, resolved.master_addr, origin or "the default"
+        )
+        if problem:
+            raise ValueError(problem)
+    return resolved

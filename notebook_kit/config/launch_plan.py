@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from notebook_kit.config.arguments import is_loopback
 from notebook_kit.config.environment import KernelState
 
 __all__ = ["DEFAULT_RENDEZVOUS_TIMEOUT", "LOOPBACK", "LaunchPlan"]
@@ -63,6 +64,11 @@ class LaunchPlan:
             text = f"Launching {self.num_processes} {noun} on {where} ({self.backend})"
             if self.num_nodes > 1:
                 text += f", node {self.node_rank} of {self.num_nodes}, world size {self.world_size}"
+                if is_loopback(self.master_addr):
+                    text += (
+                        f", every node on this machine (master_addr {self.master_addr} is "
+                        "loopback)"
+                    )
             threads = "thread" if self.threads == 1 else "threads"
             text += f", {self.threads} {threads} each"
         return f"{text}. {self.cpu_reason}" if self.cpu_reason else text

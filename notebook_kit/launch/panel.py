@@ -38,7 +38,11 @@ _INT_RANGES = {
     "max_restarts": (0, 100),
 }
 _PLACEHOLDERS = {"seed": "none", "master_port": "auto (free port)", "threads_per_process": "auto"}
-_LABEL_STYLE = {"description_width": "190px"}
+# Labels are the field names, in full: as wide as the longest name, in character widths (the
+# label font's "0" is at least as wide as its average letter), plus a margin.
+_LABEL_CHARS = max(len(field) for field in LaunchConfig.__dataclass_fields__) + 2
+_LABEL_STYLE = {"description_width": f"{_LABEL_CHARS}ch"}
+_FIELD_WIDTH = f"calc({_LABEL_CHARS}ch + 160px)"  # the label and a 160px box beside it
 _HELP_COLOUR, _ERROR_COLOUR = "#666", "#b00020"
 
 
@@ -59,7 +63,7 @@ def _new_widget(field: str, process_limit: int) -> widgets.ValueWidget:
     common: dict[str, Any] = {
         "description": field,
         "style": _LABEL_STYLE,
-        "layout": widgets.Layout(width="340px"),
+        "layout": widgets.Layout(width=_FIELD_WIDTH),
     }
     if field == "num_processes":
         options = [("auto", _AUTO)] + [(str(n), n) for n in range(1, process_limit + 1)]
@@ -75,6 +79,13 @@ def _new_widget(field: str, process_limit: int) -> widgets.ValueWidget:
         low, high = _INT_RANGES[field]
         return widgets.BoundedIntText(min=low, max=high, **common)
     return widgets.Text(placeholder=_PLACEHOLDERS.get(field, ""), continuous_update=False, **common)
+
+
+def _fix_hint(fields: list[str]) -> str:
+    """What the code area says while fields are invalid: which ones, and where the reason is."""
+    names = fields[0] if len(fields) == 1 else f"{', '.join(fields[:-1])} and {fields[-1]}"
+    where = "message beside it" if len(fields) == 1 else "messages beside them"
+    return f"Fix {names} (see the red {where}) to see the equivalent code."
 
 
 class ConfigPanel(widgets.VBox):
@@ -204,7 +215,7 @@ class ConfigPanel(widgets.VBox):
             note.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
             (note.add_class if message else note.remove_class)("nk-error")
         if errors:
-            self.code.value = "<i>Fix the fields marked in red to see the equivalent code.</i>"
+            self.code.value = f"<i>{html.escape(_fix_hint(list(errors)))}</i>"
             return
         config = LaunchConfig(**values)
         self.code.value = (

@@ -53,6 +53,10 @@ def test_run_all_renders_panel_with_values_set_from_code(page: Any, lab_server: 
     assert shown == {"num_processes": "2", "backend": "gloo"}, shown
     assert _field(panel, "text", "seed").input_value() == "0"
     assert panel.locator(".nk-error").count() == 0, "a field is marked invalid"
+    cut = panel.locator(".widget-label").evaluate_all(
+        "(labels) => labels.filter((l) => l.scrollWidth > l.clientWidth).map((l) => l.textContent)"
+    )
+    assert cut == [], f"labels cut short: {cut}"
     assert "num_processes=2" in panel.locator("pre").first.inner_text()
     assert notebook.errors() == {}, f"cells with errors: {notebook.errors()}"
     assert _result(notebook, notebook.find_cell("panel.launch(")) == "(30.0, 2)"

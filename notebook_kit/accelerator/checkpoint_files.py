@@ -1,0 +1,197 @@
+"""The files of a checkpoint, read and written defensively.
+
+What :mod:`notebook_kit.accelerator.checkpointing` builds on: the manifest's name and format,
+``write_file`` (a ``torch.save`` that reaches the disk), ``read_manifest`` and ``load_file``,
+which turn every way a checkpoint can be damaged or edited into a :class:`CheckpointError`
+naming the file and what is wrong, and the diagnosis of a save that ran out of disk space.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "CheckpointError",
+    "CheckpointSpaceError",
+    "free_bytes",
+    "is_state_folder",
+    "load_file",
+    "read_manifest",
+    "space_errno",
+    "tensor_bytes",
+    "write_file",
+]
+
+MANIFEST = "checkpoint.json"
+FORMAT_VERSION = 1
+_STATE_FOLDER = re.compile(r"state-[0-9a-f]{1,64}")
+_MANIFEST_FIELDS = {"format": int, "folder": str, "world_size": int, "counts": dict}
+_DAMAGED = "load an earlier checkpoint, or save a new one"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint exists but cannot be loaded into this run: damaged, or saved differently."""
+
+
+class CheckpointSpaceError(OSError):
+    """The disk filled up during ``save_state``; the partial save was removed.
+
+    An ``OSError`` with ``errno`` ENOSPC (or EDQUOT), so existing handlers still catch it.
+
+    Example:
+        >>> try:
+        ...     accelerator.save_state()
+        ... except CheckpointSpaceError as error:
+        ...     print(error)  # No space left on device while saving checkpoint 3 to ...
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_state_folder(name: str) -> bool:
+    """Whether ``name`` is a state folder name that a save writes (``state-<hex id>``)."""
+    return _STATE_FOLDER.fullmatch(name) is not None
+
+
+def write_file(obj: Any, path: Path) -> None:
+    """``torch.save`` that reaches the disk before returning (a later rename depends on it)."""
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The committed manifest of ``directory``, checked before anything it names is opened.
+
+    Raises:
+        FileNotFoundError: No directory, or no save into it ever completed.
+        CheckpointError: The manifest is damaged, from another format, or names a folder
+            outside the checkpoint.
+
+    Example:
+        >>> read_manifest("ckpt")["world_size"]
+        2
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"No checkpoint directory at {directory}.")
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{directory} holds no {MANIFEST}: it was not written by save_state, or no save "
+            "into it ever completed."
+        )
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError included
+        raise CheckpointError(f"{path} cannot be read ({error}); {_DAMAGED}.") from error
+    _check_manifest(manifest, path)
+    return manifest
+
+
+def _check_manifest(manifest: Any, path: Path) -> None:
+    if not isinstance(manifest, dict):
+        raise CheckpointError(
+            f"{path} holds a JSON {type(manifest).__name__}, not the object save_state writes; "
+            f"it was damaged or replaced: {_DAMAGED}."
+        )
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {manifest.get('format')!r}; this version of "
+            f"notebook_kit reads format {FORMAT_VERSION}."
+        )
+    for key, kind in _MANIFEST_FIELDS.items():
+        value = manifest.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(
+                f"{path} has {key!r} = {value!r}, not a {kind.__name__}; it was damaged or "
+                f"edited: {_DAMAGED}."
+            )
+    counts = manifest["counts"]
+    if not all(isinstance(count, int) and count >= 0 for count in counts.values()):
+        raise CheckpointError(f"{path} has invalid 'counts' {counts!r}; {_DAMAGED}.")
+    folder = manifest["folder"]
+    if not is_state_folder(folder) or (path.parent / folder).is_symlink():
+        raise CheckpointError(
+            f"{path} names the state folder {folder!r}, which is not a state-<id> folder "
+            f"inside {path.parent}; notebook_kit never reads outside the checkpoint. The "
+            f"manifest was edited or damaged: {_DAMAGED}."
+        )
+
+
+def load_file(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` of one checkpoint file, failures named and explained.
+
+    Example:
+        >>> load_file(Path("ckpt/state-0a1b/model_0.pt"))["weight"].shape
+        torch.Size([1, 2])
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Checkpoint file {path} is missing; the checkpoint was modified after it was saved."
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises a different type for each kind of damage
+        raise CheckpointError(
+            f"Checkpoint file {path} cannot be read: {_load_failure(error, path)}; {_DAMAGED}."
+        ) from error
+
+
+def _load_failure(error: Exception, path: Path) -> str:
+    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    if "Weights only load failed" in text:
+        return (
+            "it holds pickled objects other than tensors and plain containers, which are "
+            f"never executed ({text})"
+        )
+    if isinstance(error, EOFError):
+        return "it is empty" if path.stat().st_size == 0 else "it ends early (truncated)"
+    return f"it is damaged or not a file save_state wrote ({type(error).__name__}: {text})"
+
+
+def space_errno(error: BaseException) -> int | None:
+    """ENOSPC or EDQUOT if ``error`` (or what it was raised from) is a full disk, else None.
+
+    torch reports a failed write as ``RuntimeError: [enforce fail at inline_container.cc]``;
+    the OSError that says why is in its context.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return current.errno
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested state dict: what a save of it needs, roughly."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(value) for value in obj)
+    return 0
+
+
+def free_bytes(path: Path) -> int:
+    """Space available to this user on the filesystem holding ``path`` (or its parent)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize

@@ -1,0 +1,157 @@
+"""Checkpoints against real faults: a process SIGKILLed mid-save, a filesystem that is full.
+
+Both use real processes and real files, nothing patched: a child process is killed while it
+writes a large state, and a real, tiny tmpfs runs out of space (skipped where mounting is not
+permitted).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from notebook_kit import Accelerator
+from notebook_kit.accelerator.checkpointing import MANIFEST
+from notebook_kit.accelerator.configuration import ProjectConfiguration
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+
+WIDTH = 4096  # a 4096 x 2048 float32 layer: 32 MiB per model file, slow enough to be caught
+
+SAVER = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch import nn
+    from notebook_kit import Accelerator
+    from notebook_kit.accelerator.configuration import ProjectConfiguration
+
+    WIDTH = int(sys.argv[2])
+    accelerator = Accelerator(project_config=ProjectConfiguration(sys.argv[1], total_limit=2))
+    model = accelerator.prepare(nn.Linear(WIDTH, 2048, bias=False))
+    for index in range(3):
+        with torch.no_grad():
+            model.weight.fill_(float(index))
+        if index == 2:
+            print("third save", flush=True)
+        accelerator.save_state()
+    print("all saved", flush=True)
+    """
+)
+
+
+def _wait_for_partial_save(folder: Path, child: subprocess.Popen[str]) -> None:
+    """Return once a model file of the save into ``folder`` has bytes on disk."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        if any(f.stat().st_size > 0 for f in folder.glob("state-*/model_0.pt") if f.exists()):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the third save never started writing")
+
+
+def _loadable(folder: Path) -> float | None:
+    """The weight value of the checkpoint in ``folder``, or None if it does not load."""
+    accelerator = Accelerator()
+    model = accelerator.prepare(nn.Linear(WIDTH, 2048, bias=False))
+    try:
+        accelerator.load_state(folder)
+    except (FileNotFoundError, ValueError):
+        return None
+    return model.weight[0, 0].item()
+
+
+def test_total_limit_keeps_two_good_checkpoints_after_a_kill_mid_save(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SAVER, str(project), str(WIDTH)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "third save"
+        _wait_for_partial_save(project / "checkpoints" / "checkpoint_2", child)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    checkpoints = project / "checkpoints"
+    assert not (checkpoints / "checkpoint_2" / MANIFEST).exists(), "killed after the commit"
+
+    accelerator = Accelerator(project_config=ProjectConfiguration(project, total_limit=2))
+    model = accelerator.prepare(nn.Linear(WIDTH, 2048, bias=False))
+    accelerator.load_state()  # the newest *complete* checkpoint is chosen
+    assert model.weight[0, 0].item() == 1.0
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator.save_state()
+
+    values = {path.name: _loadable(path) for path in sorted(checkpoints.iterdir())}
+    assert sorted(v for v in values.values() if v is not None) == [1.0, 3.0], values
+    assert None not in values.values(), f"an incomplete checkpoint was kept: {values}"
+    reports = [str(w.message) for w in caught if "did not finish" in str(w.message)]
+    assert len(reports) == 1 and "checkpoint_2" in reports[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 3 MiB tmpfs; skipped where this process may not mount one."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_is_explained_cleaned_up_and_recoverable(small_disk: Path) -> None:
+    accelerator = Accelerator(project_dir=small_disk)
+    model = accelerator.prepare(nn.Linear(256, 256, bias=False))  # 256 KiB per save
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    accelerator.save_state()
+    filler = small_disk / "filler"
+    with open(filler, "wb") as handle:  # leave about 100 KiB free
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        handle.write(b"\0" * (free - 100 * 1024))
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    with pytest.raises(OSError) as caught:
+        accelerator.save_state()
+    message = str(caught.value)
+    target = small_disk / "checkpoints" / "checkpoint_1"
+    assert message.startswith(f"No space left on device while saving checkpoint 1 to {target}")
+    assert "needed ≈ 0.3 MB" in message
+    assert not target.exists(), "the partial save was left behind"
+
+    accelerator.load_state()  # the previous checkpoint still loads
+    assert model.weight[0, 0].item() == 1.0
+
+    filler.unlink()  # the user frees space; training goes on
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    assert accelerator.save_state().name == "checkpoint_1"
+    accelerator.load_state()
+    assert model.weight[0, 0].item() == 3.0

@@ -66,8 +66,7 @@ class LaunchPlan:
                 text += f", node {self.node_rank} of {self.num_nodes}, world size {self.world_size}"
                 if is_loopback(self.master_addr):
                     text += (
-                        f", every node on this machine (master_addr {self.master_addr} is "
-                        "loopback)"
+                        f", every node on this machine (master_addr {self.master_addr} is loopback)"
                     )
             threads = "thread" if self.threads == 1 else "threads"
             text += f", {self.threads} {threads} each"

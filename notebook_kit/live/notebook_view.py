@@ -158,6 +158,8 @@ class LiveObserver:
     def on_finish(self, summary: LaunchSummary) -> None:
         route_request = None
         try:
+            if not self._broken:
+                self._refresh()  # the last points and counts, before the widgets make way
             if self.stop is not None:
                 route_request = self.stop.finish()
             self.figure = self._final_figure()

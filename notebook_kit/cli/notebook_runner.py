@@ -27,7 +27,8 @@ def execute_notebook(
     """Execute every cell of ``path`` in a new kernel; stop at the first error.
 
     The notebook runs in its own folder, with widget state kept, so the saved copy shows
-    what a browser would. Each cell's text output is echoed once the cell has run.
+    what a browser would. Each cell's text output is echoed once the cell has run; widgets
+    are echoed as a short summary (``description: value`` per control, the text they show).
 
     Args:
         path: The notebook to run.
@@ -56,7 +57,11 @@ def execute_notebook(
     # The kernel's own log lines (its stderr) are not the notebook's output: keep them out.
     client.execute(stderr=subprocess.DEVNULL)
     if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, output)
+        if echo is not None:
+            echo.write(f"Saved the executed notebook to {output}\n")
+            echo.flush()
     return notebook
 
 

@@ -8,7 +8,6 @@ import pytest
 from matplotlib.figure import Figure
 
 import notebook_kit.live.notebook_view as notebook_view
-
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.live.display import default_observer, notebook_front_end
 from notebook_kit.live.headless import HeadlessObserver, QuietObserver
@@ -128,7 +127,8 @@ def test_live_observer_sends_only_new_points_and_shows_progress_without_an_empty
     observer.on_message(0, BATCH_KIND, batch)
     observer.on_tick()
     assert sent[-1] == {"points": {"loss": [[30], [0.1]]}}  # only the new step travels
-    assert (progress.bar.max, progress.bar.value) == (100, 31) and progress.bar.layout.display is None
+    assert (progress.bar.max, progress.bar.value) == (100, 31)
+    assert progress.bar.layout.display is None  # a total: the bar shows
     assert observer.plot.plot.spec["panels"] == [{"label": "loss", "names": ["loss"]}]
     flag.close()
 
@@ -155,7 +155,8 @@ def test_after_the_run_a_summary_png_and_rank_text_replace_the_widgets(
     assert "evaluation rounds" in details["text/plain"]
     assert "--- rank 1 · 1 line ---\nepoch 3: val_loss 0.5" in details["text/plain"]
     record = last_run()
-    assert record is not None and record.stopped and record.metrics["loss"][:2] == [(0, 1.0), (1, 0.5)]
+    assert record is not None and record.stopped
+    assert record.metrics["loss"][:2] == [(0, 1.0), (1, 0.5)]
     assert isinstance(record.figure, Figure) and record.figure.axes
     assert observer.box is not None and observer.box.comm is None  # widgets closed
     flag.close()

@@ -66,9 +66,12 @@ def _run_all(client: Any, msg_id: str, timeout: float, on_message: Any = None) -
         if on_message is not None:
             on_message(message)
         mine = message["parent_header"].get("msg_id") == msg_id
-        if mine and message["msg_type"] == "status":
-            if message["content"]["execution_state"] == "idle":
-                return messages
+        if (
+            mine
+            and message["msg_type"] == "status"
+            and message["content"]["execution_state"] == "idle"
+        ):
+            return messages
     raise AssertionError("the cell did not finish")
 
 
@@ -91,10 +94,8 @@ class _Clicker:
             request = self.client.session.msg("create_subshell_request", {})
             self.client.control_channel.send(request)
             reply = self.client.control_channel.get_msg(timeout=10)
-            click = self.client.session.msg(
-                "comm_msg",
-                {"comm_id": self.button, "data": {"method": "custom", "content": {"event": "click"}}},
-            )
+            data = {"method": "custom", "content": {"event": "click"}}
+            click = self.client.session.msg("comm_msg", {"comm_id": self.button, "data": data})
             click["header"]["subshell_id"] = reply["content"]["subshell_id"]
             self.client.shell_channel.send(click)
 

@@ -2,8 +2,8 @@
 
 While the workers train the cell holds one fixed-height widget: a status line, the Stop button
 beside the progress bar, the plot (drawn in the browser from only the new points), and tabs
-with the evaluation table and each rank's output. Plot and tabs take their place with the
-first metric or line, or one second into the run, whichever comes first, and keep it.
+with the evaluation table and each rank's output. Every part has its height from the start
+(the plot and the tabs say what they are waiting for), so nothing below the cell moves.
 
 When the run ends, the widget is replaced in place by plain outputs that need no widget state
 (:mod:`notebook_kit.live.summary`): the one-line summary, the final plot as a PNG, the table
@@ -37,7 +37,6 @@ from notebook_kit.live.summary import details_bundle, figure_bundle, summary_bun
 __all__ = ["LiveObserver"]
 
 _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the loop wakes
-_RESERVE_SECONDS = 1.0  # plot and output take their place by then at the latest
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
@@ -64,23 +63,19 @@ class LiveObserver:
         self.figure: Any = None
         self._handle: Any = None
         self._keeper: BusyKeeper | None = None
-        self._started = 0.0
         self._last_refresh = 0.0
-        self._reserved = False
         self._evals: list[str] = []
         self._stopping_shown = False
         self._broken = False
 
     def on_start(self, info: LaunchInfo) -> None:
         self.info = info
-        self._started = time.monotonic()
         self.stop = StopButton(info.stop_flag)
         self.progress = ProgressBar()
         self.output = RankOutput(info.ranks)
         self.status.value = _status_html(info.banner)
         header = widgets.HBox([self.stop.widget, self.progress.widget])
         header.add_class("nk-header")
-        self.plot.widget.layout.display = self.output.widget.layout.display = "none"
         self.box = widgets.VBox(
             [self.status, header, self.stop.note, self.plot.widget, self.output.widget]
         )
@@ -119,7 +114,6 @@ class LiveObserver:
         if self.progress is not None:
             self.progress.show(self.recorder.progress)
         if self.output is not None:
-            self._reserve_space()
             self.output.refresh()
         self.plot.refresh(self.recorder.metrics, self.recorder.progress)
         self._refresh_table()
@@ -127,15 +121,6 @@ class LiveObserver:
         if dropped and info is not None:
             note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
             self.status.value = _status_html(info.banner, note)
-
-    def _reserve_space(self) -> None:
-        """Show plot and tabs at their full height once the run has something to show."""
-        if self._reserved or self.output is None:
-            return
-        waited = time.monotonic() - self._started >= _RESERVE_SECONDS
-        if waited or self.output.printed or self.plot.feed.counts:
-            self._reserved = True
-            self.plot.widget.layout.display = self.output.widget.layout.display = None
 
     def _refresh_table(self) -> None:
         evals = self.plot.evals

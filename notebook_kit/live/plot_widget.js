@@ -95,7 +95,6 @@ function render({ model, el }) {
   const root = document.createElement("div");
   root.className = "nk-plot-area";
   el.appendChild(root);
-  el.nkDraws = [];  // (time, newest x) of every draw: what tests and benchmarks read
   let canvases = [], pointer = null, pending = false;
 
   const load = (snapshot) => {
@@ -145,11 +144,8 @@ function render({ model, el }) {
     if (!panels.length) drawEmpty(canvases[0], spec.waiting || "");
     panels.forEach((panel, i) => drawPanel(canvases[i], panel, spec.x_label || "step", options,
       pointer && pointer.i === i ? pointer.x : null));
-    if (newest > -Infinity) {
-      el.dataset.lastX = String(newest);
-      el.nkDraws.push([Date.now(), newest]);
-      if (el.nkDraws.length > 5000) el.nkDraws.splice(0, 1000);
-    }
+    // The newest step drawn, on the element: what tests and benchmarks watch.
+    if (newest > -Infinity) el.dataset.lastX = String(newest);
   }
 
   function prepare(canvas) {

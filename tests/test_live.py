@@ -41,6 +41,7 @@ def test_rank_output_groups_lines_and_marks_errors() -> None:
     assert output.widget.titles[1] == "rank 1 ✗"
     static = output.static_html()
     assert "<details open><summary style" in static and "rank 1 ✗ · 1 line" in static
+    assert static.count("<details open>") == 2  # short outputs are shown open
     assert output.text().splitlines() == [
         "--- rank 0 · 1 line ---",
         "epoch 0 <done>",

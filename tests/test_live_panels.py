@@ -110,7 +110,7 @@ def test_table_rows_are_evaluation_rounds_with_training_averages() -> None:
     table = build_table(train, {"val_loss": [(4, 0.5), (9, 0.25)]}, "epoch")
     assert table.columns == ("epoch", "loss (avg)", "val_loss")
     assert table.rows == ((4, 2.0, 0.5), (9, 7.0, 0.25))
-    assert "<th>val_loss</th>" in table.html() and table.text().splitlines()[2].split() == [
+    assert ">val_loss</th>" in table.html() and table.text().splitlines()[2].split() == [
         "9",
         "7",
         "0.25",

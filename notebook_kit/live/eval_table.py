@@ -15,6 +15,7 @@ __all__ = ["EvalTable", "build_table"]
 
 History = list[tuple[int, float]]
 _TRAIN_COLUMNS = 3  # training metrics shown beside the evaluation ones
+_PAD = ' style="padding:1px 10px"'
 _LIVE_ROWS = 200  # newest rows shown while running; the saved table has them all
 
 
@@ -40,9 +41,10 @@ class EvalTable:
     def html(self, last: int | None = None) -> str:
         """An HTML table (the newest ``last`` rows, or all)."""
         rows = self.rows[-last:] if last else self.rows
-        head = "".join(f"<th>{html.escape(column)}</th>" for column in self.columns)
+        head = "".join(f"<th{_PAD}>{html.escape(column)}</th>" for column in self.columns)
         body = "".join(
-            "<tr>" + "".join(f"<td>{_cell(value)}</td>" for value in row) + "</tr>" for row in rows
+            "<tr>" + "".join(f"<td{_PAD}>{_cell(value)}</td>" for value in row) + "</tr>"
+            for row in rows
         )
         return (
             '<table class="nk-eval-table" style="border-collapse:collapse;font-size:12px;'

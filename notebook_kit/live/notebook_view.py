@@ -37,6 +37,7 @@ from notebook_kit.live.summary import details_bundle, figure_bundle, summary_bun
 __all__ = ["LiveObserver"]
 
 _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the loop wakes
+BOX_HEIGHT = "566px"  # status, header, controls, plot, tabs, and their margins
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
@@ -54,6 +55,7 @@ class LiveObserver:
         self.status = widgets.HTML()
         self.status.add_class("nk-status")
         self.status.layout.overflow = "hidden"
+        self.status.layout.height = "24px"
         self.info: LaunchInfo | None = None
         self.stop: StopButton | None = None
         self.progress: ProgressBar | None = None
@@ -75,11 +77,13 @@ class LiveObserver:
         self.output = RankOutput(info.ranks)
         self.status.value = _status_html(info.banner)
         header = widgets.HBox([self.stop.widget, self.progress.widget])
+        header.layout.height = "36px"
         header.add_class("nk-header")
         self.box = widgets.VBox(
             [self.status, header, self.stop.note, self.plot.widget, self.output.widget]
         )
         self.box.add_class("nk-live")
+        self.box.layout.height = BOX_HEIGHT  # before the parts have rendered, too
         fallback = f"{info.banner} (live view; a summary replaces it when the run ends)"
         view = {"version_major": 2, "version_minor": 0, "model_id": self.box.model_id}
         bundle = {_WIDGET_VIEW: view, "text/plain": fallback}

@@ -67,21 +67,24 @@ class LivePlot:
         self.x_unit: XUnit = "step"
         self.plot = PlotWidget(spec=_spec([], [], "step", height))
         self.plot.add_class("nk-plot")
+        self.plot.layout.height = f"{height}px"  # before the browser has loaded the script
         self.smoothing = widgets.FloatSlider(
             value=0.0, min=0.0, max=0.99, step=0.01, description="smoothing",
             readout_format=".2f", style={"description_width": "initial"},
             layout=widgets.Layout(width="260px"),
         )  # fmt: skip
-        self.y_scale = widgets.ToggleButtons(
+        self.y_scale = widgets.Dropdown(
             options=list(Y_SCALES), value="auto", description="y axis",
-            tooltips=["log when positive values span 1000×", "linear", "logarithmic"],
-            style={"button_width": "56px", "description_width": "initial"},
+            tooltip="auto: log once positive values span 1000×",
+            layout=widgets.Layout(width="150px"), style={"description_width": "initial"},
         )  # fmt: skip
         self._links = [
             widgets.jslink((self.smoothing, "value"), (self.plot, "smoothing")),
             widgets.jslink((self.y_scale, "index"), (self.plot, "y_scale")),
         ]
-        controls = widgets.HBox([self.smoothing, self.y_scale])
+        controls = widgets.HBox(
+            [self.smoothing, self.y_scale], layout=widgets.Layout(height="34px")
+        )
         controls.add_class("nk-plot-controls")
         self.widget = widgets.VBox([controls, self.plot])
         self._height = height

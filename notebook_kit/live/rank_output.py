@@ -22,6 +22,8 @@ __all__ = ["RankOutput", "last_segment"]
 _KEPT_LINES = 400  # per rank; older lines scroll away
 ERROR_COLOUR = "#b00020"
 PANE_HEIGHT = "9.5em"
+TABS_HEIGHT = "200px"
+_OPEN_LINES = 15  # a rank's output this short is shown open after the run
 _PRE_STYLE = "margin:0;font-size:12px;line-height:1.3;white-space:pre-wrap"
 _NOTHING = '<span style="color:#888">nothing printed yet</span>'
 
@@ -58,6 +60,7 @@ class RankOutput:
         self._leading: list[tuple[str, widgets.Widget]] = []
         self.widget = widgets.Tab(children=[self._panes[rank] for rank in ranks])
         self.widget.add_class("nk-rank-output")
+        self.widget.layout.height = TABS_HEIGHT  # the tab bar and a pane, before they render
         self._titles = tuple(self._rank_titles())
         self.widget.titles = self._titles
 
@@ -113,16 +116,16 @@ class RankOutput:
         return any(self._counts.values())
 
     def static_html(self) -> str:
-        """Each rank's output in a ``<details>`` block; failed ranks open, in red."""
+        """Each rank's output in a ``<details>`` block: open when short or failed (in red)."""
         blocks = []
         for rank in self.ranks:
             if not self._counts[rank]:
                 continue
-            failed = rank in self._failed
+            failed, count = rank in self._failed, self._counts[rank]
             title = f"rank {rank}{' ✗' if failed else ''} · {self._count_text(rank)}"
             colour = f' style="color:{ERROR_COLOUR}"' if failed else ""
             blocks.append(
-                f"<details{' open' if failed else ''}><summary{colour}>{html.escape(title)}"
+                f"<details{' open' if failed or count <= _OPEN_LINES else ''}><summary{colour}>{html.escape(title)}"
                 f'</summary><pre style="{_PRE_STYLE}">{chr(10).join(self._lines[rank])}'
                 "</pre></details>"
             )

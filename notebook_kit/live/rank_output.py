@@ -124,8 +124,9 @@ class RankOutput:
             failed, count = rank in self._failed, self._counts[rank]
             title = f"rank {rank}{' ✗' if failed else ''} · {self._count_text(rank)}"
             colour = f' style="color:{ERROR_COLOUR}"' if failed else ""
+            opened = " open" if failed or count <= _OPEN_LINES else ""
             blocks.append(
-                f"<details{' open' if failed or count <= _OPEN_LINES else ''}><summary{colour}>{html.escape(title)}"
+                f"<details{opened}><summary{colour}>{html.escape(title)}"
                 f'</summary><pre style="{_PRE_STYLE}">{chr(10).join(self._lines[rank])}'
                 "</pre></details>"
             )

@@ -71,6 +71,8 @@ def test_execute_prints_cell_and_widget_output_and_saves(tmp_path):
     assert "--- rank 1 · 1 line ---" in lines and "hello from rank 1" in lines
     executed = nbformat.read(tmp_path / "done.ipynb", as_version=4)
     assert executed.cells[0].outputs[0]["text"] == "first cell\n"
+    assert "widgets" not in executed.metadata  # the live view's widgets closed: no stale state
+    assert lines[-1] == f"Saved the executed notebook to {tmp_path / 'done.ipynb'}"
 
 
 @pytest.mark.integration

@@ -45,7 +45,7 @@ def execute_notebook(
     """
     source = Path(path)
     notebook = nbformat.read(source, as_version=4)
-    client = NotebookClient(
+    client = _ClosingClient(
         notebook,
         timeout=int(timeout),
         kernel_name=kernel_name,
@@ -63,6 +63,18 @@ def execute_notebook(
             echo.write(f"Saved the executed notebook to {output}\n")
             echo.flush()
     return notebook
+
+
+class _ClosingClient(NotebookClient):
+    """Saves the state of the widgets still open at the end, not of those the notebook closed
+    (the live view closes its widgets once plain outputs replace them)."""
+
+    def process_message(self, msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+        if msg["msg_type"] == "comm_close":
+            comm_id = msg["content"].get("comm_id")
+            self.widget_state.pop(comm_id, None)
+            self.widget_buffers.pop(comm_id, None)
+        return super().process_message(msg, cell, cell_index)
 
 
 def _echo_cell(cell: Any, widgets: dict[str, Any], stream: TextIO) -> None:

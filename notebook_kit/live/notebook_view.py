@@ -212,11 +212,20 @@ class LiveObserver:
 
 
 def close_tree(widget: widgets.Widget) -> None:
-    """Close ``widget`` and every widget below it (children, tab panes), once each."""
+    """Close ``widget`` and every widget below it (children, tab panes), once each.
+
+    Text is emptied first: some savers (nbclient) keep the last state of closed widgets, and
+    the run's output already stands in the cell as plain text.
+    """
     for child in getattr(widget, "children", ()):
         close_tree(child)
-    with contextlib.suppress(KeyError):  # already closed, or never opened without a kernel
-        widget.close()
+    if isinstance(widget, widgets.HTML) and widget.comm is not None and widget.value:
+        widget.value = ""
+    parts = [getattr(widget, name, None) for name in ("layout", "style")]  # models of their own
+    for part in (widget, *parts):
+        if isinstance(part, widgets.Widget):
+            with contextlib.suppress(KeyError):  # already closed, or never opened (no kernel)
+                part.close()
 
 
 def _status_html(banner: str, note: str = "") -> str:

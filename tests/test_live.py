@@ -149,7 +149,8 @@ def test_after_the_run_a_summary_png_and_rank_text_replace_the_widgets(
     observer.on_finish(summary)
     ending, figure, details = shown[1:]
     assert ending["text/plain"] == (
-        "Finished in 2.1 s · 30 steps · loss 0.03333 · val_loss 0.5 · stopped by you"
+        "Finished in 2.1 s · 30 steps · loss 0.03333 · val_loss 0.5 · stopped by you\n"
+        "Launching 2 processes"
     )
     assert "nk-summary" in ending["text/html"]
     assert figure["image/png"].startswith(b"\x89PNG") and "loss, val_loss" in figure["text/plain"]
@@ -170,7 +171,7 @@ def test_live_observer_reports_a_failed_rank(shown: list[dict[str, Any]]) -> Non
     failure = WorkerFailure(1, 1, "ValueError", "bad", "Traceback...", 0.0)
     summary = LaunchSummary((RankSummary(0, -15, 1.0), RankSummary(1, 1, 1.0)), 1.0, (failure,))
     observer.on_finish(summary)
-    assert shown[1]["text/plain"] == "Failed after 1.0 s: rank 1 (ValueError)"
+    assert shown[1]["text/plain"].startswith("Failed after 1.0 s: rank 1 (ValueError)\n")
     assert "#b00020" in shown[1]["text/html"] and len(shown) == 2  # no plot, no output
     record = last_run()
     assert record is not None and not record.succeeded and record.figure is None

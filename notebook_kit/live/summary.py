@@ -72,7 +72,8 @@ def _number(value: float) -> str:
 
 
 def summary_bundle(line: str, outcome: str, banner: str) -> dict[str, str]:
-    """The summary as HTML (coloured by outcome, the launch banner below) and as text."""
+    """The summary as HTML (coloured by outcome, the launch banner below) and as text
+    (the same two lines)."""
     colour = _COLOURS.get(outcome, "inherit")
     icon = _ICONS.get(outcome, "")
     head, _, rest = line.partition(" · ")
@@ -82,7 +83,7 @@ def summary_bundle(line: str, outcome: str, banner: str) -> dict[str, str]:
         f'<span style="color:{colour}">{icon} <b>{html.escape(head)}</b></span>{tail}</div>'
         f'<div class="nk-banner" style="color:#666;font-size:11px">{html.escape(banner)}</div>'
     )
-    return {"text/html": body, "text/plain": line}
+    return {"text/html": body, "text/plain": f"{line}\n{banner}" if banner else line}
 
 
 def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:

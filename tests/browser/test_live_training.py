@@ -3,17 +3,21 @@
 Mid-run and at the end the page is photographed and checked: the plot keeps up with the bar,
 the cell keeps its height, the kernel shows Busy in the status bar and through
 ``/api/kernels``, and the end of the run is a summary line, the final plot as an image, the
-evaluation table and each rank's output.
+evaluation table and each rank's output. The notebook saved from Lab, rendered by nbconvert
+without widget state (as GitHub shows it), shows the same.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
+from nbconvert import HTMLExporter
 
 from tests.browser.lab import LabNotebook
 from tests.browser.live_recorder import (
@@ -79,6 +83,38 @@ def test_run_all_shows_a_live_view_that_keeps_up_and_leaves_a_readable_cell(
     assert dropdown_text(panel, "num_processes") == "2" and dropdown_text(panel, "live") == "auto"
     assert notebook.outputs(launch)[-1]["data"]["text/plain"] == "(100, False)"
     assert end_shot.exists() and mid["path"].exists()
+    _check_saved_notebook_through_nbconvert(page, notebook, lab_server, shots)
+
+
+def _check_saved_notebook_through_nbconvert(
+    page: Any, notebook: LabNotebook, server: LabServer, shots: Path
+) -> None:
+    """Saved from Lab and rendered by nbconvert without widget state, as GitHub shows it."""
+    before = (server.root / NOTEBOOK).stat().st_mtime_ns
+    page.evaluate("() => { window.jupyterapp.commands.execute('docmanager:save'); }")
+    deadline = time.monotonic() + 30
+    while (server.root / NOTEBOOK).stat().st_mtime_ns == before:
+        assert time.monotonic() < deadline, "the notebook was not saved"
+        time.sleep(0.2)
+    time.sleep(0.5)  # the write may still be finishing
+    saved = nbformat.read(server.root / NOTEBOOK, as_version=4)
+    saved.metadata.pop("widgets", None)
+    body, _ = HTMLExporter().from_notebook_node(saved)
+    html_path = shots / "03-nbconvert.html"
+    html_path.write_text(body)
+    page.goto(html_path.as_uri())
+    page.wait_for_load_state("load")
+    _screenshot(page, shots, "03-nbconvert")
+    summaries = page.locator(".nk-summary").all_inner_texts()
+    assert len(summaries) == 2 and all(s.startswith("✓ Finished in") for s in summaries)
+    loaded = page.evaluate(
+        "() => Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0).length"
+    )
+    assert loaded == 2, "both final plots show as images"
+    assert page.locator("table.nk-eval-table").count() == 2
+    text = page.locator("body").inner_text()
+    assert "rank 1 · 4 lines" in text and "epoch 3: val_loss" in text
+    assert "Error displaying widget" not in text and "VBox(" not in text
 
 
 def _check_plot_kept_up(samples: list[dict[str, Any]]) -> None:

@@ -59,7 +59,9 @@ def _refresh_devices(training_args: Any, context: LaunchContext) -> None:
     state = getattr(training_args, "distributed_state", None)
     if not cached or state is None:
         return
-    if (state.num_processes, state.process_index) == (context.world_size, context.rank):
+    # Accelerate's state lives in a shared dict, cleared in a worker when it was the kernel's.
+    current = state.initialized and (state.num_processes, state.process_index)
+    if current == (context.world_size, context.rank):
         return
     del training_args.__dict__["_setup_devices"]
     training_args.distributed_state = None

@@ -1,0 +1,256 @@
+"""Each rung of the ladder on two forked workers: raw DDP, Accelerate's Accelerator, the Trainer.
+
+What the workers logged must be what ``last_run()`` holds, every rung must see the launch's
+world size without being told, and trained weights must come home to the kernel's model.
+Stopping each rung through the Stop button is in ``test_ladder_stop_integration.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import Dataset
+
+import notebook_kit
+from notebook_kit import last_run, notebook_launcher
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install notebook_kit[transformers])",
+)
+needs_accelerate = pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None,
+    reason="accelerate is not installed (pip install accelerate)",
+)
+
+
+def _gathered(value: Any) -> list[Any]:
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone
+
+
+def same_history(actual: list[tuple[int, float]], expected: list[tuple[int, float]]) -> bool:
+    """Same steps, values equal up to float rounding."""
+    steps = [step for step, _ in actual] == [step for step, _ in expected]
+    return steps and [v for _, v in actual] == pytest.approx([v for _, v in expected])
+
+
+def _mean_by_step(ranks: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    by_step: dict[int, list[float]] = {}
+    for logged in ranks:
+        for step, value in logged:
+            by_step.setdefault(step, []).append(value)
+    return [(step, sum(values) / len(values)) for step, values in sorted(by_step.items())]
+
+
+# -- rung 1: torch.distributed and DistributedDataParallel, no Accelerator ---------------------
+
+
+def raw_ddp(steps: int, pause: float = 0.0) -> list[dict[str, Any]]:
+    """A hand-written DDP loop using only notebook_kit.log / should_stop / progress."""
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    notebook_kit.progress(total=steps)
+    logged, step = [], 0
+    for step in range(steps):
+        inputs = torch.randn(16, 4, generator=generator)
+        loss = nn.functional.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        notebook_kit.log({"loss": loss.detach()}, step=step)  # a tensor: read off the loop
+        logged.append((step, loss.item()))
+        time.sleep(pause)
+        if notebook_kit.should_stop():
+            break
+    return _gathered({"logged": logged, "last_step": step})
+
+
+def test_raw_ddp_loop_gets_metrics_progress_and_a_normal_return() -> None:
+    ranks = notebook_launcher(raw_ddp, args=(40,), num_processes=2, live=False)
+    record = last_run()
+    assert record is not None and record.succeeded and not record.stopped
+    assert same_history(record.metrics["loss"], _mean_by_step([r["logged"] for r in ranks]))
+    assert same_history(record.rank_metrics[1]["loss"], ranks[1]["logged"])
+    assert record.steps == 40  # each should_stop() call counted one step
+
+
+def test_module_level_calls_outside_a_launch_do_nothing() -> None:
+    notebook_kit.log({"loss": 1.0}, step=0)
+    notebook_kit.progress(10)
+    assert notebook_kit.should_stop() is False
+
+
+# -- rung 2: Hugging Face Accelerate's own Accelerator -----------------------------------------
+
+
+def accelerate_loop(model: nn.Module, steps: int, pause: float = 0.0) -> dict[str, Any]:
+    from accelerate import Accelerator
+
+    from notebook_kit.integrations import LiveViewTracker
+
+    accelerator = Accelerator(log_with=LiveViewTracker())  # no cpu=True
+    accelerator.init_trackers("ladder", config={"lr": 0.05})
+    prepared, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    generator = torch.Generator().manual_seed(accelerator.process_index)
+    logged, step = [], 0
+    for step in range(steps):
+        inputs = torch.randn(16, 4, generator=generator)
+        loss = nn.functional.mse_loss(prepared(inputs), inputs.sum(dim=1, keepdim=True))
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.log({"loss": loss.item(), "lr": 0.05}, step=step)
+        logged.append((step, loss.item()))
+        time.sleep(pause)
+        if notebook_kit.should_stop():
+            break
+    accelerator.end_training()
+    return {
+        "num_processes": accelerator.num_processes,
+        "device": accelerator.device.type,
+        "logged": logged,
+        "last_steps": _gathered(step),
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+    }
+
+
+@needs_accelerate
+def test_accelerate_accelerator_joins_the_launch_logs_live_and_sends_weights_home() -> None:
+    from accelerate.state import PartialState
+
+    PartialState()  # a state made in the kernel before the launch: one process, must not leak
+    model = nn.Linear(4, 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        result = notebook_launcher(accelerate_loop, args=(model, 12), num_processes=2, live=False)
+    finally:
+        PartialState._reset_state()
+    assert result["num_processes"] == 2 and result["device"] == "cpu"
+    record = last_run()
+    assert record is not None and record.succeeded
+    # Accelerate logs on the main process only: the plot shows rank 0's values.
+    assert same_history(record.metrics["loss"], result["logged"])
+    assert set(record.rank_metrics) == {0}
+    assert record.steps == 12  # the logged step moves the bar
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, result["weights"][name])
+        assert not torch.equal(value, before[name])
+
+
+# -- rung 3: the Transformers Trainer ----------------------------------------------------------
+
+
+class Tokens(Dataset):
+    """Token sequences whose label is whether the first token is in the upper half."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 32, (size, 8), generator=generator)
+        self.labels = (self.ids[:, 0] >= 16).long()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.labels[index]}
+
+
+def tiny_bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=16, num_labels=2,
+    )  # fmt: skip
+    return BertForSequenceClassification(config)  # random weights: nothing is downloaded
+
+
+def training_arguments(output_dir: Path, **overrides: Any) -> Any:
+    from transformers import TrainingArguments
+
+    settings: dict[str, Any] = {
+        "output_dir": str(output_dir), "per_device_train_batch_size": 4, "num_train_epochs": 2,
+        "logging_steps": 2, "eval_strategy": "epoch", "report_to": "none",
+        "save_strategy": "no", "learning_rate": 1e-3, "seed": 0,
+    }  # fmt: skip
+    return TrainingArguments(**{**settings, **overrides})
+
+
+def train_with_trainer(
+    model: nn.Module, output_dir: Path, arguments: Any = None, pause: float = 0.0
+) -> dict[str, Any]:
+    from transformers import Trainer, TrainerCallback
+
+    class Slow(TrainerCallback):  # lets a test click Stop mid-run
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(pause)
+
+    arguments = arguments or training_arguments(output_dir)
+    trainer = Trainer(
+        model=model,
+        args=arguments,
+        train_dataset=Tokens(64),
+        eval_dataset=Tokens(16, seed=1),
+        callbacks=[Slow()],
+    )
+    output = trainer.train()
+    return {
+        "world_size": arguments.world_size,
+        "global_steps": _gathered(output.global_step),
+        "log_history": trainer.state.log_history,
+        "callbacks": [type(callback).__name__ for callback in trainer.callback_handler.callbacks],
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+    }
+
+
+@needs_transformers
+def test_trainer_trains_as_one_job_and_streams_its_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = notebook_launcher(train_with_trainer, args=(model, tmp_path), num_processes=2)
+    printed = capsys.readouterr()
+    # 64 samples, 4 per device, 2 ranks, 2 epochs: 16 steps (32 if each rank trained alone).
+    assert result["world_size"] == 2 and result["global_steps"] == [16, 16]
+    assert "LiveViewCallback" in result["callbacks"]
+    assert "ProgressCallback" not in result["callbacks"]
+    record = last_run()
+    assert record is not None and record.succeeded and record.steps == 16
+    history = result["log_history"]
+    for name in ("loss", "learning_rate", "grad_norm", "epoch", "eval_loss"):
+        # One value per step (``epoch`` comes with both the training and the eval log).
+        by_step = {entry["step"]: entry[name] for entry in history if name in entry}
+        expected = sorted(by_step.items())
+        assert expected and same_history(record.rank_metrics[0][name], expected), name
+    assert "train_runtime" in history[-1] and "train_runtime" not in record.metrics
+    # The Trainer's tqdm bar, its printed log dicts and the pinned-memory warning stay out.
+    output = printed.out + printed.err
+    assert "it/s]" not in output and "{'loss'" not in output and "pin_memory" not in output
+    # The kernel's model object now holds rank 0's trained weights.
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, result["weights"][name]), name
+    assert any(not torch.equal(model.state_dict()[k], before[k]) for k in before)
+
+
+@needs_transformers
+def test_trainer_arguments_made_in_the_kernel_still_see_the_launch(tmp_path: Path) -> None:
+    arguments = training_arguments(tmp_path, num_train_epochs=1)  # device set up here, alone
+    assert arguments.world_size == 1
+    result = notebook_launcher(
+        train_with_trainer, args=(tiny_bert(), tmp_path, arguments), num_processes=2, live=False
+    )
+    assert result["world_size"] == 2 and result["global_steps"] == [8, 8]

@@ -8,18 +8,22 @@ Stopping each rung through the Stop button is in ``test_ladder_stop_integration.
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.utils.data import Dataset
 
 import notebook_kit
 from notebook_kit import last_run, notebook_launcher
+from tests.ladder_rungs import (
+    accelerate_loop,
+    accelerator_loop,
+    raw_ddp,
+    tiny_bert,
+    train_with_trainer,
+    training_arguments,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -31,12 +35,6 @@ needs_accelerate = pytest.mark.skipif(
     importlib.util.find_spec("accelerate") is None,
     reason="accelerate is not installed (pip install accelerate)",
 )
-
-
-def _gathered(value: Any) -> list[Any]:
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, value)
-    return everyone
 
 
 def same_history(actual: list[tuple[int, float]], expected: list[tuple[int, float]]) -> bool:
@@ -56,27 +54,6 @@ def _mean_by_step(ranks: list[list[tuple[int, float]]]) -> list[tuple[int, float
 # -- rung 1: torch.distributed and DistributedDataParallel, no Accelerator ---------------------
 
 
-def raw_ddp(steps: int, pause: float = 0.0) -> list[dict[str, Any]]:
-    """A hand-written DDP loop using only notebook_kit.log / should_stop / progress."""
-    generator = torch.Generator().manual_seed(dist.get_rank())
-    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    notebook_kit.progress(total=steps)
-    logged, step = [], 0
-    for step in range(steps):
-        inputs = torch.randn(16, 4, generator=generator)
-        loss = nn.functional.mse_loss(model(inputs), inputs.sum(dim=1, keepdim=True))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        notebook_kit.log({"loss": loss.detach()}, step=step)  # a tensor: read off the loop
-        logged.append((step, loss.item()))
-        time.sleep(pause)
-        if notebook_kit.should_stop():
-            break
-    return _gathered({"logged": logged, "last_step": step})
-
-
 def test_raw_ddp_loop_gets_metrics_progress_and_a_normal_return() -> None:
     ranks = notebook_launcher(raw_ddp, args=(40,), num_processes=2, live=False)
     record = last_run()
@@ -92,38 +69,24 @@ def test_module_level_calls_outside_a_launch_do_nothing() -> None:
     assert notebook_kit.should_stop() is False
 
 
-# -- rung 2: Hugging Face Accelerate's own Accelerator -----------------------------------------
+# -- rung 2: notebook_kit's Accelerator, and Hugging Face Accelerate's own ----------------------
 
 
-def accelerate_loop(model: nn.Module, steps: int, pause: float = 0.0) -> dict[str, Any]:
-    from accelerate import Accelerator
+def test_accelerator_writes_tensorboard_next_to_the_live_plot(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from notebook_kit.integrations import LiveViewTracker
-
-    accelerator = Accelerator(log_with=LiveViewTracker())  # no cpu=True
-    accelerator.init_trackers("ladder", config={"lr": 0.05})
-    prepared, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    generator = torch.Generator().manual_seed(accelerator.process_index)
-    logged, step = [], 0
-    for step in range(steps):
-        inputs = torch.randn(16, 4, generator=generator)
-        loss = nn.functional.mse_loss(prepared(inputs), inputs.sum(dim=1, keepdim=True))
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        accelerator.log({"loss": loss.item(), "lr": 0.05}, step=step)
-        logged.append((step, loss.item()))
-        time.sleep(pause)
-        if notebook_kit.should_stop():
-            break
-    accelerator.end_training()
-    return {
-        "num_processes": accelerator.num_processes,
-        "device": accelerator.device.type,
-        "logged": logged,
-        "last_steps": _gathered(step),
-        "weights": {k: v.clone() for k, v in model.state_dict().items()},
-    }
+    options = {"log_with": "tensorboard", "project_dir": str(tmp_path)}
+    result = notebook_launcher(
+        accelerator_loop, args=(10,), kwargs=options, num_processes=2, live=False
+    )
+    record = last_run()
+    assert record is not None and record.succeeded and record.steps == 10
+    assert same_history(record.rank_metrics[0]["loss"], result["logged"])
+    events = EventAccumulator(str(tmp_path / "ladder"))  # project_dir/project_name
+    events.Reload()
+    written = [(event.step, event.value) for event in events.Scalars("loss")]
+    assert same_history(written, result["logged"])  # rank 0 writes, as in Accelerate
+    assert len(list((tmp_path / "ladder").glob("events.out.tfevents.*"))) >= 1
 
 
 @needs_accelerate
@@ -150,70 +113,6 @@ def test_accelerate_accelerator_joins_the_launch_logs_live_and_sends_weights_hom
 
 
 # -- rung 3: the Transformers Trainer ----------------------------------------------------------
-
-
-class Tokens(Dataset):
-    """Token sequences whose label is whether the first token is in the upper half."""
-
-    def __init__(self, size: int, seed: int = 0) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, 32, (size, 8), generator=generator)
-        self.labels = (self.ids[:, 0] >= 16).long()
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "labels": self.labels[index]}
-
-
-def tiny_bert() -> nn.Module:
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=16, num_labels=2,
-    )  # fmt: skip
-    return BertForSequenceClassification(config)  # random weights: nothing is downloaded
-
-
-def training_arguments(output_dir: Path, **overrides: Any) -> Any:
-    from transformers import TrainingArguments
-
-    settings: dict[str, Any] = {
-        "output_dir": str(output_dir), "per_device_train_batch_size": 4, "num_train_epochs": 2,
-        "logging_steps": 2, "eval_strategy": "epoch", "report_to": "none",
-        "save_strategy": "no", "learning_rate": 1e-3, "seed": 0,
-    }  # fmt: skip
-    return TrainingArguments(**{**settings, **overrides})
-
-
-def train_with_trainer(
-    model: nn.Module, output_dir: Path, arguments: Any = None, pause: float = 0.0
-) -> dict[str, Any]:
-    from transformers import Trainer, TrainerCallback
-
-    class Slow(TrainerCallback):  # lets a test click Stop mid-run
-        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            time.sleep(pause)
-
-    arguments = arguments or training_arguments(output_dir)
-    trainer = Trainer(
-        model=model,
-        args=arguments,
-        train_dataset=Tokens(64),
-        eval_dataset=Tokens(16, seed=1),
-        callbacks=[Slow()],
-    )
-    output = trainer.train()
-    return {
-        "world_size": arguments.world_size,
-        "global_steps": _gathered(output.global_step),
-        "log_history": trainer.state.log_history,
-        "callbacks": [type(callback).__name__ for callback in trainer.callback_handler.callbacks],
-        "weights": {k: v.clone() for k, v in model.state_dict().items()},
-    }
 
 
 @needs_transformers

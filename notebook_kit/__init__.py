@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.panel import ConfigPanel
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
+    from notebook_kit.runtime.loop import log, progress, should_stop
     from notebook_kit.runtime.seeding import set_seed
 
 __all__ = [
@@ -44,9 +45,12 @@ __all__ = [
     "WorkerError",
     "environment",
     "last_run",
+    "log",
     "notebook_launcher",
     "notebook_launcher_async",
+    "progress",
     "set_seed",
+    "should_stop",
     "skip_first_batches",
 ]
 
@@ -64,9 +68,12 @@ _LAZY: dict[str, str] = {
     "RunRecord": "live.record",
     "WorkerError": "errors",
     "last_run": "live.record",
+    "log": "runtime.loop",
     "notebook_launcher": "launch.launcher",
     "notebook_launcher_async": "launch.launcher",
+    "progress": "runtime.loop",
     "set_seed": "runtime.seeding",
+    "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",
 }
 

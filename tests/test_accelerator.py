@@ -92,18 +92,28 @@ def test_bf16_runs_the_forward_in_bfloat16_on_the_users_own_module():
 def test_fp16_path_uses_a_grad_scaler_and_keeps_the_loss_finite():
     # CPU float16 autocast exists in torch, so the scaler path runs here; on GPU it is the same.
     accelerator = Accelerator(mixed_precision="fp16", cpu=True)
-    assert accelerator.scaler is not None
+    assert accelerator.scaler is not None and accelerator.scaler.get_scale() > 1
     set_seed(0)
     net = _Net()
     model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
     for _ in range(3):
+        before = [parameter.detach().clone() for parameter in net.parameters()]
         loss = model(torch.randn(8, 4)).pow(2).mean()
-        accelerator.backward(loss)
-        norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        assert net.seen[-1] == torch.float16 and torch.isfinite(loss)
+        # The true gradients of this very loss, without any scaling.
+        expected = torch.autograd.grad(loss, list(net.parameters()), retain_graph=True)
+        accelerator.backward(loss)  # scaled up...
+        norm = accelerator.clip_grad_norm_(model.parameters(), 1e6)  # ...unscaled, not clipped
+        for parameter, grad in zip(net.parameters(), expected, strict=True):
+            torch.testing.assert_close(parameter.grad, grad, rtol=1e-2, atol=1e-5)
+        expected_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in expected]))
+        torch.testing.assert_close(norm, expected_norm, rtol=1e-2, atol=1e-5)
         optimizer.step()
+        assert accelerator.optimizer_step_was_skipped is False
+        for old, parameter in zip(before, net.parameters(), strict=True):
+            torch.testing.assert_close(parameter.detach(), old - 0.1 * parameter.grad)
         optimizer.zero_grad()
-        assert torch.isfinite(loss) and torch.isfinite(norm)
-    assert isinstance(accelerator.optimizer_step_was_skipped, bool)
+    assert accelerator.scaler.get_scale() > 1  # no overflow: the scale never collapsed
 
 
 def test_fp16_step_is_reported_skipped_exactly_when_gradients_overflow():

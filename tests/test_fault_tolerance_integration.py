@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -137,11 +138,23 @@ def test_launcher_restart_resumes_bit_identically_and_through_the_cli(tmp_path, 
     assert _checkpoints(project) == ["checkpoint_10", "checkpoint_11"]
 
 
-def test_a_failure_beyond_max_restarts_is_raised(tmp_path, training):
+@pytest.mark.parametrize("max_restarts", [0, 2])
+def test_a_failure_beyond_max_restarts_is_raised(tmp_path, max_restarts):
     from notebook_kit import WorkerError
+    from notebook_kit.runtime.context import current_launch
+
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
 
     def always_fails():
-        raise RuntimeError("broken for good")
+        context = current_launch()
+        (attempts / f"{context.restart_count}-{context.rank}").touch()
+        if context.rank == 1:
+            raise RuntimeError(f"broken for good (attempt {context.restart_count})")
+        time.sleep(60)
 
-    with pytest.raises(WorkerError, match="broken for good"):
-        notebook_launcher(always_fails, num_processes=2, max_restarts=1)
+    with pytest.raises(WorkerError, match=f"broken for good \\(attempt {max_restarts}\\)"):
+        notebook_launcher(always_fails, num_processes=2, max_restarts=max_restarts)
+    # Exactly 1 + max_restarts attempts, each of both ranks: no more, no fewer.
+    expected = {f"{attempt}-{rank}" for attempt in range(max_restarts + 1) for rank in (0, 1)}
+    assert {path.name for path in attempts.iterdir()} == expected

@@ -77,6 +77,13 @@ def _wait_for_workers(kernel_pid: int, count: int) -> None:
         time.sleep(0.05)
 
 
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_kernel_interrupt_stops_workers_and_next_launch_works():
     manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
     try:
@@ -84,6 +91,7 @@ def test_kernel_interrupt_stops_workers_and_next_launch_works():
         _execute(client, DEFINE + "\nimport signal, time\nbefore = signal.getsignal(signal.SIGINT)")
         msg_id = client.execute("notebook_launcher(lambda: time.sleep(120), num_processes=2)")
         _wait_for_workers(kernel_pid, 2)
+        workers = psutil.Process(kernel_pid).children()
         interrupted = time.monotonic()
         manager.interrupt_kernel()
         errors, deadline = [], time.monotonic() + 30
@@ -95,9 +103,10 @@ def test_kernel_interrupt_stops_workers_and_next_launch_works():
                 errors.append(message["content"])
             if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
                 break
-        while psutil.Process(kernel_pid).children() and time.monotonic() - interrupted < 2:
-            time.sleep(0.02)
-        assert not psutil.Process(kernel_pid).children(), "workers outlived the interrupt"
+        # The README's promise: every worker ended and the cell done within 2 seconds.
+        took = time.monotonic() - interrupted
+        assert took < 2.0, f"the interrupted cell took {took:.2f} s to end"
+        assert not any(_running(worker) for worker in workers), "workers outlived the interrupt"
         assert [error["ename"] for error in errors] == ["KeyboardInterrupt"]
         after = _execute(client, "print(signal.getsignal(signal.SIGINT) is before)\n" + LAUNCH)
         texts = "".join(m["content"].get("text", "") for m in after if m["msg_type"] == "stream")

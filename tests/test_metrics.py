@@ -98,11 +98,26 @@ def test_world_of_one_sends_directly_without_a_thread() -> None:
     assert metrics.channel(context)._thread is None
 
 
-def test_outside_a_launch_logging_does_nothing() -> None:
+def test_outside_a_launch_logging_does_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    import notebook_kit
+
+    threads = set(threading.enumerate())
+    unlaunched = LaunchContext(send=None)
     metrics.log_from_worker(None, {"loss": 1.0})
-    metrics.log_from_worker(LaunchContext(send=None), {"loss": 1.0})
+    metrics.log_from_worker(unlaunched, {"loss": 1.0})
     progress.report_total(None, 10)
+    progress.report_total(unlaunched, 10)
     metrics.flush(None)
+    metrics.flush(unlaunched)
+    notebook_kit.log({"loss": torch.tensor(1.0)}, step=3)
+    notebook_kit.progress(total=10)
+    assert notebook_kit.should_stop() is False
+    # No channel, sender thread or progress state was made, and nothing was printed.
+    assert unlaunched.extensions == {}
+    assert set(threading.enumerate()) == threads
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(TypeError, match=r"progress\(total=...\)"):  # still checked outside
+        notebook_kit.progress(total=-1)
 
 
 def test_progress_uses_total_then_epoch_length_then_logged_steps() -> None:

@@ -103,8 +103,10 @@ def test_config_file_then_scheduler_then_options(script, tmp_path):
     ],
 )
 def test_bad_settings_name_the_option_or_variable(script, given, environ, message):
-    if message is None:
-        plan_script_launch(script, (), given, environ=environ)
+    if message is None:  # accepted: the plan is the two-node job that was asked for
+        words = plan_script_launch(script, (), given, environ=environ).torchrun_arguments()
+        node = ["--nnodes", "2", "--node-rank", "0", "--master-addr", given["master_addr"]]
+        assert words[4:10] == node
         return
     with pytest.raises(LaunchInputError, match=message):
         plan_script_launch(script, (), given, environ=environ)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -26,6 +27,7 @@ from torch import nn
 
 from notebook_kit import Accelerator, WorkerError, notebook_launcher
 from notebook_kit.launch import forking
+from notebook_kit.live.headless import HeadlessObserver
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -296,3 +298,33 @@ def test_live_false_still_shows_errors(capsys):
     assert captured.out == ""  # nothing but errors
     assert "[rank 1] about to fail" in captured.err
     assert "Traceback of rank 1" in str(caught.value)
+
+
+# -- the Stop button ------------------------------------------------------------------------
+
+
+class _StopPressedAtOnce(HeadlessObserver):
+    """Presses Stop (sets the shared flag from the kernel) as the launch starts."""
+
+    def on_start(self, info: Any) -> None:
+        super().on_start(info)
+        info.stop_flag.set()
+
+
+def _loop_until_stopped() -> list[int]:
+    accelerator = Accelerator()
+    # A bounded count, the same on every rank: a flag never read fails instead of hanging.
+    stopped_at = -1
+    for step in range(1, 2001):
+        if accelerator.should_stop:
+            stopped_at = step
+            break
+        time.sleep(0.001)
+    steps = [0, 0]
+    dist.all_gather_object(steps, stopped_at)
+    return steps
+
+
+def test_stop_reaches_every_rank_at_the_same_step():
+    steps = notebook_launcher(_loop_until_stopped, num_processes=2, observer=_StopPressedAtOnce())
+    assert steps[0] == steps[1] > 0, steps

@@ -1,0 +1,24 @@
+"""The suite bites: every deliberate breakage in ``tests/mutations.py`` is caught.
+
+Runs ``python -m tests.bite`` (a few minutes on 2 cores); select with ``-m bite``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import bite
+
+pytestmark = [pytest.mark.bite, pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.mark.timeout(1800)
+def test_every_breakage_is_caught_by_its_guarding_tests(capsys):
+    status = bite.main([])
+    report = capsys.readouterr().out
+    survivors = [
+        line.strip()
+        for line in report.splitlines()
+        if line.lstrip().startswith(("survived", "stale", "error"))
+    ]
+    assert status == 0, "breakages the suite does not catch:\n" + "\n".join(survivors or [report])

@@ -20,13 +20,25 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods
-from notebook_kit.accelerator.configuration import ProjectConfiguration
+from notebook_kit.accelerator.configuration import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
 from notebook_kit.accelerator.data_loader import PreparedDataLoader, prepare_data_loader
+from notebook_kit.accelerator.distributed_methods import DistributedMethods
+from notebook_kit.accelerator.handlers import (
+    apply_process_group_options,
+    register_comm_hook,
+    sort_handlers,
+)
 from notebook_kit.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     GradientState,
 )
+from notebook_kit.accelerator.partial_state import AcceleratorState
 from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
     AutocastModule,
@@ -36,6 +48,11 @@ from notebook_kit.accelerator.precision import (
     patch_forward,
 )
 from notebook_kit.accelerator.process_methods import ProcessMethods
+from notebook_kit.accelerator.settings import (
+    accumulation_plugin,
+    check_rng_types,
+    loader_configuration,
+)
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
 from notebook_kit.runtime.context import current_launch
 
@@ -69,29 +86,37 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(CheckpointMethods, ProcessMethods):
+class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     """Runs a PyTorch training loop on one process or many, with Accelerate's API.
 
     Args:
         device_placement: Move prepared models and batches to ``device``.
-        split_batches: Split each batch across processes instead of giving each its own.
+        split_batches: Shorthand for ``DataLoaderConfiguration(split_batches=...)``.
         mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"``; None inherits the launch's
             setting, then ``NOTEBOOK_KIT_MIXED_PRECISION``, then ``"no"``.
         gradient_accumulation_steps: Micro-steps per optimizer step; None inherits like
             ``mixed_precision`` (``NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS``), default 1.
         cpu: Stay on the CPU even when CUDA is available.
-        even_batches: Complete the last round of batches from the start of the data so every
-            process runs the same number of steps.
+        dataloader_config: How DataLoaders are sharded (:class:`DataLoaderConfiguration`).
+        even_batches: Shorthand for ``DataLoaderConfiguration(even_batches=...)``.
+        rng_types: Random generators made equal on every process at the start of each pass
+            over a prepared DataLoader: ``"generator"`` (the sampler's, the default),
+            ``"torch"``, ``"cuda"``.
         project_dir: Where ``save_state()``/``load_state()`` without a directory keep
             ``checkpoints/checkpoint_<n>``.
         project_config: Accelerate's ``ProjectConfiguration``: ``project_dir`` (if not given
             directly) and ``total_limit``, the number of numbered checkpoints kept.
+        gradient_accumulation_plugin: A :class:`GradientAccumulationPlugin` (instead of
+            ``gradient_accumulation_steps``).
+        step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``InitProcessGroupKwargs``, ``AutocastKwargs`` (one of each at most).
         log_with: None or ``"all"``: metrics from ``log`` are kept in ``logged`` and streamed
             to the notebook; no external tracker is used.
-        step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
 
     Example:
-        >>> accelerator = Accelerator(mixed_precision="bf16")
+        >>> accelerator = Accelerator(mixed_precision="bf16",
+        ...     dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
         >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         >>> for inputs, targets in loader:
         ...     loss = loss_fn(model(inputs), targets)
@@ -102,33 +127,43 @@ class Accelerator(CheckpointMethods, ProcessMethods):
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = False,
+        split_batches: bool | None = None,
         mixed_precision: MixedPrecision | None = None,
         gradient_accumulation_steps: int | None = None,
         cpu: bool = False,
         *,
-        even_batches: bool = True,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        even_batches: bool | None = None,
+        rng_types: list[str] | None = None,
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
-        log_with: str | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        log_with: str | None = None,
     ) -> None:
         self.device_placement = _check_bool("device_placement", device_placement)
-        self.split_batches = _check_bool("split_batches", split_batches)
-        self.even_batches = _check_bool("even_batches", even_batches)
+        self.dataloader_config = loader_configuration(
+            dataloader_config, split_batches, even_batches
+        )
+        self.rng_types = check_rng_types(rng_types)
         self.step_scheduler_with_optimizer = _check_bool(
             "step_scheduler_with_optimizer", step_scheduler_with_optimizer
         )
         _check_bool("cpu", cpu)
         _check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
         _check_choice("log_with", log_with, (None, "all"))
+        self.handlers = sort_handlers(kwargs_handlers)
         launch = current_launch()
         self.mixed_precision: MixedPrecision = resolve_setting(
             "mixed_precision", mixed_precision, launch and launch.mixed_precision,
             "NOTEBOOK_KIT_MIXED_PRECISION", "no", str, MIXED_PRECISION_CHOICES,
         )  # fmt: skip
+        plugin = accumulation_plugin(
+            gradient_accumulation_plugin, _check_steps(gradient_accumulation_steps)
+        )
         steps = resolve_setting(
-            "gradient_accumulation_steps", _check_steps(gradient_accumulation_steps),
+            "gradient_accumulation_steps", plugin.num_steps,
             launch and launch.gradient_accumulation_steps,
             "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
         )  # fmt: skip
@@ -138,9 +173,16 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         self.project_dir = Path(project_dir) if project_dir is not None else None
         self.total_limit = project.total_limit
         self.log_with = log_with
-        self.state = resolve_process_state(cpu)
-        self.gradient_state = GradientState(steps)
-        self.scaler = make_grad_scaler(self.mixed_precision, self.state.device)
+        self.state = AcceleratorState._from_process(
+            resolve_process_state(cpu), mixed_precision=self.mixed_precision
+        )
+        apply_process_group_options(self.handlers.init)
+        self.gradient_state = GradientState(
+            steps, plugin.adjust_scheduler, plugin.sync_with_dataloader, plugin.sync_each_batch
+        )
+        self.scaler = make_grad_scaler(
+            self.mixed_precision, self.state.device, **self.handlers.scaler_options()
+        )
         self.logged: list[dict[str, Any]] = []
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -234,7 +276,9 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         trainable = any(parameter.requires_grad for parameter in model.parameters())
         if self.use_distributed and trainable:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            wrapped: nn.Module = DistributedDataParallel(model, device_ids=device_ids)
+            options = self.handlers.ddp_options()
+            wrapped: nn.Module = DistributedDataParallel(model, device_ids=device_ids, **options)
+            register_comm_hook(self.handlers.ddp, wrapped)
             if self.mixed_precision != "no":
                 patch_forward(wrapped, self.mixed_precision, self.device)
             return wrapped
@@ -276,14 +320,20 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         Example:
             >>> loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
         """
+        config = self.dataloader_config
         prepared = prepare_data_loader(
             data_loader,
             num_processes=self.num_processes,
             process_index=self.process_index,
             gradient_state=self.gradient_state,
             device=self.device if self.device_placement else torch.device("cpu"),
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
+            split_batches=config.split_batches,
+            even_batches=config.even_batches,
+            dispatch_batches=config.dispatch_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            rng_types=self.rng_types,
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -330,8 +380,10 @@ class Accelerator(CheckpointMethods, ProcessMethods):
             ...     optimizer.step(); optimizer.zero_grad()
         """
         self.gradient_state.advance()
+        # sync_each_batch all-reduces every micro-step (the optimizer still waits for the sync).
+        each_batch = self.use_distributed and self.gradient_state.sync_each_batch
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
+            if not (self.sync_gradients or each_batch):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
@@ -348,14 +400,18 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         with context or contextlib.nullcontext():
             yield
 
-    def autocast(self) -> Any:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
         """Autocast context for code outside the prepared model's forward (e.g. the loss).
+
+        ``autocast_handler`` overrides the ``AutocastKwargs`` given to the constructor.
 
         Example:
             >>> with accelerator.autocast():
             ...     loss = loss_fn(model(x), y)
         """
-        return autocast_context(self.mixed_precision, self.device)
+        handler = autocast_handler or self.handlers.autocast
+        options = handler.to_kwargs() if handler is not None else {}
+        return autocast_context(self.mixed_precision, self.device, **options)
 
     def unscale_gradients(self) -> None:
         """Undo fp16 loss scaling on the gradients (once per optimizer step)."""

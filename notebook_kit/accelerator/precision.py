@@ -19,8 +19,10 @@ MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def autocast_context(mixed_precision: MixedPrecision, device: torch.device) -> Any:
+def autocast_context(mixed_precision: MixedPrecision, device: torch.device, **options: Any) -> Any:
     """``torch.autocast`` for the setting, or a no-op context for ``"no"``.
+
+    ``options`` are ``AutocastKwargs`` fields (``enabled``, ``cache_enabled``).
 
     Example:
         >>> with autocast_context("bf16", torch.device("cpu")):
@@ -28,7 +30,7 @@ def autocast_context(mixed_precision: MixedPrecision, device: torch.device) -> A
     """
     if mixed_precision == "no":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[mixed_precision])
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[mixed_precision], **options)
 
 
 def _to_float32(outputs: Any) -> Any:
@@ -83,8 +85,11 @@ def patch_forward(module: nn.Module, mixed_precision: MixedPrecision, device: to
     module.forward = _autocast_forward(module.forward, mixed_precision, device)
 
 
-def make_grad_scaler(mixed_precision: MixedPrecision, device: torch.device) -> Any:
-    """A GradScaler for fp16 (loss scaling avoids float16 gradient underflow), else None."""
+def make_grad_scaler(mixed_precision: MixedPrecision, device: torch.device, **options: Any) -> Any:
+    """A GradScaler for fp16 (loss scaling avoids float16 gradient underflow), else None.
+
+    ``options`` are ``GradScalerKwargs`` fields (``init_scale``, ``growth_interval``, ...).
+    """
     if mixed_precision != "fp16":
         return None
-    return torch.amp.GradScaler(device.type)
+    return torch.amp.GradScaler(device.type, **options)

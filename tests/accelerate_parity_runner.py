@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import pickle
 import sys
 import tempfile
 import traceback
@@ -124,7 +125,7 @@ def _summary(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"[:400]
 
 
-def _drive(case: Case, implementation: Implementation, processes: int, bindings: dict) -> Outcome:
+def _drive(case: Case, implementation: Implementation, processes: int, bindings: dict) -> None:
     os.environ["ACCELERATE_NUM_PROCESSES"] = str(processes)  # read by test_notebook at import
     if implementation == "accelerate":
         os.environ["ACCELERATE_USE_CPU"] = "1"
@@ -132,26 +133,52 @@ def _drive(case: Case, implementation: Implementation, processes: int, bindings:
     interface = api(implementation)
     if case.in_driver or processes == 1:
         case.call(module, interface)
-        return Outcome("pass")
+        return
     from notebook_kit import notebook_launcher
 
     notebook_launcher(
         case.call, args=(module, interface), num_processes=processes, live=False, timeout=90
     )
-    return Outcome("pass")
 
 
-def _child(case: Case, implementation: Implementation, processes: int, bindings_of: Any, pipe):
+def _forked(function: Callable[..., Any], args: tuple[Any, ...], pipe: Any) -> None:
     os.chdir(tempfile.mkdtemp(prefix="parity-"))  # shared by the workers, removed by the OS
     try:
-        outcome = _drive(case, implementation, processes, bindings_of(case.script))
-    except BaseException as error:  # report every failure, including SystemExit from pytest
+        reply: tuple[str, Any] = ("value", function(*args))
+    except BaseException as error:  # report every failure, including pytest's own
         traceback.print_exc()
-        outcome = Outcome("fail", _summary(error))
-    pipe.send(outcome)
+        reply = ("error", _summary(error))
+    pipe.send_bytes(pickle.dumps(reply))  # plain pickle: torch's fd sharing dies with us
     pipe.close()
     sys.stdout.flush()
     os._exit(0)
+
+
+def run_in_fork(function: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
+    """``function(*args)`` in a fresh forked process (in a fresh working folder); its result.
+
+    Raises RuntimeError with the child's exception summary, or when it does not answer within
+    ``timeout`` seconds (it is then killed).
+    """
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_forked, args=(function, args, sender))
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout):
+            raise RuntimeError(f"no result within {timeout:.0f} s")
+        kind, value = pickle.loads(receiver.recv_bytes())
+    except EOFError:
+        raise RuntimeError(f"the forked process died (exit code {child.exitcode})") from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receiver.close()
+    if kind == "error":
+        raise RuntimeError(value)
+    return value
 
 
 def run_case(
@@ -164,24 +191,11 @@ def run_case(
     """Run ``case`` with one implementation on ``processes`` processes, in a fresh fork."""
     if processes not in case.processes:
         return Outcome("skip", f"the script runs it only on {case.processes} processes")
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(
-        target=_child, args=(case, implementation, processes, bindings_of, sender)
-    )
-    child.start()
-    sender.close()
     try:
-        if receiver.poll(timeout):
-            return receiver.recv()
-        return Outcome("fail", f"no result within {timeout:.0f} s")
-    except EOFError:
-        return Outcome("fail", f"driver died (exit code {child.exitcode})")
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receiver.close()
+        run_in_fork(_drive, (case, implementation, processes, bindings_of(case.script)), timeout)
+    except RuntimeError as error:
+        return Outcome("fail", str(error))
+    return Outcome("pass")
 
 
 def main() -> None:

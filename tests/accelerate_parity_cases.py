@@ -72,24 +72,57 @@ def bindings(implementation: Implementation) -> Any:
     return of
 
 
-# -- out of scope ----------------------------------------------------------------------------
+# -- what is not compared --------------------------------------------------------------------
 
 OUT_OF_SCOPE: dict[str, str] = {
     "test_script::check_seedable_sampler_in_batch_sampler_shard": (
         "asserts that the prepared loader's batch_sampler.batch_sampler.sampler is an instance "
-        "of Accelerate's SeedableRandomSampler class (a sampler class, not behaviour)"
+        "of Accelerate's SeedableRandomSampler class (a sampler class, not behaviour; the "
+        "seedable order itself is checked by check_seedable_sampler* and the parity loop)"
     ),
     "test_script::test_reinstantiated_state": (
         "asserts the AttributeError Accelerate raises after AcceleratorState._reset_state() "
         "broke its process-wide singleton; notebook_kit has no singleton to break"
     ),
-    "test_script::training_check(use_seedable_sampler=True)": (
-        "builds its baseline DataLoader on Accelerate's SeedableRandomSampler class; the "
-        "seedable mode itself is checked by check_seedable_sampler* and test_accelerate_parity_loop"
+}
+
+# (case id, processes) -> why Accelerate 1.15.0 itself fails it on CPU (ours is still run).
+ACCELERATE_FAILS: dict[tuple[str, int], str] = {
+    **{
+        (f"test_distributed_data_loop::{name}", 2): (
+            "Accelerate joins uneven inputs only on GPUs; on CPU processes join_uneven_inputs "
+            "does nothing (the uneven loop deadlocks, the even_batches override is not applied)"
+        )
+        for name in (
+            "test_can_join_uneven_inputs",
+            "test_join_can_override_even_batches",
+            "test_join_can_override_for_mixed_type_dataloaders",
+            "test_join_raises_warning_for_iterable_when_overriding_even_batches",
+        )
+    },
+    **{
+        (f"test_distributed_data_loop::{name}", 2): (
+            "use_stateful_dataloader=True needs torchdata, which the bench extra does not install"
+        )
+        for name in ("test_stateful_dataloader", "test_stateful_dataloader_save_state")
+    },
+    ("test_notebook::test_fault_tolerant", 2): (
+        "Accelerate's elastic restarts with the forked queue do not finish (killed after 300 s)"
+    ),
+}
+
+# (case id, processes) -> why ours fails a test that Accelerate fails too.
+OURS_FAILS: dict[tuple[str, int], str] = {
+    ("test_distributed_data_loop::test_stateful_dataloader_save_state", 2): (
+        "each rank saves into a temporary folder of its own; notebook_kit commits a checkpoint "
+        "from rank 0 into one folder all ranks share, so rank 1 finds none in its own"
     ),
 }
 
 # -- cases -----------------------------------------------------------------------------------
+
+
+_SYNC = "test_distributed_sync"
 
 
 def _sync(name: str, *args: Any, processes: tuple[int, ...] = (1, 2)) -> Case:
@@ -97,7 +130,7 @@ def _sync(name: str, *args: Any, processes: tuple[int, ...] = (1, 2)) -> Case:
 
     def call(module: ModuleType, api: SimpleNamespace) -> None:
         function = getattr(module, name)
-        if name in ("test_noop_sync", "test_distributed_sync", "test_distributed_sync_multiple_fwd"):
+        if name in ("test_noop_sync", "test_distributed_sync", f"{_SYNC}_multiple_fwd"):
             function(api.Accelerator())
         else:
             function(*args)
@@ -110,10 +143,13 @@ def _accumulation_variants() -> list[Case]:
     for split in (True, False):
         for dispatch in (True, False):
             for each in (True, False):
-                cases.append(_sync("test_gradient_accumulation", split, dispatch, each))
-                cases.append(
-                    _sync("test_gradient_accumulation_with_opt_and_scheduler", split, dispatch, each)
-                )
+                # Without sync_each_batch it asserts gradients that differ between syncs, which
+                # one process never has (the script runs it on several devices only).
+                processes = (1, 2) if each else (2,)
+                name = "test_gradient_accumulation"
+                cases.append(_sync(name, split, dispatch, each, processes=processes))
+                name = "test_gradient_accumulation_with_opt_and_scheduler"
+                cases.append(_sync(name, split, dispatch, each))
     return cases
 
 
@@ -184,20 +220,19 @@ def _notebook(name: str, processes: tuple[int, ...] = (2,)) -> Case:
     return Case("test_notebook", name, call, processes, in_driver=True)
 
 
+_OPS = (
+    "test_gather", "test_gather_object", "test_gather_non_contiguous", "test_broadcast",
+    "test_pad_across_processes", "test_reduce_sum", "test_reduce_mean", "test_reduce_max",
+    "test_op_checker", "test_copy_tensor_to_devices",
+)  # fmt: skip
+
 CASES: list[Case] = [
     _sync("test_dataloader_break"),
     _sync("test_noop_sync", processes=(1,)),
     _sync("test_distributed_sync", processes=(2,)),
     _sync("test_distributed_sync_multiple_fwd", processes=(2,)),
     *_accumulation_variants(),
-    *(
-        _ops(name)
-        for name in (
-            "test_gather", "test_gather_object", "test_gather_non_contiguous", "test_broadcast",
-            "test_pad_across_processes", "test_reduce_sum", "test_reduce_mean", "test_reduce_max",
-            "test_op_checker", "test_copy_tensor_to_devices",
-        )
-    ),  # fmt: skip
+    *(_ops(name) for name in _OPS),
     _loop("test_default_ensures_even_batch_sizes"),
     _loop("test_can_disable_even_batches"),
     _loop("test_can_join_uneven_inputs"),
@@ -207,8 +242,11 @@ CASES: list[Case] = [
     _loop("test_join_raises_warning_for_iterable_when_overriding_even_batches"),
     _loop("test_pickle_accelerator"),
     *(_loader_case(kind) for kind in ("shuffle=False", "shuffle=True", "batch_sampler", "sampler")),
-    _loop("test_stateful_dataloader", lambda m, api, acc: m.test_stateful_dataloader(acc)),
-    _loop("test_stateful_dataloader_save_state", lambda m, a, acc: m.test_stateful_dataloader_save_state(acc)),
+    _loop("test_stateful_dataloader", lambda module, _, acc: module.test_stateful_dataloader(acc)),
+    _loop(
+        "test_stateful_dataloader_save_state",
+        lambda module, _, acc: module.test_stateful_dataloader_save_state(acc),
+    ),
     _script("init_state_check"),
     _script("process_execution_check"),
     _script("test_split_between_processes_list"),
@@ -232,4 +270,4 @@ CASES: list[Case] = [
     _notebook("test_c10d_rdzv_backend"),
     _notebook("test_fault_tolerant"),
     _notebook("test_monitoring"),
-]  # fmt: skip
+]

@@ -13,10 +13,12 @@ pass counts of both implementations.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import traceback
@@ -142,6 +144,7 @@ def _drive(case: Case, implementation: Implementation, processes: int, bindings:
 
 
 def _forked(function: Callable[..., Any], args: tuple[Any, ...], pipe: Any) -> None:
+    os.setpgid(0, 0)  # its own process group: a timeout kills whatever it started, too
     os.chdir(tempfile.mkdtemp(prefix="parity-"))  # shared by the workers, removed by the OS
     try:
         reply: tuple[str, Any] = ("value", function(*args))
@@ -172,8 +175,8 @@ def run_in_fork(function: Callable[..., Any], args: tuple[Any, ...], timeout: fl
     except EOFError:
         raise RuntimeError(f"the forked process died (exit code {child.exitcode})") from None
     finally:
-        if child.is_alive():
-            child.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)  # leftovers of a hung or finished run
         child.join()
         receiver.close()
     if kind == "error":

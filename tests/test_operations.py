@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from notebook_kit import notebook_launcher
-from notebook_kit import PartialState
+from notebook_kit import PartialState, notebook_launcher
 from notebook_kit.accelerator.operations import (
     DistributedOperationException,
     broadcast,
@@ -78,7 +77,7 @@ def _debug_checks(rank: int) -> list[str]:
         ):
             try:
                 call()
-            except DistributedOperationException as error:
+            except DistributedOperationException:
                 caught.append(name)
     finally:
         state.debug = False

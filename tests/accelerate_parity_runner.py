@@ -202,24 +202,32 @@ def run_case(
 
 
 def main() -> None:
-    """Print every case's outcome and the pass counts of Accelerate and notebook_kit."""
-    from tests.accelerate_parity_cases import CASES, bindings
+    """Print every case's outcome, then the pass counts of Accelerate and notebook_kit."""
+    from tests.accelerate_parity_cases import CASES, OUT_OF_SCOPE, bindings
 
-    selected = [case for case in CASES if any(word in case.id for word in sys.argv[1:])]
-    totals: dict[tuple[str, int], list[int]] = {}
-    for case in selected or CASES:
-        for processes in (1, 2):
+    words = sys.argv[1:]
+    selected = [case for case in CASES if not words or any(word in case.id for word in words)]
+    passed: dict[tuple[str, int], set[str]] = {}
+    run: dict[int, int] = {}
+    for case in selected:
+        if case.id in OUT_OF_SCOPE:
+            continue
+        for processes in case.processes:
+            run[processes] = run.get(processes, 0) + 1
             for implementation in os.environ.get("PARITY_IMPL", "accelerate,ours").split(","):
                 outcome = run_case(case, implementation, processes, bindings(implementation))
-                if outcome.status == "skip":
-                    continue
-                count = totals.setdefault((implementation, processes), [0, 0])
-                count[0] += outcome.status == "pass"
-                count[1] += 1
+                if outcome.status == "pass":
+                    passed.setdefault((implementation, processes), set()).add(case.id)
                 print(f"{processes}p {implementation:10} {outcome.status:4} {case.id} "
                       f"{outcome.detail}", flush=True)  # fmt: skip
-    for (implementation, processes), (passed, run) in sorted(totals.items()):
-        print(f"{implementation}: {passed}/{run} on {processes} process(es)")
+    for processes, total in sorted(run.items()):
+        theirs = passed.get(("accelerate", processes), set())
+        ours = passed.get(("ours", processes), set())
+        print(
+            f"{processes} process(es), {total} tests: Accelerate passes {len(theirs)}, "
+            f"notebook_kit {len(ours)}; of Accelerate's {len(theirs)}, notebook_kit passes "
+            f"{len(theirs & ours)}"
+        )
 
 
 if __name__ == "__main__":

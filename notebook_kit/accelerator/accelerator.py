@@ -50,32 +50,16 @@ from notebook_kit.accelerator.precision import (
 from notebook_kit.accelerator.process_methods import ProcessMethods
 from notebook_kit.accelerator.settings import (
     accumulation_plugin,
+    check_choice,
+    check_flag,
     check_rng_types,
+    check_steps,
     loader_configuration,
 )
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
 from notebook_kit.runtime.context import current_launch
 
 __all__ = ["Accelerator"]
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}.")
-    return value
-
-
-def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
-    if value not in choices:
-        allowed = ", ".join(repr(choice) for choice in choices)
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
-    return value
-
-
-def _check_steps(value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
-    return value
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -142,17 +126,17 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         kwargs_handlers: list[Any] | None = None,
         log_with: str | None = None,
     ) -> None:
-        self.device_placement = _check_bool("device_placement", device_placement)
+        self.device_placement = check_flag("device_placement", device_placement)
         self.dataloader_config = loader_configuration(
             dataloader_config, split_batches, even_batches
         )
         self.rng_types = check_rng_types(rng_types)
-        self.step_scheduler_with_optimizer = _check_bool(
+        self.step_scheduler_with_optimizer = check_flag(
             "step_scheduler_with_optimizer", step_scheduler_with_optimizer
         )
-        _check_bool("cpu", cpu)
-        _check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
-        _check_choice("log_with", log_with, (None, "all"))
+        check_flag("cpu", cpu)
+        check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
+        check_choice("log_with", log_with, (None, "all"))
         self.handlers = sort_handlers(kwargs_handlers)
         launch = current_launch()
         self.mixed_precision: MixedPrecision = resolve_setting(
@@ -160,14 +144,14 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
             "NOTEBOOK_KIT_MIXED_PRECISION", "no", str, MIXED_PRECISION_CHOICES,
         )  # fmt: skip
         plugin = accumulation_plugin(
-            gradient_accumulation_plugin, _check_steps(gradient_accumulation_steps)
+            gradient_accumulation_plugin, check_steps(gradient_accumulation_steps)
         )
         steps = resolve_setting(
             "gradient_accumulation_steps", plugin.num_steps,
             launch and launch.gradient_accumulation_steps,
             "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
         )  # fmt: skip
-        _check_steps(steps)
+        check_steps(steps)
         project = project_config or ProjectConfiguration()
         project_dir = project_dir if project_dir is not None else project.project_dir
         self.project_dir = Path(project_dir) if project_dir is not None else None
@@ -189,46 +173,6 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-
-    # -- state ---------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.num_processes > 1
-
-    @property
-    def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @property
-    def step(self) -> int:
-        """Micro-steps since gradients were last synced."""
-        return self.gradient_state.step
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """True when fp16 loss scaling skipped the last optimizer step (inf/nan gradients)."""
-        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     # -- prepare ---------------------------------------------------------------------------
 

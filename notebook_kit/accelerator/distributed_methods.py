@@ -1,6 +1,7 @@
 """The Accelerator's view of the job and its DDP controls (a mixin, no state of its own).
 
-``distributed_type`` and the data loader settings read as on Accelerate's Accelerator;
+Rank, device, accumulation progress, ``distributed_type`` and the data loader settings read as
+on Accelerate's Accelerator;
 ``join_uneven_inputs`` and ``trigger_sync_in_backward`` steer DistributedDataParallel. Unlike
 Accelerate, joining uneven inputs works on CPU processes (gloo) as well as on GPUs.
 """
@@ -12,6 +13,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
@@ -22,6 +24,7 @@ from notebook_kit.accelerator.sharding import ShardedBatchSampler
 if TYPE_CHECKING:
     from notebook_kit.accelerator.configuration import DataLoaderConfiguration
     from notebook_kit.accelerator.data_loader import PreparedDataLoader
+    from notebook_kit.accelerator.optimizer import AcceleratedOptimizer, GradientState
     from notebook_kit.accelerator.partial_state import AcceleratorState
 
 __all__ = ["DistributedMethods"]
@@ -30,11 +33,51 @@ _DDP_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
 
 class DistributedMethods:
-    """Properties and DDP context managers; needs ``state``, ``dataloader_config``, loaders."""
+    """Properties and DDP context managers; needs ``state``, ``gradient_state``, the config."""
 
     state: AcceleratorState
+    gradient_state: GradientState
     dataloader_config: DataLoaderConfiguration
     _dataloaders: list[PreparedDataLoader]
+    _optimizers: list[AcceleratedOptimizer]
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.num_processes > 1
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @property
+    def step(self) -> int:
+        """Micro-steps since gradients were last synced."""
+        return self.gradient_state.step
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when fp16 loss scaling skipped the last optimizer step (inf/nan gradients)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -75,6 +118,11 @@ class DistributedMethods:
     @property
     def non_blocking(self) -> bool:
         return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Always effectively True: every prepared loader resumes mid-epoch."""
+        return self.dataloader_config.use_stateful_dataloader
 
     @contextlib.contextmanager
     def join_uneven_inputs(

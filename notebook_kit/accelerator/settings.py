@@ -15,14 +15,38 @@ from notebook_kit.accelerator.configuration import (
     GradientAccumulationPlugin,
 )
 
-__all__ = ["RNG_TYPES", "accumulation_plugin", "check_rng_types", "loader_configuration"]
+__all__ = [
+    "RNG_TYPES",
+    "accumulation_plugin",
+    "check_choice",
+    "check_flag",
+    "check_rng_types",
+    "check_steps",
+    "loader_configuration",
+]
 
 RNG_TYPES: tuple[str, ...] = ("generator", "torch", "cuda")
 
 
-def _flag(name: str, value: Any) -> bool:
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a ValueError naming ``name``."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """``value`` if it is one of ``choices``, else a ValueError listing them."""
+    if value not in choices:
+        allowed = ", ".join(repr(choice) for choice in choices)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+    return value
+
+
+def check_steps(value: Any) -> int | None:
+    """A gradient accumulation step count (an integer >= 1) or None."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
     return value
 
 
@@ -36,7 +60,7 @@ def loader_configuration(
         True
     """
     given = {
-        name: _flag(name, value)
+        name: check_flag(name, value)
         for name, value in (("split_batches", split_batches), ("even_batches", even_batches))
         if value is not None
     }

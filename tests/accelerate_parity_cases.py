@@ -106,8 +106,13 @@ ACCELERATE_FAILS: dict[tuple[str, int], str] = {
         )
         for name in ("test_stateful_dataloader", "test_stateful_dataloader_save_state")
     },
+}
+
+# (case id, processes) -> why Accelerate's outcome varies from run to run (ours is still run).
+ACCELERATE_FLAKY: dict[tuple[str, int], str] = {
     ("test_notebook::test_fault_tolerant", 2): (
-        "Accelerate's elastic restarts with the forked queue do not finish (killed after 300 s)"
+        "passes in most runs, but once its restarted workers never met (killed after 300 s); "
+        "likely its fixed default port 29500, held by a job running in parallel"
     ),
 }
 

@@ -20,6 +20,7 @@ pytest.importorskip(
 
 from tests.accelerate_parity_cases import (
     ACCELERATE_FAILS,
+    ACCELERATE_FLAKY,
     CASES,
     OURS_FAILS,
     OUT_OF_SCOPE,
@@ -57,12 +58,15 @@ def test_ours_passes(case: Case, processes: int):
 def test_record_of_what_accelerate_passes(case: Case, processes: int):
     """Accelerate passes exactly the cases not listed in ACCELERATE_FAILS."""
     outcome = run_case(case, "accelerate", processes, bindings("accelerate"), timeout=120)
+    if (case.id, processes) in ACCELERATE_FLAKY:
+        pytest.skip(f"{outcome.status} this time; {ACCELERATE_FLAKY[case.id, processes]}")
     expected = "fail" if (case.id, processes) in ACCELERATE_FAILS else "pass"
     assert outcome.status == expected, outcome.detail
 
 
 def test_every_listed_case_exists():
     ids = {case.id for case in CASES}
-    listed = set(OUT_OF_SCOPE) | {name for name, _ in (*ACCELERATE_FAILS, *OURS_FAILS)}
+    pairs = (*ACCELERATE_FAILS, *ACCELERATE_FLAKY, *OURS_FAILS)
+    listed = set(OUT_OF_SCOPE) | {name for name, _ in pairs}
     assert listed <= ids, listed - ids
     assert len(ids) == len(CASES), "case ids are unique"

@@ -66,6 +66,7 @@ class _Stream(IterableDataset):
 
 def _batches(accelerator: Accelerator, loader: DataLoader, passes: int = 2) -> list:
     prepared = accelerator.prepare(loader)
+
     def values(batch):
         return (batch[0] if isinstance(batch, list) else batch).flatten().tolist()
 

@@ -26,7 +26,8 @@ from tests.accelerate_parity_runner import run_in_fork
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS = 3
-SAVE_AT = (1, 3)  # (epoch, batch): the mid-epoch checkpoint
+MID_EPOCH = (1, 3)  # (epoch, batch) after which the "mid" checkpoint is saved
+# The "boundary" checkpoint is saved inside the loop right after the last batch of epoch 0.
 
 
 def _api(implementation: str) -> dict[str, Any]:
@@ -47,7 +48,9 @@ def _api(implementation: str) -> dict[str, Any]:
 
 def _data() -> TensorDataset:
     generator = torch.Generator().manual_seed(7)
-    x = torch.randn(44, 3, generator=generator)  # 44 = 11 batches of 4: the last round wraps
+    # 10 batches of 4, dealt without wrap-around: the last batch is handed out before the
+    # sampler is exhausted, which a checkpoint taken right then must account for.
+    x = torch.randn(40, 3, generator=generator)
     return TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1)
 
 
@@ -66,15 +69,14 @@ def _setup(api: dict[str, Any], seedable: bool) -> tuple[Any, ...]:
 
 
 def _train(
-    implementation: str, seedable: bool, folder: str, resume: bool = False
+    implementation: str, seedable: bool, folder: str, resume: str | None = None
 ) -> dict[str, Any]:
-    """The loop; with ``resume`` it starts from the mid-epoch checkpoint (ours only)."""
+    """The loop; ``resume`` names the checkpoint to start from (ours only)."""
     api = _api(implementation)
     accelerator, model, optimizer, loader, scheduler = _setup(api, seedable)
-    mid, end = str(Path(folder) / "mid"), str(Path(folder) / "end")
     first_epoch, losses = 0, []
     if resume:
-        accelerator.load_state(mid)
+        accelerator.load_state(str(Path(folder) / resume))
         first_epoch = loader.epoch
     for epoch in range(first_epoch, EPOCHS):
         for batch, (x, y) in enumerate(loader, start=loader.position if resume else 0):
@@ -88,9 +90,12 @@ def _train(
                 scheduler.step()
                 optimizer.zero_grad()
             losses.append((epoch, batch, accelerator.gather(loss.detach()[None]).tolist()))
-            if (epoch, batch) == SAVE_AT:
-                accelerator.save_state(mid)
+            if (epoch, batch) == MID_EPOCH:
+                accelerator.save_state(str(Path(folder) / "mid"))
+            if (epoch, batch) == (0, len(loader) - 1):  # before the pass is closed
+                accelerator.save_state(str(Path(folder) / "boundary"))
         if epoch == 1:  # a save/load round trip must not change what follows
+            end = str(Path(folder) / "end")
             accelerator.save_state(end)
             accelerator.wait_for_everyone()  # Accelerate's save returns before rank 0 wrote
             accelerator.load_state(end)
@@ -112,13 +117,14 @@ def test_same_losses_and_weights_as_accelerate_and_bit_identical_resume(
 ):
     reference = _run(processes, "accelerate", seedable, str(tmp_path / "accelerate"))
     ours = _run(processes, "ours", seedable, str(tmp_path / "ours"))
-    assert len(ours["losses"]) == len(reference["losses"]) == EPOCHS * (11 if processes == 1 else 6)
+    assert len(ours["losses"]) == len(reference["losses"]) == EPOCHS * (10 if processes == 1 else 5)
     assert ours["losses"] == reference["losses"], "every step's loss on every rank"
     assert torch.equal(ours["weights"], reference["weights"])
     assert ours["lr"] == reference["lr"]
 
-    resumed = _run(processes, "ours", seedable, str(tmp_path / "ours"), True)
-    after = ours["losses"][ours["losses"].index(next(
-        entry for entry in ours["losses"] if entry[:2] == SAVE_AT)) + 1:]  # fmt: skip
-    assert resumed["losses"] == after
-    assert torch.equal(resumed["weights"], ours["weights"])
+    last = len(ours["losses"]) // EPOCHS - 1
+    for checkpoint, saved_after in (("mid", MID_EPOCH), ("boundary", (0, last))):
+        resumed = _run(processes, "ours", seedable, str(tmp_path / "ours"), checkpoint)
+        position = [entry[:2] for entry in ours["losses"]].index(saved_after)
+        assert resumed["losses"] == ours["losses"][position + 1 :], checkpoint
+        assert torch.equal(resumed["weights"], ours["weights"]), checkpoint

@@ -87,16 +87,22 @@ class ReplayableRandomSampler(Sampler[int]):
             replay, self._replay = self._replay, None
             self.pass_seed = int(replay) if replay is not None else _draw_seed()
             generator = torch.Generator().manual_seed(self.pass_seed)
+        # Every draw of the pass at once (torch makes the same draws, the last one lazily after
+        # the last index): a checkpoint taken after the last batch then holds the generator as
+        # the next pass finds it.
+        yield from self._draw_pass(generator)
+
+    def _draw_pass(self, generator: torch.Generator) -> list[int]:
         n, count = self.length, self.num_samples
         if self.replacement:
-            for _ in range(count // 32):
-                yield from torch.randint(n, (32,), dtype=torch.int64, generator=generator).tolist()
-            rest = torch.randint(n, (count % 32,), dtype=torch.int64, generator=generator)
-            yield from rest.tolist()
-            return
-        for _ in range(count // n):
-            yield from torch.randperm(n, generator=generator).tolist()
-        yield from torch.randperm(n, generator=generator).tolist()[: count % n]
+            chunks = [
+                torch.randint(n, (size,), dtype=torch.int64, generator=generator)
+                for size in [32] * (count // 32) + [count % 32]
+            ]
+            return torch.cat(chunks).tolist()
+        whole = [torch.randperm(n, generator=generator) for _ in range(count // n)]
+        tail = torch.randperm(n, generator=generator)[: count % n]
+        return torch.cat([*whole, tail]).tolist()
 
     def state_dict(self, mid_pass: bool) -> dict[str, Any]:
         """What the next pass needs: this pass's source if it is unfinished, else the current."""

@@ -40,7 +40,7 @@ def _api(implementation: str) -> dict[str, Any]:
                 "set_seed": set_seed}  # fmt: skip
     import notebook_kit
 
-    return {"Accelerator": notebook_kit.Accelerator, "cpu": False,
+    return {"Accelerator": notebook_kit.Accelerator, "cpu": True,
             "DataLoaderConfiguration": notebook_kit.DataLoaderConfiguration,
             "GradientAccumulationPlugin": notebook_kit.GradientAccumulationPlugin,
             "set_seed": notebook_kit.set_seed}  # fmt: skip
@@ -105,9 +105,12 @@ def _train(
 
 
 def _run(processes: int, *args: Any) -> dict[str, Any]:
+    """The loop on CPU (both libraries alike, also where a GPU is present)."""
     if processes == 1:  # in a fork: Accelerate's process-wide state must not stay in pytest
         return run_in_fork(_train, args, timeout=300)
-    return notebook_launcher(_train, args=args, num_processes=processes, live=False, timeout=300)
+    return notebook_launcher(
+        _train, args=args, num_processes=processes, backend="gloo", live=False, timeout=300
+    )
 
 
 @pytest.mark.parametrize("seedable", [False, True], ids=["default-sampler", "seedable-sampler"])

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from notebook_kit.accelerator import operations
-from notebook_kit.accelerator.state import ProcessState, resolve_process_state
+from notebook_kit.accelerator.state import ProcessState, resolve_process_state, resolve_setting
+from notebook_kit.runtime.context import current_launch
 
 __all__ = ["AcceleratorState", "DistributedType", "PartialState", "split_inputs"]
 
@@ -235,7 +236,10 @@ class PartialState:
 
 
 class AcceleratorState(PartialState):
-    """:class:`PartialState` plus the Accelerator's precision setting (``accelerator.state``).
+    """:class:`PartialState` plus the precision setting (``accelerator.state`` is one).
+
+    Built directly, ``mixed_precision`` comes from the launch, else the environment, as for
+    the Accelerator.
 
     Example:
         >>> state = AcceleratorState()
@@ -245,7 +249,11 @@ class AcceleratorState(PartialState):
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **_: Any) -> None:
         super().__init__(cpu)
-        self.mixed_precision = mixed_precision or "no"
+        launch = current_launch()
+        self.mixed_precision = resolve_setting(
+            "mixed_precision", mixed_precision, launch and launch.mixed_precision,
+            "NOTEBOOK_KIT_MIXED_PRECISION", "no", str,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"

@@ -107,13 +107,14 @@ class ReplayableRandomSampler(Sampler[int]):
     def state_dict(self, mid_pass: bool) -> dict[str, Any]:
         """What the next pass needs: this pass's source if it is unfinished, else the current."""
         if self.generator is None:
-            return {"seed": self.pass_seed if mid_pass and self.pass_seed is not None else -1}
+            seed = self.pass_seed if mid_pass and self.pass_seed is not None else -1
+            return {"pass_seed": seed}
         state = self.pass_state if mid_pass and self.pass_state is not None else None
         return {"generator": state if state is not None else self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.generator is None:
-            seed = int(state.get("seed", -1))
+            seed = int(state.get("pass_seed", -1))  # torch draws seeds from [0, 2**63)
             self._replay = seed if seed >= 0 else None
         elif "generator" in state:
             self.generator.set_state(state["generator"])

@@ -60,6 +60,19 @@ def apply(mutation: Mutation, package: Path) -> str | None:
     return None
 
 
+def stale(mutations: Iterable[Mutation]) -> list[str]:
+    """Apply each mutation to a fresh copy of the package; what no longer applies, as text."""
+    problems = []
+    for mutation in mutations:
+        with tempfile.TemporaryDirectory(prefix="bite-") as scratch:
+            package = Path(scratch) / PACKAGE
+            shutil.copytree(ROOT / PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+            problem = apply(mutation, package)
+        if problem is not None:
+            problems.append(f"{mutation.name}: {problem}")
+    return problems
+
+
 def _scratch(folder: Path) -> Path:
     """A folder holding a fresh copy of the package and links to the rest of the repository."""
     shutil.copytree(ROOT / PACKAGE, folder / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
@@ -110,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="breakages to try (default: all)")
     parser.add_argument("--list", action="store_true", help="list the breakages and exit")
     parser.add_argument(
+        "--check", action="store_true", help="only check that every breakage still applies"
+    )
+    parser.add_argument(
         "--no-baseline", action="store_true", help="skip running the tests on the unbroken code"
     )
     options = parser.parse_args(argv)
@@ -122,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown breakages {unknown}; --list shows them")
     chosen = [known[name] for name in options.names] or list(MUTATIONS)
+    if options.check:
+        problems = stale(chosen)
+        print("\n".join(problems) or f"all {len(chosen)} breakages apply")
+        return 1 if problems else 0
     if not options.no_baseline:
         status, output = baseline(chosen)
         if status != 0:

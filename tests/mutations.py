@@ -172,12 +172,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/accelerator.py",
-                """            patch_forward(model, self.mixed_precision, self.device)
-        return model
-""",
-                """            patch_forward(model, self.mixed_precision, self.device)
-        return nn.Sequential(model)
-""",
+                "        else:\n            wrapped = model\n",
+                "        else:\n            wrapped = nn.Sequential(model)\n",
             ),
         ),
         (

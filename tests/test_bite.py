@@ -1,6 +1,7 @@
 """The suite bites: every deliberate breakage in ``tests/mutations.py`` is caught.
 
-Runs ``python -m tests.bite`` (a few minutes on 2 cores); select with ``-m bite``.
+The full check runs ``python -m tests.bite`` (a few minutes on 2 cores; select it with
+``-m bite``); that every breakage still applies is checked in a second.
 """
 
 from __future__ import annotations
@@ -8,10 +9,17 @@ from __future__ import annotations
 import pytest
 
 from tests import bite
+from tests.mutations import MUTATIONS
 
-pytestmark = [pytest.mark.bite, pytest.mark.integration, pytest.mark.slow]
+
+def test_every_breakage_still_applies_to_the_code():
+    assert bite.stale(MUTATIONS) == []
+    assert len({m.name for m in MUTATIONS}) == len(MUTATIONS) >= 17
 
 
+@pytest.mark.bite
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_every_breakage_is_caught_by_its_guarding_tests(capsys):
     status = bite.main([])

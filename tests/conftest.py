@@ -54,3 +54,46 @@ def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "config" / "launch.json"
     monkeypatch.setenv("NOTEBOOK_KIT_CONFIG", str(path))
     return path
+
+
+# -- the summary: what kind of test passed, so the total does not flatter ------------------
+
+_KINDS = {
+    "browser": "browser (JupyterLab in Chromium)",
+    "gpu": "GPU",
+    "kernel": "real Jupyter kernel",
+    "bite": "mutation check",
+    "integration": "real processes",
+}
+_WORST_FIRST = ("failed", "error", "xpassed", "skipped", "xfailed", "passed")
+
+
+_kind_of: dict[str, str] = {}  # node id -> kind, from each collected test's markers
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kind = next((kind for kind in _KINDS if item.get_closest_marker(kind)), "unit")
+        _kind_of[item.nodeid] = kind
+
+
+def _kind(report: pytest.TestReport) -> str:
+    return _kind_of.get(report.nodeid, "unit")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Count the outcomes by kind of test: unit, real processes, kernel, browser, GPU."""
+    worst: dict[str, tuple[int, str, str]] = {}
+    for rank, outcome in enumerate(_WORST_FIRST):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if nodeid and (nodeid not in worst or rank < worst[nodeid][0]):
+                worst[nodeid] = (rank, outcome, _kind(report))
+    if not worst:
+        return
+    terminalreporter.section("tests by kind")
+    for kind, label in [*_KINDS.items(), ("unit", "unit and parametrized")][::-1]:
+        outcomes = [outcome for _, outcome, k in worst.values() if k == kind]
+        if outcomes:
+            counts = ", ".join(f"{outcomes.count(o)} {o}" for o in _WORST_FIRST if o in outcomes)
+            terminalreporter.write_line(f"{label}: {counts}")

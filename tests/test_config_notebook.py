@@ -14,7 +14,11 @@ from tests.processes import kernel_environment
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_config_panel.ipynb"
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 
 def _cell(nb: nbformat.NotebookNode, snippet: str) -> nbformat.NotebookNode:

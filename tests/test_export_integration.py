@@ -12,7 +12,11 @@ from notebook_kit.cli.export import export_notebook
 from tests.notebook_text import execute_copy
 from tests.processes import CLI, clean_environment, kernel_environment
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
 ACCURACY = re.compile(r"test accuracy: ([\d.]+)% on 360 images \(gathered from 2 processes\)")

@@ -23,6 +23,7 @@ LAUNCHES = {
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.kernel,
     pytest.mark.usefixtures("no_leftover_processes"),
     pytest.mark.skipif(
         importlib.util.find_spec("transformers") is None,

@@ -19,7 +19,11 @@ from jupyter_client.manager import start_new_kernel
 from tests.processes import kernel_environment
 from tests.test_stop_integration import _Clicker, _errors, _printed, _run
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DEFINE = f"""\

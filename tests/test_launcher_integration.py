@@ -115,10 +115,11 @@ def _fail_on_rank_one():
 
 
 def test_raising_rank_is_reported_with_traceback():
-    started = time.monotonic()
     with pytest.raises(WorkerError) as caught:
         notebook_launcher(_fail_on_rank_one, num_processes=2)
-    assert time.monotonic() - started < 2.0
+    # The README: a fraction of a second from the raise (the rank's own clock; CLOCK_MONOTONIC
+    # is one clock for every process) to the exception in the caller.
+    assert time.monotonic() - caught.value.failures[0].time < 1.0
     error = caught.value
     assert isinstance(error, RuntimeError) and error.rank == 1
     message = str(error)
@@ -134,18 +135,20 @@ def test_raising_rank_is_reported_with_traceback():
         ("kill", "died from SIGKILL (9)"),
     ],
 )
-def test_rank_dying_without_exception_while_others_wait(how, expected):
+def test_rank_dying_without_exception_while_others_wait(how, expected, tmp_path):
+    died = tmp_path / "died"
+
     def die():
         if dist.get_rank() == 1:
+            died.write_text(repr(time.monotonic()))
             if how == "exit":
                 os._exit(3)
             os.kill(os.getpid(), signal.SIGKILL)
         dist.all_reduce(torch.ones(1))
 
-    started = time.monotonic()
     with pytest.raises(WorkerError) as caught:
         notebook_launcher(die, num_processes=2)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - float(died.read_text()) < 1.0  # "within a fraction of a second"
     assert caught.value.rank == 1
     assert expected in str(caught.value)
 

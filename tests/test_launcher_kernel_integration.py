@@ -13,7 +13,7 @@ from nbclient import NotebookClient
 from tests.notebook_text import cell_text, widget_text
 from tests.processes import kernel_environment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kernel]
 
 DEFINE = """\
 import os, torch, torch.distributed as dist

@@ -17,7 +17,11 @@ from jupyter_client.manager import start_new_kernel
 
 from tests.processes import kernel_environment
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 DEFINE = """\
 import time

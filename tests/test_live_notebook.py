@@ -17,7 +17,11 @@ from tests.processes import kernel_environment
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_live_training.ipynb"
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 
 class _TimedClient(NotebookClient):

@@ -55,6 +55,7 @@ def test_widgets_print_as_a_short_readable_summary() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.kernel
 def test_execute_prints_cell_and_widget_output_and_saves(tmp_path):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [
@@ -76,6 +77,7 @@ def test_execute_prints_cell_and_widget_output_and_saves(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.kernel
 def test_a_failing_cell_stops_the_run_with_status_1(tmp_path):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell("1 / 0"), nbformat.v4.new_code_cell("print('x')")]

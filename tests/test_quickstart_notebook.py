@@ -11,7 +11,11 @@ from tests.notebook_text import cell_text, execute_copy, widget_text
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_quickstart.ipynb"
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 
 def test_quickstart_trains_on_two_processes_and_brings_the_model_home(tmp_path: Path) -> None:

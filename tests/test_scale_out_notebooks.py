@@ -13,7 +13,11 @@ from tests.processes import kernel_environment
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
 
 
 def _execute(name: str, tmp_path: Path, *companions: str) -> tuple[list[str], float]:

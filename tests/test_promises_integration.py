@@ -327,3 +327,28 @@ def _loop_until_stopped() -> list[int]:
 def test_stop_reaches_every_rank_at_the_same_step():
     steps = notebook_launcher(_loop_until_stopped, num_processes=2, observer=_StopPressedAtOnce())
     assert steps[0] == steps[1] > 0, steps
+
+
+INTERRUPT_AT_ONCE = """
+import os, signal, threading, time
+from notebook_kit import notebook_launcher
+from notebook_kit.launch import warmup
+assert warmup._thread.is_alive()  # the import's background warm-up is still running
+threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    notebook_launcher(lambda: time.sleep(30), num_processes=2, live=False)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_an_interrupt_right_after_import_is_not_lost():
+    # Ctrl-C while the first launch waits for the import's warm-up must stop that launch.
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_AT_ONCE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+    )
+    assert done.stdout.strip() == "interrupted", done.stderr[-2000:]

@@ -21,7 +21,7 @@ from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
 from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
-from notebook_kit.launch.warmup import start_warmup
+from notebook_kit.launch.warmup import start_warmup, wait_for_warmup
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
@@ -267,6 +267,9 @@ class _ForkedLaunch:
 
     def start(self) -> None:
         """Tell the observer, fork every worker."""
+        # The fork waits for the warm-up imports anyway (an at-fork hook), but Ctrl-C during
+        # a wait inside os.fork is swallowed: wait here, where it interrupts the launch.
+        wait_for_warmup()
         with open_listener(self.plan) or contextlib.nullcontext() as listener:
             ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
             info = LaunchInfo(

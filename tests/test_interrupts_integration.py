@@ -83,6 +83,31 @@ def test_an_interrupt_inside_the_fork_stops_the_launch():
     _check(_script_outcomes(5, "in-fork"), 5)
 
 
+def test_an_interrupt_inside_a_fork_before_the_launch_is_delivered_after_it():
+    # The kernel probe on a CUDA build forks before any worker: the same hole, another fork.
+    code = (
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        + LAUNCHES
+        + textwrap.dedent(
+            """
+            from notebook_kit.launch.interrupts import interrupts_survive_forks
+            armed.append(True)
+            try:
+                with interrupts_survive_forks():
+                    pid = os.fork()
+                    if pid == 0:
+                        os._exit(0)
+                    os.waitpid(pid, 0)
+                    print("NOT INTERRUPTED DURING THE BLOCK", flush=True)
+            except KeyboardInterrupt:
+                print("INTERRUPTED AFTER THE FORK")
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "INTERRUPTED AFTER THE FORK" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_sixty_interrupts_at_random_moments_of_the_first_80_ms():
     _check(_script_outcomes(60, "random"), 60)

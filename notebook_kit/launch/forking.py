@@ -15,6 +15,7 @@ import secrets
 import socket
 import sys
 import warnings
+from multiprocessing.connection import Connection
 
 # Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
 # inherit the module instead of importing it again at each launch.
@@ -62,30 +63,50 @@ def fork_workers(
     restart_count: int,
 ) -> GuardianLink:
     """Fork the guardian, which forks ``plan.num_processes`` workers; one handle per worker is
-    appended to ``workers`` before forking, so the caller can close every pipe if it fails.
+    appended to ``workers`` first, so the caller can close every pipe if forking fails.
     """
     # Without a listener this node joins another's store: a multi-node plan always has a port.
     port = listener.getsockname()[1] if listener else plan.port
     assert port is not None
     prefix = _store_prefix(plan)
-    starts: list[WorkerStart] = []
-    write_ends: list[list[int]] = []
+    control_read, control_write = os.pipe()
+    status_read, status_write = os.pipe()
+    write_ends = []
     for local_rank in range(plan.num_processes):
-        handle, ends, messages_write = _worker_pipes(plan.global_rank(local_rank))
+        handle, ends = _worker_pipes(plan.global_rank(local_rank))
         workers.append(handle)
         write_ends.append(ends)
-        serves_store = listener is not None and local_rank == 0
+    listener_fd = listener.fileno() if listener is not None else None
+    starts = []
+    for local_rank, (stdout_fd, stderr_fd, messages) in enumerate(write_ends):
+        serves_store = listener_fd is not None and local_rank == 0
         spec = WorkerSpec(
             plan=plan,
             local_rank=local_rank,
             master_port=port,
-            listen_fd=listener.fileno() if serves_store else None,
+            listen_fd=listener_fd if serves_store else None,
             home_model_ids=home_model_ids,
             restart_count=restart_count,
             store_prefix=prefix,
         )
-        starts.append(WorkerStart(spec, WorkerPipes(ends[0], ends[1], messages_write, ())))
-    return _fork_guardian(call, starts, write_ends, listener, stop_flag, workers)
+        # A worker closes the guardian's pipes, the listener unless it serves the store, and
+        # the write ends of the workers forked after it (the guardian closes earlier ones).
+        closes = [control_read, status_write]
+        closes += [listener_fd] if listener_fd is not None and not serves_store else []
+        closes += [fd for later in write_ends[local_rank + 1 :] for fd in _fds(later)]
+        starts.append(WorkerStart(spec, WorkerPipes(stdout_fd, stderr_fd, messages, tuple(closes))))
+    kernel_fds = [control_write, status_read]
+    kernel_fds += [fd for worker in workers for fd in (worker.stdout.fd, worker.stderr.fd)]
+    pipes = GuardianPipes(
+        control=control_read,
+        status=status_write,
+        kernel_fds=tuple(kernel_fds),
+        kernel_connections=tuple(worker.messages for worker in workers),
+        listener=listener_fd,
+    )
+    pid = _fork_guardian(call, starts, stop_flag, pipes, (control_write, status_read))
+    os.set_blocking(status_read, False)
+    return GuardianLink(pid, control_write, status_read)
 
 
 def _store_prefix(plan: LaunchPlan) -> str:
@@ -95,9 +116,10 @@ def _store_prefix(plan: LaunchPlan) -> str:
     return "notebook_kit/"
 
 
-def _worker_pipes(
-    rank: int,
-) -> tuple[WorkerProcess, list[int], multiprocessing.connection.Connection]:
+WriteEnds = tuple[int, int, Connection]  # stdout, stderr, messages: the worker's side
+
+
+def _worker_pipes(rank: int) -> tuple[WorkerProcess, WriteEnds]:
     stdout_read, stdout_write = os.pipe()
     stderr_read, stderr_write = os.pipe()
     messages_read, messages_write = multiprocessing.Pipe(duplex=False)
@@ -110,55 +132,21 @@ def _worker_pipes(
         stderr=LineReader(stderr_read, rank, "stderr"),
         messages=messages_read,
     )
-    return handle, [stdout_write, stderr_write, messages_write.fileno()], messages_write
+    return handle, (stdout_write, stderr_write, messages_write)
+
+
+def _fds(ends: WriteEnds) -> tuple[int, int, int]:
+    return ends[0], ends[1], ends[2].fileno()
 
 
 def _fork_guardian(
     call: Call,
     starts: list[WorkerStart],
-    write_ends: list[list[int]],
-    listener: socket.socket | None,
     stop_flag: StopFlag,
-    workers: list[WorkerProcess],
-) -> GuardianLink:
-    control_read, control_write = os.pipe()
-    status_read, status_write = os.pipe()
-    listener_fd = listener.fileno() if listener is not None else None
-    # Each worker closes the guardian's pipes, the listener unless it serves the store, and
-    # the write ends of the workers forked after it (the guardian closes earlier ones).
-    starts = [
-        WorkerStart(
-            start.spec,
-            WorkerPipes(
-                start.pipes.stdout_fd,
-                start.pipes.stderr_fd,
-                start.pipes.messages,
-                (
-                    control_read,
-                    status_write,
-                    *(
-                        [listener_fd]
-                        if listener_fd is not None and start.spec.listen_fd is None
-                        else []
-                    ),
-                    *(fd for later in write_ends[index + 1 :] for fd in later),
-                ),
-            ),
-        )
-        for index, start in enumerate(starts)
-    ]
-    kernel_fds = (
-        control_write,
-        status_read,
-        *(fd for w in workers for fd in (w.stdout.fd, w.stderr.fd)),
-    )
-    pipes = GuardianPipes(
-        control=control_read,
-        status=status_write,
-        kernel_fds=kernel_fds,
-        kernel_connections=tuple(w.messages for w in workers),
-        listener=listener_fd,
-    )
+    pipes: GuardianPipes,
+    kernel_ends: tuple[int, int],
+) -> int:
+    """Fork the guardian; the kernel then closes every end that belongs to the other side."""
     kernel_pid = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -169,11 +157,11 @@ def _fork_guardian(
         if pid == 0:
             run_guardian(call, starts, stop_flag, pipes, kernel_pid)
     except BaseException:
-        for fd in (control_write, status_read):
+        for fd in kernel_ends:
             os.close(fd)
         raise
     finally:
-        for fd in (control_read, status_write):
+        for fd in (pipes.control, pipes.status):
             os.close(fd)
         for start in starts:
             os.close(start.pipes.stdout_fd)
@@ -181,5 +169,4 @@ def _fork_guardian(
             start.pipes.messages.close()
     with contextlib.suppress(OSError):  # the guardian does it too; whichever comes first
         os.setpgid(pid, pid)
-    os.set_blocking(status_read, False)
-    return GuardianLink(pid, control_write, status_read)
+    return pid

@@ -18,44 +18,51 @@ from tests.test_multinode_integration import NODE_SCRIPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
-# Another local user's process: connects to the launch's store and forges every key it can
-# guess, at the moment that did the most harm (after rank 0 checked in as finished).
+# Another local user's process: connects to the launch's store and forges every key it could
+# know from the source (all but a per-launch secret), at the moment that does the most harm:
+# after rank 0 finished, before rank 1 did.
 FORGER = textwrap.dedent(
     """
     import sys, time
     from datetime import timedelta
     import torch.distributed as dist
 
-    port_file, forged_file = sys.argv[1], sys.argv[2]
+    port_file, forged_file, rank0_done = sys.argv[1:4]
     while not open(port_file).read().strip():
         time.sleep(0.01)
     store = dist.TCPStore("127.0.0.1", int(open(port_file).read()), is_master=False,
                           timeout=timedelta(seconds=10))
-    deadline = time.monotonic() + 3
-    while store.add("notebook_kit/finished", 0) < 1 and time.monotonic() < deadline:
+    while not open(rank0_done).read():
         time.sleep(0.01)
+    time.sleep(0.2)  # rank 0 is now waiting for the others to finish
     store.add("notebook_kit/finished", 1)
-    store.add("notebook_kit/ready", 1)
-    for key in ("notebook_kit/all_finished", "notebook_kit/finished/1", "notebook_kit/ready/1"):
-        store.set(key, "1")
+    for prefix in ("notebook_kit/", "notebook_kit", ""):
+        forged = dist.PrefixStore(prefix, store) if prefix else store
+        for step in ("joined", "ready", "finished"):
+            for rank in range(2):
+                forged.set(f"{step}/{rank}", "1")
+            forged.set(f"notebook_kit/all_{step}", "1")
     open(forged_file, "w").write("done")
     """
 )
 
 
 def test_another_local_process_cannot_disturb_a_launch(tmp_path):
-    port_file, forged = tmp_path / "port", tmp_path / "forged"
+    port_file, forged, rank0_done = tmp_path / "port", tmp_path / "forged", tmp_path / "rank0"
     port_file.write_text("")
-    forger = subprocess.Popen(
-        [sys.executable, "-c", FORGER, str(port_file), str(forged)], stderr=subprocess.PIPE
-    )
+    rank0_done.write_text("")
+    command = [sys.executable, "-c", FORGER, str(port_file), str(forged), str(rank0_done)]
+    forger = subprocess.Popen(command, stderr=subprocess.PIPE)
 
     def train():
         if dist.get_rank() == 0:
             port_file.write_text(os.environ["MASTER_PORT"])
+            rank0_done.write_text("returning")
             return "rank 0 done"
         while not forged.exists():  # rank 1 finishes only after the forgery
             time.sleep(0.01)
+        time.sleep(1.0)  # had the forgery worked, rank 0 and its store would be gone by now
+        dist.distributed_c10d._get_default_store().add("rank 1 still uses the store", 1)
         return "rank 1 done"
 
     started = time.monotonic()

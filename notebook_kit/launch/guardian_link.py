@@ -26,7 +26,8 @@ class GuardianLink:
     pid: int
     control_fd: int  # write end: STOP; closing it (or the kernel dying) also stops the launch
     status_fd: int  # read end: one record per worker event
-    closed: bool = False
+    closed: bool = False  # the status pipe reached its end: the guardian has swept
+    released: bool = False  # reaped, pipes closed
     _buffer: bytes = field(default=b"", repr=False)
 
     def read_records(self) -> list[Record]:
@@ -68,7 +69,7 @@ class GuardianLink:
         for fd in (self.control_fd, self.status_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.closed = True
+        self.closed = self.released = True
         return exited
 
 

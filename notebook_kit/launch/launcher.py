@@ -294,8 +294,12 @@ class _ForkedLaunch:
         with interrupts_deferred():
             self.supervisor.shutdown()
         outcome = self.supervisor.outcome()
-        if self._started is not None:
-            self.observer.on_finish(self._summary(outcome, error, self._started))
+        try:
+            if self._started is not None:
+                self.observer.on_finish(self._summary(outcome, error, self._started))
+        finally:
+            with interrupts_deferred():
+                self.supervisor.release()  # the guardian's exit overlapped with on_finish
         self.stop_flag.close()
         if error is not None:
             raise error

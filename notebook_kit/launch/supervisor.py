@@ -87,6 +87,7 @@ class Supervisor:
         self.timed_out = False
         self._deadline: float | None = None
         self._stopping = False  # exits from here on are ours, not failures
+        self._guardian_deadline = 0.0
 
     def start_clock(self, timeout: float | None) -> None:
         self._deadline = None if timeout is None else time.monotonic() + timeout
@@ -155,13 +156,16 @@ class Supervisor:
             for reader in (worker.stdout, worker.stderr):
                 reader.close(self.observer.on_output)
 
-    def _stop_guardian(self, guardian: GuardianLink) -> None:
-        """Ask for the stop, keep relaying output and exits until the guardian has exited."""
-        guardian.request_stop()
-        deadline = time.monotonic() + _GUARDIAN_STOP_LIMIT
-        while not guardian.closed and (left := deadline - time.monotonic()) > 0:
-            self._serve(wait(self.waitables(), min(left, _TICK_SECONDS)))
-        if not guardian.release(max(0.0, deadline - time.monotonic()) + 1.0):
+    def release(self) -> None:
+        """Reap the guardian, which swept everything below it before ``shutdown`` returned.
+
+        Kept apart from ``shutdown`` so the guardian's exit (unmapping a copy of the kernel's
+        memory takes milliseconds) overlaps with what the kernel does meanwhile.
+        """
+        guardian = self.guardian
+        if guardian is None or guardian.released:
+            return
+        if not guardian.release(1.0 + max(0.0, self._guardian_deadline - time.monotonic())):
             warnings.warn(
                 f"The launch's guardian (pid {guardian.pid}) could not stop every process "
                 f"within {_GUARDIAN_STOP_LIMIT:g} s and was killed; a process stuck in the "
@@ -169,6 +173,13 @@ class Supervisor:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+    def _stop_guardian(self, guardian: GuardianLink) -> None:
+        """Ask for the stop, keep relaying output and exits until the guardian has swept."""
+        guardian.request_stop()
+        self._guardian_deadline = time.monotonic() + _GUARDIAN_STOP_LIMIT
+        while not guardian.closed and (left := self._guardian_deadline - time.monotonic()) > 0:
+            self._serve(wait(self.waitables(), min(left, _TICK_SECONDS)))
         self._serve_guardian(guardian)
 
     # -- the loop's steps ----------------------------------------------------------------

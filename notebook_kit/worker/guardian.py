@@ -16,7 +16,8 @@ It makes sure that no process started during a launch outlives it, however the l
 
 When a worker exits, its process group is killed and its exit status sent to the kernel. On
 ``STOP`` or when the kernel is gone: SIGTERM to every worker's group, a grace period, then
-SIGKILL to every descendant until none is left; then it exits.
+SIGKILL to every descendant until none is left; then it exits. It also exits as soon as every
+worker has ended and it has no child left, since then nothing can be left below it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def run_guardian(
             os.close(pipes.listener)
         _Guardian(pipes, workers, kernel_pid).run()
     finally:
+        # Everything below is gone: tell the kernel now, not after this process's memory is
+        # unmapped (which takes milliseconds for a copy of a big kernel).
+        with contextlib.suppress(OSError):
+            os.close(pipes.status)
         os._exit(0)
 
 
@@ -176,7 +181,9 @@ class _Guardian:
         while not self.stopping:
             ready, _, _ = select.select([self.control, wake], [], [], _KERNEL_CHECK_SECONDS)
             _drain(wake)
-            self._collect(block=False)
+            children = self._collect(block=False)
+            if not self.workers and not children:
+                return  # every worker ended and nothing is left below: no need to wait
             if self.control in ready:
                 command = os.read(self.control, 64)
                 self.stopping = self.stopping or not command or STOP in command
@@ -213,12 +220,11 @@ class _Guardian:
 
     def _sweep(self) -> None:
         """SIGKILL every descendant until none is left: orphans land here, so none escapes."""
-        while True:
+        while self._collect(block=False):  # no child at all: nothing below, no scan needed
             for pid in descendants(os.getpid()):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            if not self._collect(block=True):
-                return
+            self._collect(block=True)
 
     def _collect(self, *, block: bool) -> bool:
         """Reap exited children (all that are ready; one more if ``block``); False if none."""

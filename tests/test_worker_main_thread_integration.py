@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -40,3 +43,27 @@ def test_a_sigterm_handler_of_the_function_runs_when_the_launch_stops_it(tmp_pat
     assert (tmp_path / "ready-0").exists() and (tmp_path / "ready-1").exists()
     assert (tmp_path / "saved-0").read_text() == "SIGTERM"
     assert (tmp_path / "saved-1").read_text() == "SIGTERM"
+
+
+def test_signals_handled_in_a_worker_never_reach_the_kernels_event_loop():
+    # An event loop in the kernel (ipykernel's asyncio) learns of signals through a wake-up
+    # descriptor; a forked worker holds a copy of it.
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+    try:
+
+        def handle_own_signal():
+            signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.1)  # the handler ran
+
+        notebook_launcher(handle_own_signal, num_processes=2)
+        with contextlib.suppress(BlockingIOError):
+            leaked = os.read(read, 64)
+            pytest.fail(f"the kernel's wake-up descriptor received {leaked!r}")
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)

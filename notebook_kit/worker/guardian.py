@@ -106,6 +106,9 @@ def run_guardian(
 
 def _detach_from_kernel(pipes: GuardianPipes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts and tells us
+    # The kernel's event loop may have a wake-up descriptor for signals: a copy of it here,
+    # or in the workers forked from here, would send their signals to the kernel's loop.
+    signal.set_wakeup_fd(-1)
     os.setpgid(0, 0)  # out of the kernel's group: a signal to it must not reach us
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)

@@ -17,6 +17,7 @@ from notebook_kit.integrations import activation as integrations
 from notebook_kit.launch.forking import fork_workers, open_listener
 from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
+from notebook_kit.launch.interrupts import interrupts_survive_forks
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
@@ -121,7 +122,8 @@ def notebook_launcher(
         >>> notebook_launcher(train, args=(0.1,), num_processes=2)
         0.2
     """
-    call, plan = _resolve(function, args, kwargs, locals())
+    with interrupts_survive_forks():  # the kernel probe may fork
+        call, plan = _resolve(function, args, kwargs, locals())
     observer = observer or default_observer(plan.live)
     if plan.in_process or torchrun_place():
         return run_in_process(call, plan, observer)
@@ -155,7 +157,8 @@ async def notebook_launcher_async(
     """
     observer = options.pop("observer", None)
     kwargs = options.pop("kwargs", None)
-    call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
+    with interrupts_survive_forks():  # the kernel probe may fork
+        call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
     observer = observer or default_observer(plan.live)
     if plan.in_process or torchrun_place():
         return run_in_process(call, plan, observer)
@@ -266,8 +269,14 @@ class _ForkedLaunch:
         self._started: float | None = None  # set once the observer has been told
 
     def start(self) -> None:
-        """Tell the observer, fork every worker."""
-        with open_listener(self.plan) or contextlib.nullcontext() as listener:
+        """Tell the observer, fork every worker.
+
+        Ctrl-C is held until the guardian is known, so nothing forked escapes the cleanup.
+        """
+        with (
+            interrupts_deferred(),
+            open_listener(self.plan) or contextlib.nullcontext() as listener,
+        ):
             ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
             info = LaunchInfo(
                 self.plan.banner(),
@@ -278,7 +287,7 @@ class _ForkedLaunch:
             )
             self.observer.on_start(info)
             self._started = time.monotonic()
-            fork_workers(
+            self.supervisor.guardian = fork_workers(
                 self.call,
                 self.plan,
                 listener,
@@ -308,8 +317,12 @@ class _ForkedLaunch:
         with interrupts_deferred():
             self.supervisor.shutdown()
         outcome = self.supervisor.outcome()
-        if self._started is not None:
-            self.observer.on_finish(self._summary(outcome, error, self._started))
+        try:
+            if self._started is not None:
+                self.observer.on_finish(self._summary(outcome, error, self._started))
+        finally:
+            with interrupts_deferred():
+                self.supervisor.release()  # the guardian's exit overlapped with on_finish
         self.stop_flag.close()
         if error is not None:
             raise error

@@ -1,7 +1,9 @@
-"""What runs after the fork: a worker's entry point and how it joins the launch's process group.
+"""What runs after the fork: the launch's guardian, a worker's entry point, and how a worker
+joins the launch's process group.
 
-Everything here runs in a forked child of the kernel and leaves through ``os._exit``. The
-kernel side that forks and supervises these workers is :mod:`notebook_kit.launch`.
+Everything here runs in a forked child of the kernel (the guardian) or of the guardian (the
+workers) and leaves through ``os._exit``. The kernel side that forks the guardian and
+supervises the workers is :mod:`notebook_kit.launch`.
 
 May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`; never the kernel side.
 """

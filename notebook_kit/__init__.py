@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from notebook_kit.errors import PortInUseError, WorkerError
     from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
     from notebook_kit.launch.panel import ConfigPanel
+    from notebook_kit.launch.pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.seeding import set_seed
@@ -42,6 +43,7 @@ __all__ = [
     "ProjectConfiguration",
     "RunRecord",
     "WorkerError",
+    "WorkerPool",
     "environment",
     "last_run",
     "notebook_launcher",
@@ -63,12 +65,20 @@ _LAZY: dict[str, str] = {
     "ProjectConfiguration": "accelerator.configuration",
     "RunRecord": "live.record",
     "WorkerError": "errors",
+    "WorkerPool": "launch.pool",
     "last_run": "live.record",
     "notebook_launcher": "launch.launcher",
     "notebook_launcher_async": "launch.launcher",
     "set_seed": "runtime.seeding",
     "skip_first_batches": "accelerator.data_loader",
 }
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext notebook_kit``: adds the ``%%distributed`` cell magic (``launch/magic.py``)."""
+    from notebook_kit.launch.magic import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __getattr__(name: str) -> Any:

@@ -291,6 +291,8 @@ class WorkerPool:
             outcome = processes.execute(kind, body, ranks, wanted, self.plan.timeout)
         except BaseException as raised:  # Ending, or Ctrl-C outside the wait: stop them
             error = raised
+            if isinstance(raised, Ending):
+                outcome = raised.outcome or outcome
             self._stop(raised.reason if isinstance(raised, Ending) else "interrupted")
         finally:
             processes.relay.view = None
@@ -367,12 +369,15 @@ class WorkerPool:
 
     def _ensure_running(self) -> PoolProcesses:
         self._check_usable()
+        lost = self._holder.processes.lost_rank() if self._holder.processes else None
+        if lost is not None:
+            self._stop(lost)
         if self._holder.processes is None:
             self._generation += 1
+            reason = (self._stopped_because or "").split(" (")[0]
             print(
                 f"Starting {self.num_processes} new workers for the pool (the previous ones were "
-                f"stopped: {self._stopped_because}); they start from this kernel's namespace "
-                "as it is now.",
+                f"stopped: {reason}); they start from this kernel's namespace as it is now.",
                 flush=True,
             )
             check_fork_safety()

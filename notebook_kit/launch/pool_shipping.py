@@ -127,10 +127,9 @@ class Shipping:
                 continue
             seen.add(name)
             value = self.namespace[name]
-            if self.holds(name, value):
-                continue
-            shipped[name] = value
-            todo.extend(names_used_by(value))
+            if not self.holds(name, value):
+                shipped[name] = value
+            todo.extend(names_used_by(value))  # held or not: what it uses may have changed
         return shipped
 
     def dumps(self, request: dict[str, Any], what: str, *, limit: bool = True) -> bytes:

@@ -58,12 +58,16 @@ if hasattr(os, "register_at_fork"):
 
 
 class Ending(Exception):
-    """The workers had to be stopped; ``reason`` says why, ``failures`` what was seen."""
+    """The workers had to be stopped; ``reason`` says why, ``failures`` what was seen.
+
+    ``outcome`` holds the answers that came before (set when a command was running).
+    """
 
     def __init__(self, reason: str, failures: list[WorkerFailure]) -> None:
         super().__init__(reason)
         self.reason = reason
         self.failures = failures
+        self.outcome: RunOutcome | None = None
 
 
 @dataclass
@@ -204,9 +208,13 @@ class PoolProcesses:
             self._send(rank, (kind, command, rank in want), body)
         outcome = RunOutcome()
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._collect(command, set(ranks), outcome, deadline)
-        if outcome.faulted and len(ranks) == self.plan.num_processes:
-            self._check_group()
+        try:
+            self._collect(command, set(ranks), outcome, deadline)
+            if outcome.faulted and len(ranks) == self.plan.num_processes:
+                self._check_group()
+        except Ending as ending:
+            ending.outcome = outcome
+            raise
         return outcome
 
     def _collect(
@@ -288,6 +296,15 @@ class PoolProcesses:
 
     def _poll(self) -> None:
         self._serve(wait(self.supervisor.waitables(), 0))
+
+    def lost_rank(self) -> str | None:
+        """Between runs: how a rank that died since the last run ended, or None."""
+        self._poll()
+        try:
+            self._raise_if_dead("while the pool was idle")
+        except Ending as ending:
+            return ending.reason
+        return None
 
     def _raise_if_dead(self, when: str) -> None:
         failures = [f for f in self.supervisor.failures if f.exit_code is not None]

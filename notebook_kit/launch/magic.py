@@ -62,6 +62,8 @@ class DistributedMagics(Magics):
             return pool.run_cell(cell)
         except WorkerError as error:  # its message holds the worker's traceback: enough
             raise error.with_traceback(None) from None
+        except KeyboardInterrupt:  # the pool has said what became of the workers
+            raise KeyboardInterrupt from None
 
     def _line(self, options: Any) -> Any:
         if options.action == "close":

@@ -36,7 +36,7 @@ from notebook_kit.launch.pool_shipping import (
     names_used_by,
     stored_names,
 )
-from notebook_kit.launch.pool_view import RunView
+from notebook_kit.launch.pool_view import RunView, prepare_live_view
 from notebook_kit.launch.pool_workers import Ending, PoolProcesses, RunOutcome
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
@@ -117,6 +117,7 @@ class WorkerPool:
             )
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
         self._kernel = check_fork_safety(self.plan.kernel)
+        prepare_live_view(self.plan.live)
         main = sys.modules["__main__"].__dict__
         self._shipping = Shipping(main, _hidden_names(), send_limit)
         self._stop_flag = StopFlag()

@@ -14,13 +14,26 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from typing import Any
 
-from notebook_kit.live.display import default_observer
+from notebook_kit.launch.supervisor import interrupts_deferred
+from notebook_kit.live.display import default_observer, notebook_front_end
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, Stream
 from notebook_kit.live.record import RunRecorder
 
-__all__ = ["LIVE_AFTER", "GroupedText", "RunView"]
+__all__ = ["LIVE_AFTER", "GroupedText", "RunView", "prepare_live_view"]
+
+
+def prepare_live_view(live: bool | None) -> None:
+    """Import the live view's modules now (seconds, the first time), not during a run.
+
+    Example:
+        >>> prepare_live_view(None)  # in a notebook: ipywidgets and matplotlib are loaded
+    """
+    if live is not False and notebook_front_end():
+        import notebook_kit.live.notebook_view  # noqa: F401
+
 
 LIVE_AFTER = 0.5  # seconds a run lasts before its live view opens
 _TEXT_SECONDS = 0.25  # between two printings of worker lines during a run
@@ -86,6 +99,7 @@ class RunView:
         self.live_after = live_after
         self.info: LaunchInfo | None = None
         self.inner: LaunchObserver | None = None
+        self._tried = False
         self._started = time.monotonic()
         self._lines: list[tuple[int, Stream, str]] = []
         self._printed = time.monotonic()
@@ -111,7 +125,7 @@ class RunView:
 
     def on_tick(self) -> None:
         late = time.monotonic() - self._started >= self.live_after
-        if self.inner is None and self.record and late:
+        if self.inner is None and self.record and late and not self._tried:
             self._open_live_view()
         if self.inner is not None:
             self.inner.on_tick()
@@ -133,13 +147,21 @@ class RunView:
         self.text.flush()
 
     def _open_live_view(self) -> None:
+        """Open the live view whole, or not at all (a Ctrl-C waits until it is drawn)."""
         assert self.info is not None
-        self.inner = default_observer(self.live)
-        self.inner.on_start(self.info)
-        for rank, stream, line in self._lines:
-            self.inner.on_output(rank, stream, line)
-        for rank, kind, payload in self._messages:
-            self.inner.on_message(rank, kind, payload)
+        self._tried = True  # once, whatever happens
+        try:
+            with interrupts_deferred():
+                inner = default_observer(self.live)
+                inner.on_start(self.info)
+                for rank, stream, line in self._lines:
+                    inner.on_output(rank, stream, line)
+                for rank, kind, payload in self._messages:
+                    inner.on_message(rank, kind, payload)
+        except Exception as error:  # a display problem must never end the run
+            warnings.warn(f"The live view could not be shown: {error!r}", stacklevel=2)
+            return
+        self.inner = inner
         self._lines, self._messages = [], []
 
 

@@ -114,6 +114,9 @@ class _Relay:
             self.view.on_message(rank, kind, payload)
 
     def on_tick(self) -> None:
+        """The pool ticks the view itself (:meth:`tick`), outside the part that defers Ctrl-C."""
+
+    def tick(self) -> None:
         if self.view is not None:
             self.view.on_tick()
 
@@ -220,35 +223,55 @@ class PoolProcesses:
     def _collect(
         self, command: int, ranks: set[int], outcome: RunOutcome, deadline: float | None
     ) -> None:
-        settle_until: float | None = None
+        """Wait for every rank's answer; on a fault or Ctrl-C, interrupt the rest and settle."""
+        settle: list[float] = []  # when settling ends, once it has begun
         while True:
+            try:
+                if self._collect_step(command, ranks, outcome, deadline, settle):
+                    return
+            except KeyboardInterrupt:  # wherever it lands; a second one changes nothing
+                outcome.interrupted = True
+
+    def _collect_step(
+        self,
+        command: int,
+        ranks: set[int],
+        outcome: RunOutcome,
+        deadline: float | None,
+        settle: list[float],
+    ) -> bool:
+        outcome.answers.update({r: a for r, a in self.relay.answers.items() if r in ranks})
+        pending = ranks - set(outcome.answers)
+        if not pending:
+            return True
+        self._raise_if_dead("during the command")
+        now = time.monotonic()
+        failed = any(a["status"] != "ok" for a in outcome.answers.values())
+        if deadline is not None and now >= deadline:
+            outcome.timed_out = True
+        if not settle and (failed or outcome.interrupted or outcome.timed_out):
+            settle.append(now + _SETTLE_SECONDS)
+            self._interrupt(command, pending)
+        if settle and now >= settle[0]:
+            self._poll()  # a slow step may have kept answers that did come in time unread
             outcome.answers.update({r: a for r, a in self.relay.answers.items() if r in ranks})
             pending = ranks - set(outcome.answers)
-            if not pending:
-                return
-            self._raise_if_dead("during the command")
-            now = time.monotonic()
-            failed = any(a["status"] != "ok" for a in outcome.answers.values())
-            if deadline is not None and now >= deadline and not outcome.timed_out:
-                outcome.timed_out = True
-            if settle_until is None and (failed or outcome.interrupted or outcome.timed_out):
-                settle_until = now + _SETTLE_SECONDS
-                self._interrupt(command, pending)
-            if settle_until is not None and now >= settle_until:
-                ranks_text = ", ".join(str(r) for r in sorted(pending))
-                raise Ending(
-                    f"rank {ranks_text} did not stop within {_SETTLE_SECONDS:g} s (blocked in "
-                    "native code, or in a collective operation waiting for a rank that had "
-                    "already stopped)",
-                    list(self.supervisor.failures),
-                )
-            limit = _TICK_SECONDS if settle_until is None else max(settle_until - now, 0.0)
-            if deadline is not None and not outcome.timed_out:
-                limit = min(limit, max(deadline - now, 0.0))
-            try:
-                self._serve(wait(self.supervisor.waitables(), limit))
-            except KeyboardInterrupt:
-                outcome.interrupted = True  # a second Ctrl-C changes nothing: settling is short
+        if settle and now >= settle[0] and pending:
+            noun = "rank" if len(pending) == 1 else "ranks"
+            ranks_text = ", ".join(str(r) for r in sorted(pending))
+            raise Ending(
+                f"{noun} {ranks_text} did not stop within {_SETTLE_SECONDS:g} s (blocked in "
+                "native code, or in a collective operation waiting for a rank that had "
+                "already stopped)",
+                list(self.supervisor.failures),
+            )
+        limit = settle[0] - now if settle else _TICK_SECONDS
+        if deadline is not None and not outcome.timed_out:
+            limit = min(limit, deadline - now)
+        self._serve(wait(self.supervisor.waitables(), max(limit, 0.0)))
+        if not settle:  # drawing (a first matplotlib import) may be interrupted; not after
+            self.relay.tick()
+        return False
 
     def _check_group(self) -> None:
         """After a fault: do all ranks still meet in a collective? If not, stop them."""
@@ -258,7 +281,7 @@ class PoolProcesses:
         for rank in ranks:
             self._send(rank, ("check", command, False), pickle.dumps(_CHECK_SECONDS))
         deadline = time.monotonic() + _CHECK_SECONDS + 0.3
-        with interrupts_deferred():
+        with interrupts_deferred():  # short and bounded: Ctrl-C waits for it
             while set(self.relay.answers) != ranks and time.monotonic() < deadline:
                 self._raise_if_dead("while checking the process group")
                 self._serve(wait(self.supervisor.waitables(), deadline - time.monotonic()))

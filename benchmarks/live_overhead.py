@@ -1,10 +1,11 @@
 """Cost of the live view: training throughput with it on vs ``live=False``, and one ``log`` call.
 
 The same 2-process DDP loop (log every step, count progress, check the Stop flag) runs with
-the live view's observer (progress bar, per-rank output, plot redrawn about once a second) and
+the live view's observer (progress bar, per-rank output, new points for the browser plot) and
 with the quiet one, alternating so that background load hits both alike. Outside a notebook
-the widgets have no front end, but everything the kernel computes and renders (the PNG of the
-plot included) still happens. Targets: throughput ratio >= 0.98; a ``log`` call <= 20 µs.
+the widgets have no front end, but everything the kernel computes and sends (the final PNG of
+the plot included) still happens. ``benchmarks.live_freshness`` measures the same in a real
+kernel, with the plot's delay. Targets: throughput ratio >= 0.98; a ``log`` call <= 20 µs.
 
 Usage:
     python benchmarks/live_overhead.py [--steps 400] [--rounds 3]

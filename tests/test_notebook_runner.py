@@ -8,9 +8,8 @@ import sys
 import nbformat
 import pytest
 
+from notebook_kit.cli.notebook_runner import _widget_lines
 from tests.processes import kernel_environment
-
-pytestmark = pytest.mark.integration
 
 LAUNCH = """\
 import torch.distributed as dist
@@ -26,6 +25,36 @@ def _run(notebook_path, *extra):
     )
 
 
+def _model(name: str, **state: object) -> dict[str, object]:
+    return {"_model_name": name, "layout": "IPY_MODEL_layout", **state}
+
+
+def test_widgets_print_as_a_short_readable_summary() -> None:
+    children = [f"IPY_MODEL_{name}" for name in ("row", "buttons", "code", "hidden")]
+    state = {
+        "layout": {"_model_name": "LayoutModel", "display": None},
+        "gone": {"_model_name": "LayoutModel", "display": "none"},
+        "panel": _model("VBoxModel", children=children),
+        "row": _model("HBoxModel", children=["IPY_MODEL_choice", "IPY_MODEL_note"]),
+        "choice": _model(
+            "DropdownModel", description="num_processes", index=1, _options_labels=["auto", "2"]
+        ),
+        "note": _model("HTMLModel", value="<i>2 of 2 cores</i>"),
+        "buttons": _model("HBoxModel", children=["IPY_MODEL_save", "IPY_MODEL_status"]),
+        "save": _model("ButtonModel", description="Save as default"),
+        "status": _model("HTMLModel", value=""),
+        "code": _model("HTMLModel", value="<b>Python</b><pre>launch(train)\nmore()</pre>"),
+        "hidden": {**_model("HTMLModel", value="secret"), "layout": "IPY_MODEL_gone"},
+    }
+    assert _widget_lines(state, "panel") == [
+        "num_processes: 2 · 2 of 2 cores",
+        "Python",
+        "launch(train)",
+        "more()",
+    ]
+
+
+@pytest.mark.integration
 def test_execute_prints_cell_and_widget_output_and_saves(tmp_path):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [
@@ -38,11 +67,15 @@ def test_execute_prints_cell_and_widget_output_and_saves(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "first cell"
-    assert "--- rank 1 ---" in lines and "hello from rank 1" in lines
+    assert lines[1].startswith("Finished in ")  # the run's summary, not a widget dump
+    assert "--- rank 1 · 1 line ---" in lines and "hello from rank 1" in lines
     executed = nbformat.read(tmp_path / "done.ipynb", as_version=4)
     assert executed.cells[0].outputs[0]["text"] == "first cell\n"
+    assert "widgets" not in executed.metadata  # the live view's widgets closed: no stale state
+    assert lines[-1] == f"Saved the executed notebook to {tmp_path / 'done.ipynb'}"
 
 
+@pytest.mark.integration
 def test_a_failing_cell_stops_the_run_with_status_1(tmp_path):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell("1 / 0"), nbformat.v4.new_code_cell("print('x')")]

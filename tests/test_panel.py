@@ -195,3 +195,14 @@ def test_auto_choices_are_real_selections_and_fields_have_classes() -> None:
     panel.widgets["num_processes"].value = 2
     panel.widgets["num_processes"].value = "auto"
     assert panel.config.num_processes is None
+
+
+def test_a_saved_panel_reads_without_widget_state() -> None:
+    panel = ConfigPanel(LaunchConfig(num_processes=2, mixed_precision="bf16"))
+    bundle = panel._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle, "live, it is still the form"
+    for kind in ("text/plain", "text/html"):
+        assert "LaunchConfig(num_processes=2, mixed_precision=" in bundle[kind]
+        assert "notebook-kit launch --num-processes 2 --mixed-precision bf16" in bundle[kind]
+    panel.widgets["seed"].value = "x"
+    assert "invalid values" in panel._repr_mimebundle_()["text/plain"]

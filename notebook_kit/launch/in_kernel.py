@@ -2,7 +2,9 @@
 
 With ``num_processes=1`` the kernel itself runs the function (debuggable: exceptions and
 ``%debug`` land in the user's frame) inside a gloo group of one. Under torchrun the processes
-already exist, so launching means running here, inside the job's group.
+already exist, so launching means running here, inside the job's group; the default text view
+then speaks on rank 0 only (one banner, one summary line with the mean over ranks, as a
+notebook launch shows), while every rank still prints its own output.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from notebook_kit.accelerator.precision import restore_forward
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import note_gpu_run_in_kernel
+from notebook_kit.live.headless import HeadlessObserver, QuietObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch, current_launch
+from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND
 from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
 
@@ -37,6 +41,9 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
     """
     function, args, kwargs = call
     place = torchrun_place() or _Place(0, 0, 1, 1)
+    if place.rank != 0 and type(observer) is HeadlessObserver:
+        observer = QuietObserver()  # the job's lines are rank 0's, as in a notebook launch
+    newest = _NewestValues(place.rank)
     stop_flag = StopFlag()
     context = LaunchContext(
         rank=place.rank,
@@ -47,7 +54,7 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
         device=plan.device if place.world_size == 1 else "cpu",
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
-        send=lambda kind, payload: _deliver(observer, place.rank, kind, payload),
+        send=lambda kind, payload: _deliver(observer, place.rank, kind, payload, newest),
         stop_flag=stop_flag,
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
@@ -62,11 +69,14 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
     try:
         with _caller_process_group(place, context), active_launch(context):
             try:
-                return function(*args, **kwargs)
+                result = function(*args, **kwargs)
             finally:
                 context.close()
                 for model in context.prepared_models:  # the kernel's own objects: as they were
                     restore_forward(model)
+            if place.world_size > 1:
+                _share_newest_values(observer, newest)
+            return result
     except BaseException as raised:
         error = raised
         raise
@@ -84,10 +94,51 @@ def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> An
         stop_flag.close()
 
 
-def _deliver(observer: LaunchObserver, rank: int, kind: str, payload: Any) -> None:
+def _deliver(
+    observer: LaunchObserver, rank: int, kind: str, payload: Any, newest: _NewestValues
+) -> None:
     """Hand a message to the observer; with no wait loop here, each message is its tick."""
+    newest.take(kind, payload)
     observer.on_message(rank, kind, payload)
     observer.on_tick()
+
+
+class _NewestValues:
+    """This rank's newest ``(step, value)`` per metric, numbered as the kernel numbers them."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.values: dict[str, tuple[int, float]] = {}
+        self._next_step = 0
+
+    def take(self, kind: str, payload: Any) -> None:
+        if kind == SINGLE_KIND:
+            records = [(self.rank, payload.get("step"), payload.get("values", {}))]
+        elif kind == BATCH_KIND:
+            records = payload.get("records", ())
+        else:
+            return
+        for _, step, values in records:
+            step = self._next_step if step is None else int(step)
+            self._next_step = step + 1
+            for name, value in values.items():
+                self.values[name] = (step, value)
+
+
+def _share_newest_values(observer: LaunchObserver, newest: _NewestValues) -> None:
+    """Give rank 0's observer every rank's newest values, so its summary shows the mean.
+
+    A collective: every rank of the job calls it after its function returned.
+    """
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, newest.values)
+    if newest.rank != 0:
+        return
+    for peer, values in enumerate(everyone):
+        if peer == newest.rank or not values:
+            continue
+        records = [(peer, step, {name: value}) for name, (step, value) in values.items()]
+        observer.on_message(peer, BATCH_KIND, {"rank": peer, "records": records, "dropped": 0})
 
 
 @dataclass(frozen=True)

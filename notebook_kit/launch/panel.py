@@ -226,6 +226,27 @@ class ConfigPanel(widgets.VBox):
             + "</pre>"
         )
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """The live form, plus a static rendering for where widgets cannot run.
+
+        A saved notebook read on GitHub or through nbconvert without widget state shows the
+        settings and the equivalent code instead of the widget's repr.
+        """
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        try:
+            config = self.config
+        except ValueError as error:  # invalid values: say so rather than show a stale config
+            text = f"ConfigPanel with invalid values: {error}"
+            return {**bundle, "text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
+        text = f"{self.python_call(config)}\n\n{self.command_line()}"
+        return {
+            **bundle,
+            "text/plain": f"ConfigPanel\n{text}",
+            "text/html": f"<b>ConfigPanel</b><pre>{html.escape(text)}</pre>",
+        }
+
     def python_call(self, config: LaunchConfig | None = None) -> str:
         """Python code that launches ``function_name`` with this panel's config.
 

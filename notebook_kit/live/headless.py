@@ -12,6 +12,7 @@ from typing import Any
 
 from notebook_kit.live.console import ConsolePrinter
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
+from notebook_kit.live.progress import RateClock, format_duration
 from notebook_kit.live.rank_output import last_segment
 from notebook_kit.live.record import RunRecorder
 
@@ -21,22 +22,29 @@ _LINE_SECONDS = 10.0  # between two progress lines
 
 
 def progress_line(
-    count: int, total: int | None, elapsed: float, latest: dict[str, float], dropped: int = 0
+    count: int,
+    total: int | None,
+    elapsed: float,
+    latest: dict[str, float],
+    dropped: int = 0,
+    rate: float | None = None,
 ) -> str:
     """One line of progress: steps, rate, ETA and the newest metric values.
+
+    ``rate`` (steps per second, 0 for unknown) defaults to ``count / elapsed``; the views
+    pass the rate measured from the first step (:class:`~notebook_kit.live.progress.RateClock`).
 
     Example:
         >>> progress_line(50, 100, 10.0, {"loss": 0.5})
         'step 50/100 (50%) · 5.00 steps/s · ETA 00:10 · loss 0.5'
     """
-    from tqdm import tqdm
-
     parts = [f"step {count}/{total} ({100 * count // total}%)" if total else f"step {count}"]
-    if count and elapsed > 0:
-        rate = count / elapsed
+    if rate is None:
+        rate = count / elapsed if count and elapsed > 0 else 0.0
+    if rate > 0:
         parts.append(f"{rate:.2f} steps/s")
         if total and total > count:
-            parts.append(f"ETA {tqdm.format_interval((total - count) / rate)}")
+            parts.append(f"ETA {format_duration((total - count) / rate)}")
     parts.extend(f"{name} {value:.4g}" for name, value in latest.items())
     if dropped:
         parts.append(f"{dropped} metric records dropped")
@@ -57,6 +65,7 @@ class HeadlessObserver:
         self._started = time.monotonic()
         self._last_line = 0.0
         self._printed_version = -1
+        self.clock = RateClock()
 
     def on_start(self, info: LaunchInfo) -> None:
         self.console.on_start(info)
@@ -69,6 +78,7 @@ class HeadlessObserver:
         self.recorder.on_message(rank, kind, payload)
 
     def on_tick(self) -> None:
+        self.clock.observe(self.recorder.progress.count)
         if time.monotonic() - self._last_line >= self.interval:
             self._print_progress()
         self.console.on_tick()
@@ -84,12 +94,18 @@ class HeadlessObserver:
     def _line(self, elapsed: float) -> str:
         state, metrics = self.recorder.progress, self.recorder.metrics
         return progress_line(
-            state.count, state.expected, elapsed, metrics.latest(), metrics.total_dropped
+            state.count,
+            state.expected,
+            elapsed,
+            metrics.latest(),
+            metrics.total_dropped,
+            rate=self.clock.rate or 0.0,
         )
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.recorder.finish(summary)
-        if self.recorder.metrics.values or self.recorder.progress.count:
+        self.clock.observe(self.recorder.progress.count)
+        if self.recorder.metrics.version or self.recorder.progress.count:
             ending = "stopped" if summary.stopped else "finished"
             print(f"[{ending}] {self._line(summary.duration)}", flush=True)
         self.console.on_finish(summary)

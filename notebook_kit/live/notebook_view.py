@@ -1,11 +1,19 @@
-"""The live view of a launch in a notebook: Stop button, progress bar, worker output, plot.
+"""The live view of a launch in a notebook: status, Stop and progress, plot, table, output.
 
-Everything is drawn from the kernel's main thread, on the launcher's tick, at a throttled rate:
-workers only write to pipes, and the Stop button's click handler only sets the stop flag.
+While the workers train the cell holds one fixed-height widget: a status line, the Stop button
+beside the progress bar, the plot (drawn in the browser from only the new points), and tabs
+with the evaluation table and each rank's output. Every part has its height from the start
+(the plot and the tabs say what they are waiting for), so nothing below the cell moves.
+
+When the run ends, the widget is replaced in place by plain outputs that need no widget state
+(:mod:`notebook_kit.live.summary`): the one-line summary, the final plot as a PNG, the table
+and each rank's output. Everything is drawn from the kernel's main thread at a throttled
+rate: workers only write to pipes, and the Stop button's click handler only sets the flag.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import time
 import warnings
@@ -14,16 +22,24 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display
 
+from notebook_kit.live.eval_table import build_table, live_table_html, split_histories
+from notebook_kit.live.kernel_status import BusyKeeper
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
-from notebook_kit.live.plot import LivePlot
-from notebook_kit.live.progress import ProgressBar
-from notebook_kit.live.rank_output import ERROR_COLOUR, RankOutput
+from notebook_kit.live.panels import plan_panels
+from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
+from notebook_kit.live.plot_widget import LivePlot
+from notebook_kit.live.progress_bar import ProgressBar
+from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.stop_button import StopButton
+from notebook_kit.live.summary import details_bundle, figure_bundle, summary_bundle, summary_line
 
 __all__ = ["LiveObserver"]
 
 _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the loop wakes
+BOX_HEIGHT = "566px"  # status, header, controls, plot, tabs, and their margins
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
 
 class LiveObserver:
@@ -38,12 +54,19 @@ class LiveObserver:
         self.plot = LivePlot()
         self.status = widgets.HTML()
         self.status.add_class("nk-status")
+        self.status.layout.overflow = "hidden"
+        self.status.layout.height = "24px"
         self.info: LaunchInfo | None = None
         self.stop: StopButton | None = None
         self.progress: ProgressBar | None = None
         self.output: RankOutput | None = None
+        self.table = widgets.HTML(live_table_html(build_table({}, {}), _NO_EVALUATION))
         self.box: widgets.VBox | None = None
+        self.figure: Any = None
+        self._handle: Any = None
+        self._keeper: BusyKeeper | None = None
         self._last_refresh = 0.0
+        self._evals: list[str] = []
         self._stopping_shown = False
         self._broken = False
 
@@ -52,19 +75,29 @@ class LiveObserver:
         self.stop = StopButton(info.stop_flag)
         self.progress = ProgressBar()
         self.output = RankOutput(info.ranks)
-        self.status.value = html.escape(info.banner)
+        self.status.value = _status_html(info.banner)
         header = widgets.HBox([self.stop.widget, self.progress.widget])
-        self.box = widgets.VBox([self.status, header, self.output.widget])
+        header.layout.height = "36px"
+        header.add_class("nk-header")
+        self.box = widgets.VBox(
+            [self.status, header, self.stop.note, self.plot.widget, self.output.widget]
+        )
         self.box.add_class("nk-live")
-        display(self.box)
-        self.stop.serve_during_run()
+        self.box.layout.height = BOX_HEIGHT  # before the parts have rendered, too
+        fallback = f"{info.banner} (live view; a summary replaces it when the run ends)"
+        view = {"version_major": 2, "version_minor": 0, "model_id": self.box.model_id}
+        bundle = {_WIDGET_VIEW: view, "text/plain": fallback}
+        self._handle = display(bundle, raw=True, display_id=True)
+        self._keeper = BusyKeeper.start()  # before the route: its idles must be answered
+        self.stop.serve_during_run(*self.plot.controls)
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         if self.output is not None:
             self.output.add(rank, stream, line)
 
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        self.recorder.on_message(rank, kind, payload)
+        if self.recorder.on_message(rank, kind, payload):
+            self.plot.on_message(rank, kind, payload)
 
     def on_tick(self) -> None:
         if self._broken or time.monotonic() - self._last_refresh < _REFRESH_SECONDS:
@@ -77,53 +110,127 @@ class LiveObserver:
             warnings.warn(f"Live display stopped updating: {error!r}", stacklevel=2)
 
     def _refresh(self) -> None:
-        info = self.info
-        if info is not None and not self._stopping_shown and info.stop_flag.is_set():
+        info, stop = self.info, self.stop
+        stopping = info is not None and info.stop_flag.is_set()
+        if stopping and stop is not None and not self._stopping_shown:
             self._stopping_shown = True
-            if self.stop is not None:
-                self.stop.show_stopping()
+            stop.show_stopping()
         if self.progress is not None:
             self.progress.show(self.recorder.progress)
         if self.output is not None:
             self.output.refresh()
+        self.plot.refresh(self.recorder.metrics, self.recorder.progress)
+        self._refresh_table()
         dropped = self.recorder.metrics.total_dropped
-        if dropped:
-            self.status.value = (
-                f"{html.escape(info.banner if info else '')} · <b>{dropped} metric records "
-                "dropped</b> (the kernel could not keep up; log less often)"
-            )
-        self.plot.refresh(self.recorder.metrics)
+        if dropped and info is not None:
+            note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
+            self.status.value = _status_html(info.banner, note)
+
+    def _refresh_table(self) -> None:
+        evals = self.plot.evals
+        if not evals or self.output is None:
+            return
+        if not self._evals:
+            self.output.add_leading_tab("evaluations", self.table)
+        counts = [self.plot.feed.counts.get(name, 0) for name in evals]
+        key = [*evals, *map(str, counts)]
+        if key != self._evals:
+            self._evals = key
+            table = self._table(evals)
+            self.table.value = live_table_html(table, _NO_EVALUATION)
+
+    def _table(self, evals: list[str]) -> Any:
+        histories = self.recorder.metrics.histories()
+        train, evaluation = split_histories(histories, evals)
+        return build_table(train, evaluation, self.plot.x_unit)
 
     def on_finish(self, summary: LaunchSummary) -> None:
-        outcome = summary.outcome
+        route_request = None
         try:
+            if not self._broken:
+                self._refresh()  # the last points and counts, before the widgets make way
             if self.stop is not None:
-                self.stop.finish()
-            if self.progress is not None:
-                self.progress.close(self.recorder.progress, outcome)
-            if self.output is not None:
-                self.output.finish(summary.ranks)
-            self.plot.finish(self.recorder.metrics)
-            self.status.value = _ending(summary, self.recorder.metrics.total_dropped)
+                route_request = self.stop.finish()
+            self.figure = self._final_figure()
         finally:
-            drawn = self.plot.figure if self.recorder.metrics.values else None
-            self.recorder.finish(summary, figure=drawn)
+            self.recorder.finish(summary, figure=self.figure)
+        try:
+            self._render_static(summary)
+        except Exception as error:  # the run's own result or error matters more
+            warnings.warn(f"Could not draw the end of the run: {error!r}", stacklevel=2)
+        finally:
+            if self._keeper is not None:
+                self._keeper.wait_for_idle_of(route_request)
+                self._keeper.stop()
+            self._close_widgets()
+
+    def _final_figure(self) -> Any:
+        histories = self.recorder.metrics.histories()
+        if not histories:
+            return None
+        figure = new_figure(len(plan_panels(histories)))
+        draw_metrics(
+            figure,
+            histories,
+            x_label=self.plot.x_unit,
+            evals=set(self.plot.evals),
+            smoothing=float(self.plot.smoothing.value),
+            y_scale=self.plot.y_scale.value,
+        )
+        return figure
+
+    def _render_static(self, summary: LaunchSummary) -> None:
+        metrics, progress = self.recorder.metrics, self.recorder.progress
+        if self.output is not None:
+            self.output.finish(summary.ranks)
+        line = summary_line(
+            summary, progress.count, progress.expected, metrics.latest(), metrics.total_dropped
+        )
+        banner = self.info.banner if self.info is not None else ""
+        bundle = summary_bundle(line, summary.outcome, banner)
+        if self._handle is not None:
+            self._handle.update(bundle, raw=True)
+        else:  # no display ids outside a kernel: just show it
+            display(bundle, raw=True)
+        if self.figure is not None:
+            names = list(metrics.histories())
+            display(figure_bundle(figure_png(self.figure), names, self.plot.x_unit), raw=True)
+        evals = self.plot.evals
+        table = self._table(evals) if evals else build_table({}, {})
+        ranks_html = self.output.static_html() if self.output is not None else ""
+        ranks_text = self.output.text() if self.output is not None else ""
+        details = details_bundle(table, ranks_html, ranks_text)
+        if details is not None:
+            display(details, raw=True)
+
+    def _close_widgets(self) -> None:
+        """The static outputs replaced them: free the models (and the saved widget state)."""
+        extra = [] if self.stop is None else [self.stop.button, self.stop.note]
+        for widget in (self.box, self.table, *self.plot.links, *extra):
+            if widget is not None:
+                close_tree(widget)
 
 
-def _ending(summary: LaunchSummary, dropped: int) -> str:
-    """The status line once the run is over."""
-    seconds = f"{summary.duration:.1f} s"
-    if summary.outcome == "stopped":
-        text = f"Stopped by request after {seconds}; the function returned normally."
-    elif summary.succeeded:
-        text = f"Finished in {seconds}."
-    elif summary.timed_out:
-        text = f"Timed out after {seconds}; all workers were stopped."
-    elif summary.interrupted:
-        text = f"Interrupted after {seconds}; all workers were stopped."
-    else:
-        failed = [str(f.rank) for f in summary.failures] or ["?"]
-        text = f"Failed after {seconds}: rank {', '.join(failed)} (details below)."
-    colour = ERROR_COLOUR if summary.outcome == "failed" else "inherit"
-    note = f" {dropped} metric records were dropped." if dropped else ""
-    return f'<span style="color:{colour}">{html.escape(text + note)}</span>'
+def close_tree(widget: widgets.Widget) -> None:
+    """Close ``widget`` and every widget below it (children, tab panes), once each.
+
+    Text is emptied first: some savers (nbclient) keep the last state of closed widgets, and
+    the run's output already stands in the cell as plain text.
+    """
+    for child in getattr(widget, "children", ()):
+        close_tree(child)
+    if isinstance(widget, widgets.HTML) and widget.comm is not None and widget.value:
+        widget.value = ""
+    parts = [getattr(widget, name, None) for name in ("layout", "style")]  # models of their own
+    for part in (widget, *parts):
+        if isinstance(part, widgets.Widget):
+            with contextlib.suppress(KeyError):  # already closed, or never opened (no kernel)
+                part.close()
+
+
+def _status_html(banner: str, note: str = "") -> str:
+    extra = f" · <b>{html.escape(note)}</b>" if note else ""
+    return (
+        '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">'
+        f"{html.escape(banner)}{extra}</div>"
+    )

@@ -1,92 +1,118 @@
-"""The live loss plot: a matplotlib figure redrawn in the launching cell while workers train.
+"""The final plot of a run as a matplotlib figure: what stays in the saved notebook as a PNG.
 
-The figure is built with matplotlib's object API on an Agg canvas (no pyplot state, nothing
-shared with the user's own figures) and sent as a PNG through one display id, so every redraw
-replaces the previous image and the last one stays in the saved notebook. Related metrics share
-an axes (``loss`` with ``val_loss``); metrics logged much less often than the densest one are
-drawn with markers.
+Laid out like the live plot in the browser (:mod:`notebook_kit.live.panels` decides for both):
+one panel per metric family with a legend, the logged unit (step or epoch) on x, evaluation
+metrics as markers, the smoothing and y scale the user chose while it ran. The figure is
+built with matplotlib's object API on an Agg canvas: no pyplot state, nothing shared with the
+user's own figures, nothing shown twice.
 """
 
 from __future__ import annotations
 
 import io
-import re
-import time
+from collections.abc import Collection
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from notebook_kit.live.metrics import MetricsAggregator
+from notebook_kit.live.panels import Panel, YScale, axis_limits, ema, plan_panels, use_log
 
-__all__ = ["LivePlot", "draw_metrics", "update_metrics"]
+__all__ = ["draw_metrics", "figure_png", "new_figure"]
 
-_REDRAW_SECONDS = 1.0  # at most one redraw per second
-# A redraw (mostly Agg rendering) takes tens of milliseconds of a core that the workers may
-# need: wait at least this many times the last redraw's duration before the next one.
-_RENDER_SHARE_LIMIT = 20
-_MAX_POINTS = 2000  # per line; longer histories are thinned before drawing
-_SPLIT_PREFIX = re.compile(r"^(train|training|val|valid|validation|eval|test)[_/.\-]", re.I)
-_LOG_SCALE_RANGE = 1000.0  # positive values spanning more than this get a log axis
-_SPARSE_RATIO = 0.2  # a metric with fewer points than this share of the densest gets markers
+History = list[tuple[int, float]]
+_MAX_POINTS = 4000  # per line; longer histories are thinned before drawing
+_COLUMNS = 3
 
 
-def metric_group(name: str) -> str:
-    """``"val_loss"`` and ``"train/loss"`` both belong to the ``"loss"`` axes."""
-    return _SPLIT_PREFIX.sub("", name) or name
-
-
-def draw_metrics(figure: Figure, histories: dict[str, list[tuple[int, float]]]) -> None:
-    """Draw every metric on ``figure``: one axes per group, steps on x.
+def new_figure(panels: int, width: float = 9.0, row_height: float = 2.9) -> Figure:
+    """An Agg-backed figure sized for ``panels`` panels (3 to a row).
 
     Example:
-        >>> figure = Figure(); draw_metrics(figure, {"loss": [(0, 1.0), (1, 0.5)]})
+        >>> new_figure(2).get_size_inches().tolist()
+        [9.0, 2.9]
+    """
+    rows = max(1, -(-panels // _COLUMNS))
+    figure = Figure(figsize=(width, row_height * rows), dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def draw_metrics(
+    figure: Figure,
+    histories: dict[str, History],
+    *,
+    x_label: str = "step",
+    evals: Collection[str] = (),
+    smoothing: float = 0.0,
+    y_scale: YScale = "auto",
+    panels: list[Panel] | None = None,
+) -> None:
+    """Draw every metric on ``figure``: one axes per panel, legend, labelled axes.
+
+    Args:
+        figure: The figure to draw on (cleared first).
+        histories: ``(step, value)`` per metric, in step order.
+        x_label: The unit the steps count: ``"step"`` or ``"epoch"``.
+        evals: Metrics drawn as markers (evaluation rounds), never smoothed.
+        smoothing: EMA weight for the other metrics (0: raw); the raw line stays, faded.
+        y_scale: ``"log"``, ``"linear"``, or ``"auto"``: log where positive values span more
+            than a thousandfold.
+        panels: The layout; default :func:`~notebook_kit.live.panels.plan_panels`.
+
+    Example:
+        >>> figure = new_figure(1)
+        >>> draw_metrics(figure, {"loss": [(0, 1.0), (1, 0.5)], "val_loss": [(1, 0.6)]},
+        ...              evals={"val_loss"})
     """
     figure.clear()
-    groups: dict[str, list[str]] = {}
-    for name in histories:
-        groups.setdefault(metric_group(name), []).append(name)
-    if not groups:
+    panels = panels if panels is not None else plan_panels(histories)
+    if not panels:
         return
-    columns = min(len(groups), 3)
-    rows = -(-len(groups) // columns)
-    for index, (group, names) in enumerate(groups.items()):
+    names = [name for panel in panels for name in panel.names]
+    columns = min(len(panels), _COLUMNS)
+    rows = -(-len(panels) // columns)
+    for index, panel in enumerate(panels):
         axes = figure.add_subplot(rows, columns, index + 1)
-        for name in names:
-            axes.plot([], [], markersize=4, label=name)
-        axes.set_title(group, fontsize=10)
-        axes.set_xlabel("step", fontsize=9)
-        axes.tick_params(labelsize=8)
-        axes.grid(alpha=0.3)
-        if len(names) > 1:
-            axes.legend(fontsize=8)
-    update_metrics(figure, histories)
-    figure.tight_layout()  # once per layout: it is the slowest part of a redraw
-
-
-def update_metrics(figure: Figure, histories: dict[str, list[tuple[int, float]]]) -> None:
-    """Put new data into the lines ``draw_metrics`` made, rescaling each axes.
-
-    Example:
-        >>> update_metrics(figure, {"loss": [(0, 1.0), (1, 0.5), (2, 0.4)]})
-    """
-    densest = max((len(history) for history in histories.values()), default=0)
-    for axes in figure.axes:
         values: list[float] = []
-        for line in axes.lines:
-            history = histories.get(str(line.get_label()), [])
-            steps, ys = _thinned(history)
-            line.set_data(steps, ys)
-            sparse = len(history) < _SPARSE_RATIO * densest or len(history) < 3
-            line.set_marker("o" if sparse else "None")
-            values.extend(value for _, value in history)
-        positive_span = values and min(values) > 0 and max(values) > _LOG_SCALE_RANGE * min(values)
-        axes.set_yscale("log" if positive_span else "linear")  # falling losses stay readable
-        axes.relim()
-        axes.autoscale_view()
+        steps: list[int] = []
+        for name in panel.names:
+            history = histories.get(name, [])
+            xs, ys = _thinned(history)
+            colour = f"C{names.index(name) % 10}"
+            if name in evals or len(history) < 2:
+                axes.plot(xs, ys, "o-", color=colour, markersize=4, linewidth=1, label=name)
+            elif smoothing > 0:
+                axes.plot(xs, ys, color=colour, alpha=0.25, linewidth=1)
+                axes.plot(xs, ema(ys, smoothing), color=colour, linewidth=1.5, label=name)
+            else:
+                axes.plot(xs, ys, color=colour, linewidth=1.5, label=name)
+            values += ys
+            steps += xs
+        _style(axes, panel.label, x_label, values, steps, use_log(values, y_scale))
+    figure.tight_layout()
 
 
-def _thinned(history: list[tuple[int, float]]) -> tuple[list[int], list[float]]:
+def _style(
+    axes: Any, label: str, x_label: str, values: list[float], steps: list[int], log: bool
+) -> None:
+    if log:
+        axes.set_yscale("log")
+    limits = axis_limits(values, log=log)
+    if limits is not None:
+        axes.set_ylim(*limits)
+    if steps and min(steps) == max(steps):
+        axes.set_xlim(steps[0] - 1, steps[0] + 1)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole
+    axes.set_xlabel(x_label, fontsize=9)
+    axes.set_ylabel(f"{label} (log)" if log else label, fontsize=9)
+    axes.tick_params(labelsize=8)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="best")
+
+
+def _thinned(history: History) -> tuple[list[int], list[float]]:
     if not history:
         return [], []
     stride = max(1, len(history) // _MAX_POINTS)
@@ -96,55 +122,13 @@ def _thinned(history: list[tuple[int, float]]) -> tuple[list[int], list[float]]:
     return [step for step, _ in points], [value for _, value in points]
 
 
-class LivePlot:
-    """A figure in the cell's output, redrawn from a MetricsAggregator at a throttled rate.
+def figure_png(figure: Figure) -> bytes:
+    """The figure as PNG bytes.
 
     Example:
-        >>> plot = LivePlot(); plot.refresh(metrics); plot.finish(metrics)
+        >>> figure_png(new_figure(1))[:4]
+        b'\\x89PNG'
     """
-
-    def __init__(self, width: float = 7.0, height: float = 3.2) -> None:
-        self.figure = Figure(figsize=(width, height), dpi=90)
-        FigureCanvasAgg(self.figure)
-        self._handle: Any = None
-        self._drawn_version = -1
-        self._names: list[str] = []
-        self._last_draw = 0.0
-        self._draw_seconds = 0.0
-
-    def refresh(self, metrics: MetricsAggregator, force: bool = False) -> None:
-        """Redraw if the metrics changed and the last redraw is old enough (or ``force``)."""
-        if metrics.version == self._drawn_version or not metrics.values:
-            return
-        pause = max(_REDRAW_SECONDS, _RENDER_SHARE_LIMIT * self._draw_seconds)
-        if not force and time.monotonic() - self._last_draw < pause:
-            return
-        started = time.monotonic()
-        self._drawn_version = metrics.version
-        histories = metrics.histories()
-        if list(histories) != self._names:  # a new metric: lay the figure out again
-            self._names = list(histories)
-            draw_metrics(self.figure, histories)
-        else:
-            update_metrics(self.figure, histories)
-        self._publish()
-        self._last_draw = time.monotonic()
-        self._draw_seconds = self._last_draw - started
-
-    def finish(self, metrics: MetricsAggregator) -> None:
-        """Draw the final state; it stays in the cell's output."""
-        self.refresh(metrics, force=True)
-
-    def png(self) -> bytes:
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png")
-        return buffer.getvalue()
-
-    def _publish(self) -> None:
-        from IPython.display import display
-
-        data = {"image/png": self.png(), "text/plain": "<notebook_kit live plot>"}
-        if self._handle is None:
-            self._handle = display(data, raw=True, display_id=True)
-        else:
-            self._handle.update(data, raw=True)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

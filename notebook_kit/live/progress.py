@@ -1,13 +1,20 @@
-"""The kernel half of progress: what rank 0 reported, shown by one tqdm bar in the cell."""
+"""The kernel half of progress: what rank 0 reported, and its rate from the first step.
+
+The rate and the ETA are measured from the first training step the kernel sees, not from the
+launch: forking, imports and the rendezvous would otherwise make the first seconds look slow.
+The notebook's bar is :mod:`notebook_kit.live.progress_bar`; the headless view prints lines.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND
 
-__all__ = ["ProgressBar", "ProgressState"]
+__all__ = ["ProgressState", "RateClock", "format_duration", "format_rate", "progress_text"]
 
 
 @dataclass
@@ -63,47 +70,92 @@ class ProgressState:
         return None
 
 
-class ProgressBar:
-    """The kernel's tqdm bar (a ``tqdm.notebook`` widget), fed from a ProgressState.
+def format_duration(seconds: float) -> str:
+    """``mm:ss``, or ``h:mm:ss`` from an hour on.
 
     Example:
-        >>> bar = ProgressBar(); bar.show(state); bar.close(state, "success")
+        >>> format_duration(75.4), format_duration(3725)
+        ('01:15', '1:02:05')
+    """
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+@dataclass
+class RateClock:
+    """Steps per second since the first step was seen (launch and setup time left out).
+
+    Example:
+        >>> clock = RateClock(); clock.observe(5, now=10.0); clock.observe(25, now=12.0)
+        >>> clock.rate, clock.eta(125)
+        (10.0, 10.0)
     """
 
-    def __init__(self) -> None:
-        from tqdm.notebook import tqdm as notebook_tqdm
+    first_count: int | None = None
+    first_time: float = 0.0
+    count: int = 0
+    count_time: float = 0.0
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
-        self.bar = notebook_tqdm(  # not displayed here: the live view places its widget
-            total=None, display=False, unit="step", dynamic_ncols=True, mininterval=0.25
-        )
-        self.widget = self.bar.container
+    def observe(self, count: int, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        if count > 0 and self.first_count is None:
+            self.first_count, self.first_time = count, now
+        if count != self.count:
+            self.count, self.count_time = count, now
 
-    def show(self, state: ProgressState) -> None:
-        expected = state.expected
-        if expected is not None and expected != self.bar.total:
-            self._set_total(expected)
-        if state.count > self.bar.n:
-            self.bar.update(state.count - self.bar.n)
+    @property
+    def rate(self) -> float | None:
+        """None until two different counts were seen."""
+        if self.first_count is None or self.count <= self.first_count:
+            return None
+        elapsed = self.count_time - self.first_time
+        return (self.count - self.first_count) / elapsed if elapsed > 0 else None
 
-    def _set_total(self, total: int) -> None:
-        progress = self.widget.children[1]  # tqdm.notebook draws an unknown total thin, in info
-        progress.bar_style = ""
-        progress.max = total
-        progress.layout.width = None
-        self.bar.total = total
-        self.bar.refresh()
+    def eta(self, total: int | None) -> float | None:
+        rate = self.rate
+        if rate is None or not total or total <= self.count:
+            return None
+        return (total - self.count) / rate
 
-    def close(self, state: ProgressState, outcome: Literal["success", "stopped", "failed"]) -> None:
-        """Show the final count; a stopped run is drawn in amber, a failed one in red.
+    def elapsed(self, now: float | None = None) -> float:
+        """Seconds since the first step (0 before it)."""
+        if self.first_count is None:
+            return 0.0
+        return (self.clock() if now is None else now) - self.first_time
 
-        A run that succeeded without an explicit total did all its steps: the bar ends full.
-        """
-        if outcome == "success" and state.total is None and state.count:
-            self._set_total(state.count)
-        self.show(state)
-        if outcome == "success":
-            self.bar.close()
-            return
-        self.bar.refresh()
-        self.widget.children[1].bar_style = "warning" if outcome == "stopped" else "danger"
-        self.bar.disable = True  # tqdm's close would restyle a bar that ended short
+
+def format_rate(rate: float) -> str:
+    """Steps per second, or seconds per step when slower than one a second.
+
+    Example:
+        >>> format_rate(52.13), format_rate(0.4)
+        ('52.1 steps/s', '2.50 s/step')
+    """
+    if rate >= 1:
+        return f"{rate:.1f} steps/s" if rate < 1000 else f"{rate:.0f} steps/s"
+    return f"{1 / rate:.2f} s/step"
+
+
+def progress_text(count: int, total: int | None, clock: RateClock, now: float | None = None) -> str:
+    """The words beside the bar: ``62% · 288/460 · 00:05<00:03 · 52.1 steps/s``.
+
+    Example:
+        >>> clock = RateClock(); clock.observe(10, now=0.0); clock.observe(60, now=1.0)
+        >>> progress_text(60, None, clock, now=1.0)
+        '60 steps · 00:01 · 50.0 steps/s'
+        >>> progress_text(60, 120, clock, now=1.0)
+        '50% · 60/120 · 00:01<00:01 · 50.0 steps/s'
+    """
+    if not count:
+        return "waiting for the first step…"
+    elapsed = format_duration(clock.elapsed(now))
+    eta = clock.eta(total)
+    rate = clock.rate
+    parts = [f"{count} steps" if not total else f"{100 * count // total}% · {count}/{total}"]
+    parts.append(f"{elapsed}<{format_duration(eta)}" if eta is not None else elapsed)
+    if rate is not None:
+        parts.append(format_rate(rate))
+    return " · ".join(parts)

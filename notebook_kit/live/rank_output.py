@@ -2,12 +2,15 @@
 
 Lines are buffered as they arrive and the widgets are refreshed on the launcher's tick, so a
 chatty worker costs one widget update per tick, not one per line. Each tab keeps the newest
-lines only; the full text is what the worker printed, not what is kept here.
+lines only; the full text is what the worker printed, not what is kept here. The tabs have a
+fixed height from the start (the cell does not grow while lines arrive); after the run the
+same lines are rendered as static HTML and text, readable without widgets.
 """
 
 from __future__ import annotations
 
 import collections
+import collections.abc
 import html
 
 import ipywidgets as widgets
@@ -18,6 +21,11 @@ __all__ = ["RankOutput", "last_segment"]
 
 _KEPT_LINES = 400  # per rank; older lines scroll away
 ERROR_COLOUR = "#b00020"
+PANE_HEIGHT = "9.5em"
+TABS_HEIGHT = "200px"
+_OPEN_LINES = 15  # a rank's output this short is shown open after the run
+_PRE_STYLE = "margin:0;font-size:12px;line-height:1.3;white-space:pre-wrap"
+_NOTHING = '<span style="color:#888">nothing printed yet</span>'
 
 
 def last_segment(line: str) -> str:
@@ -34,7 +42,7 @@ def last_segment(line: str) -> str:
 
 
 class RankOutput:
-    """Tabs of worker output, one per rank.
+    """Tabs of worker output, one per rank, after any leading tabs (the evaluation table).
 
     Example:
         >>> output = RankOutput((0, 1)); output.add(1, "stderr", "warning!"); output.refresh()
@@ -43,61 +51,107 @@ class RankOutput:
     def __init__(self, ranks: tuple[int, ...]) -> None:
         self.ranks = ranks
         self._lines = {rank: collections.deque(maxlen=_KEPT_LINES) for rank in ranks}
+        self._raw = {rank: collections.deque(maxlen=_KEPT_LINES) for rank in ranks}
+        self._counts = dict.fromkeys(ranks, 0)
         self._has_error = dict.fromkeys(ranks, False)
+        self._failed: set[int] = set()
         self._dirty: set[int] = set()
-        self._panes = {rank: widgets.HTML() for rank in ranks}
+        self._panes = {rank: widgets.HTML(_as_html(())) for rank in ranks}
+        self._leading: list[tuple[str, widgets.Widget]] = []
         self.widget = widgets.Tab(children=[self._panes[rank] for rank in ranks])
         self.widget.add_class("nk-rank-output")
-        self._titles = [f"rank {rank}" for rank in ranks]
-        self.widget.titles = tuple(self._titles)
-        self.widget.layout.display = "none"  # shown once a worker prints something
+        self.widget.layout.height = TABS_HEIGHT  # the tab bar and a pane, before they render
+        self._titles = tuple(self._rank_titles())
+        self.widget.titles = self._titles
+
+    def add_leading_tab(self, title: str, pane: widgets.Widget) -> None:
+        """Put ``pane`` before the rank tabs and select it."""
+        self._leading.append((title, pane))
+        self.widget.children = [p for _, p in self._leading] + [self._panes[r] for r in self.ranks]
+        self._set_titles()
+        self.widget.selected_index = len(self._leading) - 1
 
     def add(self, rank: int, stream: Stream, line: str) -> None:
         if rank not in self._lines:
             return
-        text = html.escape(last_segment(line))  # a kept line never changes: escape it once
+        shown = last_segment(line)
+        text = html.escape(shown)  # a kept line never changes: escape it once
         if stream == "stderr":
             text = f'<span style="color:{ERROR_COLOUR}">{text}</span>'
-        self._lines[rank].append(text)
-        if stream == "stderr":
             self._has_error[rank] = True
+        self._lines[rank].append(text)
+        self._raw[rank].append(shown)
+        self._counts[rank] += 1
         self._dirty.add(rank)
 
     def refresh(self) -> None:
         """Push the lines that arrived since the last refresh to the front end."""
         if not self._dirty:
             return
-        self.widget.layout.display = None
         for rank in sorted(self._dirty):
             self._panes[rank].value = _as_html(self._lines[rank])
         self._dirty.clear()
-        titles = [
-            f"rank {rank} (stderr)" if self._has_error[rank] else f"rank {rank}"
-            for rank in self.ranks
-        ]
+        self._set_titles()
+
+    def _rank_titles(self) -> list[str]:
+        titles = []
+        for rank in self.ranks:
+            mark = " ✗" if rank in self._failed else " (stderr)" if self._has_error[rank] else ""
+            titles.append(f"rank {rank}{mark}")
+        return titles
+
+    def _set_titles(self) -> None:
+        titles = (*(title for title, _ in self._leading), *self._rank_titles())
         if titles != self._titles:
-            self._titles = titles
-            self.widget.titles = tuple(titles)
+            self._titles = self.widget.titles = titles
 
     def finish(self, ranks: tuple[RankSummary, ...]) -> None:
-        """Mark ranks that exited with an error and open the first of them."""
+        """Mark ranks that exited with an error."""
         self.refresh()
-        failed = [summary.rank for summary in ranks if summary.exit_code not in (0, None)]
-        if not failed:
-            return
-        titles = list(self._titles)
-        for rank in failed:
-            if rank in self.ranks:
-                titles[self.ranks.index(rank)] = f"rank {rank} ✗"
-        self.widget.titles = tuple(titles)
-        if failed[0] in self.ranks:
-            self.widget.layout.display = None
-            self.widget.selected_index = self.ranks.index(failed[0])
+        self._failed = {s.rank for s in ranks if s.exit_code not in (0, None)} & set(self.ranks)
+        self._set_titles()
+
+    @property
+    def printed(self) -> bool:
+        return any(self._counts.values())
+
+    def static_html(self) -> str:
+        """Each rank's output in a ``<details>`` block: open when short or failed (in red)."""
+        blocks = []
+        for rank in self.ranks:
+            if not self._counts[rank]:
+                continue
+            failed, count = rank in self._failed, self._counts[rank]
+            title = f"rank {rank}{' ✗' if failed else ''} · {self._count_text(rank)}"
+            colour = f' style="color:{ERROR_COLOUR}"' if failed else ""
+            opened = " open" if failed or count <= _OPEN_LINES else ""
+            blocks.append(
+                f"<details{opened}><summary{colour}>{html.escape(title)}"
+                f'</summary><pre style="{_PRE_STYLE}">{chr(10).join(self._lines[rank])}'
+                "</pre></details>"
+            )
+        return "".join(blocks)
+
+    def text(self) -> str:
+        """Each rank's output under a ``--- rank N ---`` line."""
+        parts = []
+        for rank in self.ranks:
+            if self._counts[rank]:
+                failed = " ✗" if rank in self._failed else ""
+                parts.append(f"--- rank {rank}{failed} · {self._count_text(rank)} ---")
+                parts.extend(self._raw[rank])
+        return "\n".join(parts)
+
+    def _count_text(self, rank: int) -> str:
+        count, kept = self._counts[rank], len(self._raw[rank])
+        lines = f"{count} line{'s' if count != 1 else ''}"
+        return lines if kept == count else f"{lines}, the last {kept} kept"
 
 
-def _as_html(rows: collections.deque[str]) -> str:
-    body = "\n".join(rows)
+def _as_html(rows: collections.abc.Iterable[str]) -> str:
+    body = "\n".join(rows) or _NOTHING
+    # column-reverse keeps the newest lines in view as the pane is refilled
     return (
-        '<pre style="max-height:16em;overflow:auto;margin:0;font-size:12px;'
-        f'line-height:1.3">{body}</pre>'
+        f'<div style="height:{PANE_HEIGHT};overflow:auto;display:flex;'
+        f'flex-direction:column-reverse"><pre style="{_PRE_STYLE}">{body}</pre></div>'
     )

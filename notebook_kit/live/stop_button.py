@@ -8,9 +8,11 @@ incoming messages to the subshell that last published on that comm.
 
 So, at the start of a run, the kernel connects a client to itself through its connection file
 (the same documented messaging protocol a front end uses), creates a subshell and opens a comm
-on it; the handler of that comm, running on the subshell, republishes the button's state.
-From then on the button's clicks are handled on that idle subshell, with any front end. The
-click handler only sets the shared stop flag; everything visible happens on the main thread.
+on it; the handler of that comm, running on the subshell, republishes the button's state (and
+that of the plot's controls). From then on their events are handled on that idle subshell,
+with any front end. The click handler only sets the shared stop flag; everything visible
+happens on the main thread. The ``idle`` these requests publish is answered by
+:class:`~notebook_kit.live.kernel_status.BusyKeeper`, so the kernel still shows Busy.
 
 Where that is not possible (ipykernel 6, no connection file) the click is still served while a
 cell awaits ``notebook_launcher_async``, and the button says so.
@@ -58,7 +60,8 @@ class StopButton:
         self.button.on_click(self._clicked)
         self.note = widgets.HTML()
         self.note.add_class("nk-stop-note")
-        self.widget = widgets.HBox([self.button, self.note])
+        self.note.layout.display = "none"  # shown only for the hint of an old kernel
+        self.widget = self.button
         self._route: _SubshellRoute | None = None
 
     def _clicked(self, _: Any) -> None:
@@ -67,29 +70,38 @@ class StopButton:
             with contextlib.suppress(ValueError):  # the flag's memory is gone after the run
                 self._flag.set()
 
-    def serve_during_run(self) -> bool:
-        """Route clicks to a kernel subshell; False (and a hint) where that is impossible."""
+    def serve_during_run(self, *others: widgets.Widget) -> bool:
+        """Route clicks (and ``others``' events) to a kernel subshell; False (and a hint)
+        where that is impossible."""
         self._route = _SubshellRoute.open()
-        if self._route is not None and self._route.republish(self.button):
+        if self._route is not None and self._route.republish(self.button, *others):
             return True
         self.note.value = _ASYNC_HINT
+        self.note.layout.display = None
         return False
 
-    def show_stopping(self) -> None:
-        """Called from the main thread once the flag is seen."""
-        self.note.value = "Stopping at the next step boundary…"
-        # Publishing from the main thread moves the route back to it: no more clicks needed.
-        self.button.disabled = True
+    @property
+    def route_request(self) -> str | None:
+        """Id of the last request the route sent (its idle must be answered), if any."""
+        return None if self._route is None else self._route.last_request
 
-    def finish(self) -> None:
-        """The run is over: the button greys out and a pending 'Stopping…' note goes."""
+    def show_stopping(self) -> None:
+        """Called from the main thread once the flag is seen: the button says so, greyed."""
+        # Publishing from the main thread moves the route back to it: no more clicks needed.
+        with self.button.hold_sync():
+            self.button.description = "Stopping…"
+            self.button.tooltip = "Training ends at the next step boundary, on every rank"
+            self.button.disabled = True
+
+    def finish(self) -> str | None:
+        """The run is over: clicks do nothing and the route goes.
+
+        Returns:
+            The id of the request that closed the route (its ``idle`` follows), or None.
+        """
         self._finished = True
-        self.button.disabled = True
-        self.button.button_style = ""
-        self.note.value = ""
-        if self._route is not None:
-            self._route.close()
-            self._route = None
+        route, self._route = self._route, None
+        return route.close() if route is not None else None
 
 
 class _SubshellRoute:
@@ -98,6 +110,7 @@ class _SubshellRoute:
     def __init__(self, client: Any, subshell_id: str) -> None:
         self.client = client
         self.subshell_id = subshell_id
+        self.last_request: str | None = None
 
     @classmethod
     def open(cls) -> _SubshellRoute | None:
@@ -105,7 +118,7 @@ class _SubshellRoute:
         if client is None:
             return None
         try:
-            reply = _control_request(client, "create_subshell_request", {})
+            reply, _ = _control_request(client, "create_subshell_request", {})
         except Exception:
             reply = None
         if not reply or reply.get("status") != "ok" or not reply.get("subshell_id"):
@@ -113,8 +126,8 @@ class _SubshellRoute:
             return None
         return cls(client, reply["subshell_id"])
 
-    def republish(self, widget: widgets.Widget) -> bool:
-        """Publish ``widget``'s state from the subshell, so its events are handled there."""
+    def republish(self, *claimed: widgets.Widget) -> bool:
+        """Publish the widgets' state from the subshell, so their events are handled there."""
         import comm
 
         done = threading.Event()
@@ -122,7 +135,8 @@ class _SubshellRoute:
 
         def claim(opened: Any, _: dict[str, Any]) -> None:
             try:
-                widget.send_state()
+                for widget in claimed:
+                    widget.send_state()
             finally:
                 done.set()
                 opened.close()
@@ -135,19 +149,23 @@ class _SubshellRoute:
             )
             message["header"]["subshell_id"] = self.subshell_id
             self.client.shell_channel.send(message)
+            self.last_request = message["header"]["msg_id"]
             return done.wait(_REPLY_TIMEOUT)
         finally:
             manager.unregister_target(target, claim)
 
-    def close(self) -> None:
+    def close(self) -> str | None:
+        """Delete the subshell; the id of the delete request, whose ``idle`` follows."""
+        request = None
         with contextlib.suppress(Exception):
-            _control_request(
+            request = _control_request(
                 client=self.client,
                 msg_type="delete_subshell_request",
                 content={"subshell_id": self.subshell_id},
-            )
+            )[1]
         with contextlib.suppress(Exception):
             self.client.stop_channels()
+        return request
 
 
 def _self_client() -> Any:
@@ -167,10 +185,14 @@ def _self_client() -> Any:
     return client
 
 
-def _control_request(client: Any, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
+def _control_request(
+    client: Any, msg_type: str, content: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """Send a control request; its reply's content and the request's id."""
     message = client.session.msg(msg_type, content)
     client.control_channel.send(message)
+    msg_id = message["header"]["msg_id"]
     while True:  # replies to other requests of this private client cannot arrive, but check
         reply = client.control_channel.get_msg(timeout=_REPLY_TIMEOUT)
-        if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
-            return reply["content"]
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], msg_id

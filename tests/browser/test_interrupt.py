@@ -73,6 +73,7 @@ def test_toolbar_interrupt_stops_workers_and_kernel_stays_usable(
     assert errors == 1, f"expected one KeyboardInterrupt, got {errors}: {notebook.outputs(1)}"
     assert "KeyboardInterrupt" not in streams, f"workers printed tracebacks:\n{streams}"
     assert "KeyboardInterrupt" in notebook.output_text(1)
+    assert "Interrupted after" in notebook.output_text(1)  # the live view's summary line
     left = _live_children(kernel, timeout=3.0)
     assert not left, f"workers still running after the interrupt: {left} (started {workers})"
     assert kernel.is_running() and notebook.kernel_status() == "idle"

@@ -58,7 +58,8 @@ def test_stop_button_ends_run_early_with_normal_result(
     assert time.monotonic() - clicked < 20, "the run took too long to stop after the click"
 
     assert notebook.errors() == {}, f"cells with errors: {notebook.errors()}"
-    assert "Stopped by request" in cell.locator(".nk-status").inner_text()
+    summary = cell.locator(".nk-summary").inner_text()
+    assert summary.startswith("■ Finished in") and summary.endswith("· stopped by you"), summary
     notebook.run_cell(show)  # the kernel is free again and holds the function's result
     notebook.wait_for_cell(show, timeout=30)
     shown = notebook.outputs(show)[-1]["data"]["text/plain"]

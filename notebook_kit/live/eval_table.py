@@ -1,0 +1,111 @@
+"""The table of evaluation rounds (one row per round, as in the Trainer's notebook view).
+
+A row per step at which an evaluation metric was logged: that step, the training metrics
+averaged since the previous round, and every evaluation metric (means over ranks).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["EvalTable", "build_table"]
+
+History = list[tuple[int, float]]
+_TRAIN_COLUMNS = 3  # training metrics shown beside the evaluation ones
+_PAD = ' style="padding:1px 10px"'
+_LIVE_ROWS = 200  # newest rows shown while running; the saved table has them all
+
+
+@dataclass(frozen=True)
+class EvalTable:
+    """Columns and rows of the table; ``rows`` hold None where a metric was not logged.
+
+    Example:
+        >>> table = build_table({"loss": [(0, 1.0), (1, 0.5)]}, {"val_loss": [(1, 0.7)]})
+        >>> table.columns, table.rows
+        (('step', 'loss (avg)', 'val_loss'), ((1, 0.75, 0.7),))
+        >>> print(table.text())
+        step  loss (avg)  val_loss
+           1        0.75       0.7
+    """
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[float | int | None, ...], ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def html(self, last: int | None = None) -> str:
+        """An HTML table (the newest ``last`` rows, or all)."""
+        rows = self.rows[-last:] if last else self.rows
+        head = "".join(f"<th{_PAD}>{html.escape(column)}</th>" for column in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td{_PAD}>{_cell(value)}</td>" for value in row) + "</tr>"
+            for row in rows
+        )
+        return (
+            '<table class="nk-eval-table" style="border-collapse:collapse;font-size:12px;'
+            f'text-align:right"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        )
+
+    def text(self) -> str:
+        """The table as aligned plain text."""
+        cells = [list(self.columns)] + [[_cell(value) for value in row] for row in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
+        return "\n".join(
+            "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+            for row in cells
+        )
+
+
+def build_table(
+    train: dict[str, History], evals: dict[str, History], unit: str = "step"
+) -> EvalTable:
+    """One row per evaluation step; training metrics averaged since the previous row."""
+    steps = sorted({step for history in evals.values() for step, _ in history})
+    by_step = {name: dict(history) for name, history in evals.items()}
+    train_names = list(train)[:_TRAIN_COLUMNS]
+    columns = (unit, *(f"{name} (avg)" for name in train_names), *evals)
+    rows = []
+    previous: int | None = None
+    for step in steps:
+        averages = [_mean_between(train[name], previous, step) for name in train_names]
+        row = (step, *averages, *(by_step[name].get(step) for name in evals))
+        rows.append(row)
+        previous = step
+    return EvalTable(columns, tuple(rows))
+
+
+def _mean_between(history: History, after: int | None, upto: int) -> float | None:
+    values = [v for s, v in history if (after is None or s > after) and s <= upto]
+    return sum(values) / len(values) if values else None
+
+
+def _cell(value: float | int | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    size = abs(value)
+    return f"{value:.3e}" if size and (size >= 1e5 or size < 1e-3) else f"{value:.4g}"
+
+
+def live_table_html(table: EvalTable, waiting: str) -> str:
+    """The table for the live view's tab: the newest rows, scrolled inside a fixed height."""
+    if not table:
+        return f'<div style="color:#888;font-size:12px">{html.escape(waiting)}</div>'
+    return table.html(last=_LIVE_ROWS)
+
+
+def split_histories(
+    histories: dict[str, History], eval_names: Sequence[str]
+) -> tuple[dict[str, History], dict[str, History]]:
+    """``(training, evaluation)`` histories by name."""
+    evals = {name: histories[name] for name in eval_names if name in histories}
+    train = {name: h for name, h in histories.items() if name not in evals}
+    return train, evals

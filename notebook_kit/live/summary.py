@@ -1,0 +1,109 @@
+"""What a finished run leaves in the cell: a one-line summary, the final PNG, the table and
+each rank's output, as plain outputs (HTML and text) that read without widget state.
+
+GitHub, nbconvert, ``notebook-kit execute`` and a notebook reopened without its kernel show
+these; the widgets of the live view are closed once they are in place.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from notebook_kit.live.eval_table import EvalTable
+from notebook_kit.live.observer import LaunchSummary
+
+__all__ = ["details_bundle", "figure_bundle", "summary_bundle", "summary_line"]
+
+_SHOWN_METRICS = 3  # newest values in the summary line
+_COLOURS = {"success": "#2e7d32", "stopped": "#b26a00", "failed": "#b00020"}
+_ICONS = {"success": "✓", "stopped": "■", "failed": "✗"}
+
+
+def summary_line(
+    summary: LaunchSummary,
+    steps: int = 0,
+    total: int | None = None,
+    latest: dict[str, float] | None = None,
+    dropped: int = 0,
+) -> str:
+    """One line: how it ended, how long, how many steps, the newest metric values.
+
+    Example:
+        >>> from notebook_kit.live.observer import RankSummary
+        >>> done = LaunchSummary((RankSummary(0, 0, 8.4),), 8.46, stopped=True)
+        >>> summary_line(done, 460, 1000, {"loss": 0.004603})
+        'Finished in 8.5 s · 460/1000 steps · loss 0.004603 · stopped by you'
+    """
+    parts = [_ending(summary)]
+    if steps:
+        parts.append(f"{steps}/{total} steps" if total and total > steps else f"{steps} steps")
+    for name, value in list((latest or {}).items())[:_SHOWN_METRICS]:
+        parts.append(f"{name} {_number(value)}")
+    if dropped:
+        parts.append(f"{dropped} metric records dropped (log less often)")
+    if summary.outcome == "stopped":
+        parts.append("stopped by you")
+    return " · ".join(parts)
+
+
+def _ending(summary: LaunchSummary) -> str:
+    seconds = f"{summary.duration:.1f} s"
+    if summary.succeeded:
+        return f"Finished in {seconds}"
+    if summary.timed_out:
+        return f"Timed out after {seconds}, all workers stopped"
+    if summary.interrupted:
+        return f"Interrupted after {seconds}, all workers stopped"
+    failed = sorted({failure.rank for failure in summary.failures})
+    if failed:
+        first = summary.failures[0]
+        what = first.exception_type or "exited"
+        return f"Failed after {seconds}: rank {', '.join(map(str, failed))} ({what})"
+    return f"Failed after {seconds}"
+
+
+def _number(value: float) -> str:
+    size = abs(value)
+    if math.isfinite(value) and size and (size >= 1e5 or size < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def summary_bundle(line: str, outcome: str, banner: str) -> dict[str, str]:
+    """The summary as HTML (coloured by outcome, the launch banner below) and as text
+    (the same two lines)."""
+    colour = _COLOURS.get(outcome, "inherit")
+    icon = _ICONS.get(outcome, "")
+    head, _, rest = line.partition(" · ")
+    tail = f" · {html.escape(rest)}" if rest else ""
+    body = (
+        f'<div class="nk-summary" style="font-size:13px;padding:2px 0">'
+        f'<span style="color:{colour}">{icon} <b>{html.escape(head)}</b></span>{tail}</div>'
+        f'<div class="nk-banner" style="color:#666;font-size:11px">{html.escape(banner)}</div>'
+    )
+    return {"text/html": body, "text/plain": f"{line}\n{banner}" if banner else line}
+
+
+def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:
+    """The final plot: the PNG, with a one-line text fallback."""
+    return {"image/png": png, "text/plain": f"<plot of {', '.join(names)} by {unit}>"}
+
+
+def details_bundle(table: EvalTable, ranks_html: str, ranks_text: str) -> dict[str, str] | None:
+    """The evaluation table and each rank's output; None when there is neither."""
+    html_parts, text_parts = [], []
+    if table:
+        summary = "<summary>evaluation rounds</summary>"
+        html_parts.append(f"<details open>{summary}{table.html()}</details>")
+        text_parts.append("evaluation rounds:\n" + table.text())
+    if ranks_html:
+        html_parts.append(ranks_html)
+        text_parts.append(ranks_text)
+    if not html_parts:
+        return None
+    return {
+        "text/html": f'<div class="nk-details">{"".join(html_parts)}</div>',
+        "text/plain": "\n".join(text_parts),
+    }

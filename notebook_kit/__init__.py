@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
+    from notebook_kit.runtime.loop import log, progress, should_stop
     from notebook_kit.runtime.seeding import set_seed
 
 __all__ = [
@@ -46,9 +47,12 @@ __all__ = [
     "WorkerPool",
     "environment",
     "last_run",
+    "log",
     "notebook_launcher",
     "notebook_launcher_async",
+    "progress",
     "set_seed",
+    "should_stop",
     "skip_first_batches",
 ]
 
@@ -67,9 +71,12 @@ _LAZY: dict[str, str] = {
     "WorkerError": "errors",
     "WorkerPool": "launch.pool",
     "last_run": "live.record",
+    "log": "runtime.loop",
     "notebook_launcher": "launch.launcher",
     "notebook_launcher_async": "launch.launcher",
+    "progress": "runtime.loop",
     "set_seed": "runtime.seeding",
+    "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",
 }
 

@@ -26,7 +26,8 @@ from notebook_kit.runtime.context import LaunchContext, active_launch
         ({"split_batches": "yes"}, "split_batches must be True or False"),
         ({"even_batches": None}, "even_batches must be True or False"),
         ({"cpu": 1}, "cpu must be True or False"),
-        ({"log_with": "wandb"}, "log_with must be one of None, 'all'"),
+        ({"log_with": "wandb"}, "log_with='wandb' is not a tracker .* 'all', 'tensorboard'"),
+        ({"log_with": "tensorboard"}, 'log_with="tensorboard" writes files: give .* project_dir'),
     ],
 )
 def test_bad_arguments_name_the_parameter_and_the_choices(kwargs, message):

@@ -22,11 +22,12 @@ ALLOWED: dict[str, set[str]] = {
     "leaf": set(),
     "config": set(),
     "runtime": {"config"},
-    "accelerator": {"runtime", "config"},
+    "integrations": {"runtime", "config"},
+    "accelerator": {"integrations", "runtime", "config"},
     "worker": {"runtime", "config"},
     "live": {"runtime", "config"},
-    "launch": {"worker", "live", "accelerator", "runtime", "config"},
-    "cli": {"launch", "worker", "live", "accelerator", "runtime", "config"},
+    "launch": {"worker", "live", "accelerator", "integrations", "runtime", "config"},
+    "cli": {"launch", "worker", "live", "accelerator", "integrations", "runtime", "config"},
 }
 
 

@@ -3,6 +3,7 @@ notebook_kit and raw torch. Timings are never asserted (the machine may be busy)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -97,3 +98,23 @@ def test_table_shows_na_with_reason_and_ratios_to_the_reference() -> None:
     assert "| notebook_kit | 50 | 40–60 | ×1.00 | 3 |" in table
     assert "| torch-fork | 100 | 100–100 | ×2.00 | 1 |" in table
     assert "| torch-fork | not stopped | — | — | 1 | 2 worker(s) still running |" in table
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("transformers", "accelerate")),
+    reason="the Trainer benchmark needs transformers and accelerate",
+)
+def test_trainer_benchmark_measures_all_three_launches(tmp_path: Path) -> None:
+    out = tmp_path / "trainer_live.json"
+    command = [sys.executable, "-m", "benchmarks.trainer_live", "--steps", "10", "--rounds", "1"]
+    completed = subprocess.run(
+        [*command, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=170
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    rates = json.loads(out.read_text())["rates"]
+    assert sorted(rates) == sorted(
+        ["notebook_kit live", "notebook_kit live=False", "Accelerate notebook_launcher"]
+    )
+    assert all(len(values) == 1 and values[0] > 0 for values in rates.values())
+    assert "live / Accelerate notebook_launcher:" in completed.stdout

@@ -176,3 +176,18 @@ def test_live_observer_reports_a_failed_rank(shown: list[dict[str, Any]]) -> Non
     record = last_run()
     assert record is not None and not record.succeeded and record.figure is None
     flag.close()
+
+
+def test_a_restarted_launch_gets_a_fresh_live_view(shown: list[dict[str, Any]]) -> None:
+    flag = StopFlag()
+    observer = LiveObserver()
+    for attempt in range(2):  # max_restarts: on_start and on_finish once per attempt
+        observer.on_start(_info(flag))
+        assert observer.box is not None and observer.box.comm is not None
+        observer.on_message(0, BATCH_KIND, _batch(10 * (attempt + 1), total=20))
+        observer.on_tick()
+        summary = LaunchSummary((RankSummary(0, 0, 1.0), RankSummary(1, 0, 1.0)), 1.0)
+        observer.on_finish(summary)
+    endings = [b["text/plain"] for b in shown if b.get("text/plain", "").startswith("Finished")]
+    assert len(endings) == 2 and endings[-1].startswith("Finished in 1.0 s · 20 steps")
+    flag.close()

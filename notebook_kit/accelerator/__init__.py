@@ -4,8 +4,8 @@ Process state, data loader sharding, optimizer and scheduler wrappers, mixed pre
 collective operations and checkpoints. Names and meanings follow Hugging Face Accelerate.
 
 Runs in every process that trains (a forked worker, the kernel with one process, or under
-torchrun); it never starts or stops processes. May import :mod:`notebook_kit.runtime` and
-:mod:`notebook_kit.config`.
+torchrun); it never starts or stops processes. May import :mod:`notebook_kit.integrations`
+(its trackers), :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`.
 """
 
 from notebook_kit.accelerator.accelerator import Accelerator

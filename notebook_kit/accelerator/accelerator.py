@@ -37,6 +37,7 @@ from notebook_kit.accelerator.precision import (
 )
 from notebook_kit.accelerator.process_methods import ProcessMethods
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
+from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import current_launch
 
 __all__ = ["Accelerator"]
@@ -86,8 +87,10 @@ class Accelerator(CheckpointMethods, ProcessMethods):
             ``checkpoints/checkpoint_<n>``.
         project_config: Accelerate's ``ProjectConfiguration``: ``project_dir`` (if not given
             directly) and ``total_limit``, the number of numbered checkpoints kept.
-        log_with: None or ``"all"``: metrics from ``log`` are kept in ``logged`` and streamed
-            to the notebook; no external tracker is used.
+        log_with: Trackers that ``log`` also writes to, besides ``logged`` and the notebook's
+            live plot (always fed): ``"tensorboard"`` (event files under ``project_dir``), a
+            tracker object with Accelerate's ``GeneralTracker`` interface, or a list of them;
+            None or ``"all"``: the live plot only. Trackers start at ``init_trackers``.
         step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
 
     Example:
@@ -110,7 +113,7 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         even_batches: bool = True,
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
-        log_with: str | None = None,
+        log_with: str | Any | list[Any] | None = None,
         step_scheduler_with_optimizer: bool = True,
     ) -> None:
         self.device_placement = _check_bool("device_placement", device_placement)
@@ -121,7 +124,6 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         )
         _check_bool("cpu", cpu)
         _check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
-        _check_choice("log_with", log_with, (None, "all"))
         launch = current_launch()
         self.mixed_precision: MixedPrecision = resolve_setting(
             "mixed_precision", mixed_precision, launch and launch.mixed_precision,
@@ -137,7 +139,10 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         project_dir = project_dir if project_dir is not None else project.project_dir
         self.project_dir = Path(project_dir) if project_dir is not None else None
         self.total_limit = project.total_limit
-        self.log_with = log_with
+        logging_dir = project.logging_dir if project.logging_dir is not None else project_dir
+        self.logging_dir = Path(logging_dir) if logging_dir is not None else None
+        self.log_with = check_log_with(log_with, self.logging_dir)
+        self.trackers: list[Any] = []
         self.state = resolve_process_state(cpu)
         self.gradient_state = GradientState(steps)
         self.scaler = make_grad_scaler(self.mixed_precision, self.state.device)

@@ -17,6 +17,8 @@ class ProjectConfiguration:
         automatic_checkpoint_naming: Accepted for Accelerate compatibility; ``save_state()``
             without a directory always writes the next numbered checkpoint.
         total_limit: Keep only the newest this many numbered checkpoints (None: keep all).
+        logging_dir: Where trackers such as ``log_with="tensorboard"`` write (default:
+            ``project_dir``).
 
     Example:
         >>> config = ProjectConfiguration("runs/a", automatic_checkpoint_naming=True, total_limit=2)
@@ -26,6 +28,7 @@ class ProjectConfiguration:
     project_dir: str | os.PathLike[str] | None = None
     automatic_checkpoint_naming: bool = True
     total_limit: int | None = None
+    logging_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         limit = self.total_limit

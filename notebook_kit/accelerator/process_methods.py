@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from notebook_kit.accelerator import operations
 from notebook_kit.atomic_file import replace_atomically
+from notebook_kit.integrations.trackers import make_trackers
 from notebook_kit.runtime import metrics, stopping
 from notebook_kit.runtime.context import current_launch
 from notebook_kit.runtime.progress import report_total
@@ -70,6 +71,9 @@ class ProcessMethods:
     state: ProcessState
     gradient_state: GradientState
     logged: list[dict[str, Any]]
+    log_with: list[Any]
+    logging_dir: Path | None
+    trackers: list[Any]
 
     @property
     def is_main_process(self) -> bool:
@@ -227,8 +231,14 @@ class ProcessMethods:
 
     # -- metrics --------------------------------------------------------------------------
 
-    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
-        """Record metrics: kept in ``logged`` and streamed to the notebook during a launch.
+    def log(
+        self,
+        values: Mapping[str, Any],
+        step: int | None = None,
+        log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Record metrics: kept in ``logged``, streamed to the notebook during a launch, and
+        written by the trackers of ``log_with`` (on the main process, as in Accelerate).
 
         Example:
             >>> accelerator.log({"loss": loss.item()}, step=step)
@@ -236,6 +246,8 @@ class ProcessMethods:
         floats = {str(key): _as_float(str(key), value) for key, value in values.items()}
         self.logged.append({"step": step, "values": floats})
         metrics.log_from_worker(current_launch(), floats, step)  # never waits for the kernel
+        for tracker in self.trackers:
+            tracker.log(floats, step=step, **dict((log_kwargs or {}).get(tracker.name, {})))
 
     @property
     def should_stop(self) -> bool:
@@ -262,13 +274,58 @@ class ProcessMethods:
         report_total(current_launch(), total)
 
     def init_trackers(
-        self, project_name: str, config: Mapping[str, Any] | None = None, init_kwargs: Any = None
+        self,
+        project_name: str,
+        config: Mapping[str, Any] | None = None,
+        init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        """Accepted for Accelerate compatibility; metrics go to ``logged`` and the notebook."""
+        """Start the trackers of ``log_with`` for a run named ``project_name`` (main process).
+
+        ``config`` is stored with the run (TensorBoard's HParams); ``init_kwargs`` maps a
+        tracker's name to keyword arguments for it, e.g. ``{"tensorboard": {"flush_secs": 5}}``.
+        The live plot needs no initialisation.
+
+        Example:
+            >>> accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+            >>> accelerator.init_trackers("digits", config={"lr": 0.01})  # runs/digits/
+        """
         self.tracker_config = {"project_name": project_name, **dict(config or {})}
+        if not self.is_main_process:
+            return
+        self.end_trackers()  # a second init_trackers starts a new run, as in Accelerate
+        self.trackers = make_trackers(self.log_with, project_name, self.logging_dir, init_kwargs)
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(dict(config))
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (its writer or run with ``unwrap=True``).
+
+        Example:
+            >>> writer = accelerator.get_tracker("tensorboard", unwrap=True)
+        """
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        started = ", ".join(repr(tracker.name) for tracker in self.trackers) or "none"
+        raise ValueError(
+            f"No tracker named {name!r} was started on this process (started: {started}); "
+            "trackers run on the main process after init_trackers()."
+        )
+
+    def end_trackers(self) -> None:
+        """Finish every started tracker (files closed); ``end_training`` calls it."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.finish()
 
     def end_training(self) -> None:
-        """Send the last buffered metrics, then wait for every process."""
+        """Finish the trackers, send the last buffered metrics, then wait for every process.
+
+        Example:
+            >>> accelerator.end_training()
+        """
+        self.end_trackers()
         metrics.close_channel(current_launch())
         self.wait_for_everyone()
 

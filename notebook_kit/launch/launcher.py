@@ -13,6 +13,7 @@ from notebook_kit.config import arguments
 from notebook_kit.config.launch_config import LaunchConfig, resolve_launch_config
 from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LaunchPlan
 from notebook_kit.errors import WorkerError
+from notebook_kit.integrations import activation as integrations
 from notebook_kit.launch.forking import fork_workers, open_listener
 from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
@@ -27,6 +28,7 @@ from notebook_kit.runtime.context import StopFlag
 __all__ = ["notebook_launcher", "notebook_launcher_async", "resolve_plan"]
 
 start_warmup()  # from the import cell on, workers' one-time imports are paid here, once
+integrations.register()  # every launch turns on the Trainer and Accelerate integrations
 
 
 def notebook_launcher(

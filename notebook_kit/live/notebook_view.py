@@ -51,26 +51,33 @@ class LiveObserver:
 
     def __init__(self) -> None:
         self.recorder = RunRecorder()
+        self.info: LaunchInfo | None = None
+        self.stop: StopButton | None = None
+        self.progress: ProgressBar | None = None
+        self.output: RankOutput | None = None
+        self.box: widgets.VBox | None = None
+        self.figure: Any = None
+        self._handle: Any = None
+        self._keeper: BusyKeeper | None = None
+        self._new_view()
+
+    def _new_view(self) -> None:
+        """Fresh widgets: each attempt of a launch (a restart after a failure) gets its own,
+        since the previous attempt's were closed when its summary replaced them."""
         self.plot = LivePlot()
         self.status = widgets.HTML()
         self.status.add_class("nk-status")
         self.status.layout.overflow = "hidden"
         self.status.layout.height = "24px"
-        self.info: LaunchInfo | None = None
-        self.stop: StopButton | None = None
-        self.progress: ProgressBar | None = None
-        self.output: RankOutput | None = None
         self.table = widgets.HTML(live_table_html(build_table({}, {}), _NO_EVALUATION))
-        self.box: widgets.VBox | None = None
-        self.figure: Any = None
-        self._handle: Any = None
-        self._keeper: BusyKeeper | None = None
         self._last_refresh = 0.0
         self._evals: list[str] = []
         self._stopping_shown = False
         self._broken = False
 
     def on_start(self, info: LaunchInfo) -> None:
+        if self.box is not None:  # a restart: the last attempt's widgets are closed
+            self._new_view()
         self.info = info
         self.stop = StopButton(info.stop_flag)
         self.progress = ProgressBar()

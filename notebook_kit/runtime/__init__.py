@@ -1,8 +1,9 @@
 """Per-process state of a launched process: what any process of a launch reads while it trains.
 
-The launch context (rank, world size, stop flag), the worker half of the metrics and progress
-channels, the stop vote that makes every rank stop at the same step, the process group formed
-from torchrun's environment, and seeding.
+The launch context (rank, world size, stop flag) and the hooks run when a launch becomes
+active, the worker half of the metrics and progress channels, the stop vote that makes every
+rank stop at the same step, the public ``log``/``should_stop``/``progress`` any training loop
+may call (``loop``), the process group formed from torchrun's environment, and seeding.
 
 Runs in every process that trains: a forked worker, the kernel with one process, or a process
 torchrun started. Imports only :mod:`notebook_kit.config` and the shared leaf modules.

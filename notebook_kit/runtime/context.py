@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LaunchContext", "StopFlag", "current_launch"]
+__all__ = ["LaunchContext", "LaunchHook", "StopFlag", "add_launch_hook", "current_launch"]
 
 
 class StopFlag:
@@ -100,6 +100,24 @@ class LaunchContext:
 
 _current: LaunchContext | None = None
 
+# Called with the context when a launch becomes active in a process; what it returns (a
+# context manager, or None) is exited when the launch ends. Framework integrations register
+# here, so a launched function needs no call of ours to get them.
+LaunchHook = Callable[[LaunchContext], contextlib.AbstractContextManager[Any] | None]
+_launch_hooks: list[LaunchHook] = []
+
+
+def add_launch_hook(hook: LaunchHook) -> None:
+    """Run ``hook(context)`` whenever a launch becomes active in a process (once per hook).
+
+    Hooks registered in the kernel before the fork are inherited by every worker.
+
+    Example:
+        >>> add_launch_hook(lambda context: print("rank", context.rank, "starts"))
+    """
+    if hook not in _launch_hooks:
+        _launch_hooks.append(hook)
+
 
 def current_launch() -> LaunchContext | None:
     """The launch this process belongs to, or None outside any launch."""
@@ -108,10 +126,15 @@ def current_launch() -> LaunchContext | None:
 
 @contextlib.contextmanager
 def active_launch(context: LaunchContext) -> Iterator[LaunchContext]:
-    """Make ``context`` the current launch for the duration of the block."""
+    """Make ``context`` the current launch for the duration of the block, with its hooks."""
     global _current
     previous, _current = _current, context
     try:
-        yield context
+        with contextlib.ExitStack() as hooks:
+            for hook in list(_launch_hooks):
+                entered = hook(context)
+                if entered is not None:
+                    hooks.enter_context(entered)
+            yield context
     finally:
         _current = previous

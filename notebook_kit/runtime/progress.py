@@ -10,7 +10,7 @@ from __future__ import annotations
 from notebook_kit.runtime.context import LaunchContext
 from notebook_kit.runtime.metrics import WorkerChannel, channel
 
-__all__ = ["advance", "report_epoch_length", "report_total"]
+__all__ = ["advance", "report_epoch_length", "report_steps", "report_total"]
 
 
 def report_total(context: LaunchContext | None, total: int | None) -> None:
@@ -59,6 +59,20 @@ def advance(context: LaunchContext | None, steps: int = 1, loader: object = None
     if state.progress_source is not None and state.progress_source != id(loader):
         return  # another loader (evaluation) is being iterated
     state.steps += steps
+    if state.direct:
+        state.state_changed()
+
+
+def report_steps(context: LaunchContext | None, steps: int) -> None:
+    """Set the count of finished steps outright (a trainer that keeps its own step count).
+
+    Example:
+        >>> report_steps(current_launch(), trainer_state.global_step)
+    """
+    state = _rank0_channel(context)
+    if state is None or state.steps == steps:
+        return
+    state.steps = int(steps)
     if state.direct:
         state.state_changed()
 

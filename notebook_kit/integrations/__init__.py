@@ -1,0 +1,47 @@
+"""Framework integrations: the Hugging Face ``Trainer``, Accelerate and TensorBoard.
+
+- :class:`LiveViewCallback` (``trainer_callback``): a ``TrainerCallback`` feeding the live view.
+- :class:`LiveViewTracker` (``accelerate_tracker``): an Accelerate ``GeneralTracker`` that sends
+  ``accelerator.log(...)`` of Accelerate's own ``Accelerator`` to the live plot.
+- :class:`TensorBoardTracker` (``tensorboard_tracker``) and the tracker list of notebook_kit's
+  ``Accelerator`` (``trackers``: ``log_with="tensorboard"``).
+- ``activation``: what a launch turns on in its processes (the right world size for
+  Accelerate and the Trainer, the callback on every Trainer, weights home for models
+  Accelerate prepared); the launcher registers it as a launch hook.
+
+Runs in every training process. Importing this package imports no framework: each name
+above imports its framework on first use (``pip install notebook_kit[transformers]``).
+May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`.
+
+Example:
+    >>> from notebook_kit.integrations import LiveViewCallback
+    >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[LiveViewCallback()])
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from notebook_kit.integrations.accelerate_tracker import LiveViewTracker
+    from notebook_kit.integrations.tensorboard_tracker import TensorBoardTracker
+    from notebook_kit.integrations.trainer_callback import LiveViewCallback
+
+__all__ = ["LiveViewCallback", "LiveViewTracker", "TensorBoardTracker"]
+
+_LAZY = {
+    "LiveViewCallback": "trainer_callback",
+    "LiveViewTracker": "accelerate_tracker",
+    "TensorBoardTracker": "tensorboard_tracker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a framework's integration on first access (and the framework with it)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

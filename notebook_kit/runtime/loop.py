@@ -1,0 +1,107 @@
+"""Three calls any launched training loop can make, with or without an ``Accelerator``.
+
+``log`` sends metrics to the live plot, ``should_stop`` answers the Stop button (the same
+answer on every rank, at the same step) and counts the step on the progress bar, ``progress``
+sets the bar's total. A plain ``torch.distributed`` + ``DistributedDataParallel`` loop gets the
+whole live view from these three. Outside a launch they do nothing (``should_stop`` is False),
+so the same function also runs as a plain script.
+
+Example:
+    >>> import notebook_kit
+    >>> def train():
+    ...     notebook_kit.progress(total=epochs * len(loader))
+    ...     for epoch in range(epochs):
+    ...         for inputs, targets in loader:
+    ...             loss = step(inputs, targets)
+    ...             notebook_kit.log({"loss": loss})
+    ...             if notebook_kit.should_stop():
+    ...                 return
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from numbers import Real
+from typing import Any
+
+from notebook_kit.runtime import stopping
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.metrics import log_from_worker
+from notebook_kit.runtime.progress import advance, report_total
+
+__all__ = ["log", "progress", "should_stop"]
+
+
+def log(values: Mapping[str, Any], step: int | None = None) -> None:
+    """Send metrics to the kernel's live plot and ``last_run().metrics``; never waits.
+
+    Every rank may log: the plot shows the mean over the ranks that logged a step. Tensors
+    on an accelerator are read by a background thread, so logging a loss does not wait for
+    the device.
+
+    Args:
+        values: Metric name to a number or a one-element tensor.
+        step: The training step; None numbers this rank's calls 0, 1, 2, ...
+
+    Raises:
+        TypeError: A value is not a number or a one-element tensor, or ``step`` is not an int.
+
+    Example:
+        >>> notebook_kit.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"log() takes a dict of metric name to number, got {type(values).__name__}."
+        )
+    for name, value in values.items():
+        _check_value(str(name), value)
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise TypeError(f"log(step=...) must be a non-negative int or None, got {step!r}.")
+    log_from_worker(current_launch(), values, step)
+
+
+def should_stop() -> bool:
+    """True on every rank, at the same step, once the Stop button was clicked.
+
+    Call it once per training step on every rank (it is a collective: the ranks agree through
+    the process group, like ``accelerator.should_stop``); each call also counts one finished
+    step on the progress bar.
+
+    Example:
+        >>> for inputs, targets in loader:
+        ...     train_step(inputs, targets)
+        ...     if notebook_kit.should_stop():
+        ...         break
+    """
+    context = current_launch()
+    advance(context)
+    return stopping.should_stop(context)
+
+
+def progress(total: int | None) -> None:
+    """Set the number of steps the progress bar counts to (None: unknown).
+
+    The bar counts ``should_stop()`` calls; without them, the last step given to ``log``.
+
+    Raises:
+        TypeError: ``total`` is not a non-negative int or None.
+
+    Example:
+        >>> notebook_kit.progress(total=epochs * len(loader))
+    """
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+        raise TypeError(f"progress(total=...) must be a non-negative int or None, got {total!r}.")
+    report_total(current_launch(), total)
+
+
+def _check_value(name: str, value: Any) -> None:
+    if isinstance(value, Real) and not isinstance(value, bool):
+        return
+    numel = getattr(value, "numel", None)
+    if callable(numel) and hasattr(value, "item") and numel() == 1:
+        return
+    if hasattr(value, "item") and getattr(value, "size", None) == 1:  # a NumPy scalar
+        return
+    raise TypeError(
+        f"log() takes numbers or one-element tensors; {name!r} is {type(value).__name__}."
+    )

@@ -253,3 +253,20 @@ def test_close_collection_and_exit_leave_no_worker() -> None:
     while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_a_group_left_out_of_step_is_found_and_the_workers_restarted(
+    own_pool: WorkerPool,
+) -> None:
+    # Rank 0 leaves a collective pending that rank 1 never joins; both then raise.
+    cell = (
+        "if rank == 0:\n"
+        "    pending = dist.all_reduce(torch.ones(7), async_op=True)\n"
+        "raise ValueError('on both')"
+    )
+    with pytest.raises(WorkerError) as raised:
+        own_pool.run_cell(cell)
+    message = str(raised.value)
+    assert message.startswith("Rank 0 of 2 failed: ValueError: on both")
+    assert "out of step" in message and own_pool.pids == []
+    assert own_pool.run(_rank_and_scale, 1) == 3.0  # a fresh group, in step

@@ -116,7 +116,7 @@ class WorkerPool:
                 "notebook_launcher (or `notebook-kit launch`) for a job across nodes."
             )
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
-        self._kernel = check_fork_safety(self.plan.kernel)
+        check_fork_safety(self.plan.kernel)
         prepare_live_view(self.plan.live)
         main = sys.modules["__main__"].__dict__
         self._shipping = Shipping(main, _hidden_names(), send_limit)

@@ -57,7 +57,7 @@ class GroupedText:
     def __init__(self, streams: tuple[Stream, ...] = ("stdout", "stderr")) -> None:
         self.streams = streams
         self._lines: dict[tuple[int, Stream], list[str]] = {}
-        self._last: tuple[int, Stream] | None = None
+        self._last: dict[str, int] = {}  # per stream: a notebook shows each as one block
 
     def add(self, rank: int, stream: Stream, line: str) -> None:
         if stream in self.streams:
@@ -72,9 +72,9 @@ class GroupedText:
             for (rank, kind), group in sorted(lines.items()):
                 if kind != stream:
                     continue
-                if self._last != (rank, kind):
+                if self._last.get(stream) != rank:
                     text.append(f"[rank {rank}]")
-                    self._last = (rank, kind)
+                    self._last[stream] = rank
                 text.extend(group)
             if text:
                 target = sys.stdout if stream == "stdout" else sys.stderr

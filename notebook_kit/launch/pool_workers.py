@@ -21,7 +21,6 @@ import os
 import pickle
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -195,7 +194,6 @@ class PoolProcesses:
         ranks: list[int],
         want: list[int],
         timeout: float | None = None,
-        on_wait: Callable[[], None] | None = None,
     ) -> RunOutcome:
         """Run one command on ``ranks`` (local ranks); ``want``: whose value comes back.
 

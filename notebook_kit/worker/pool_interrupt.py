@@ -58,8 +58,8 @@ class Guard:
                     self._running = None
                 _let_pending_arrive()
                 return outcome
-            except KeyboardInterrupt:  # asked for while the outcome was being made
-                outcome = (INTERRUPTED, None)
+            except KeyboardInterrupt:  # asked for as the code ended: what it did stands
+                outcome = outcome or (INTERRUPTED, None)
 
     def _watch(self) -> None:
         with contextlib.suppress(EOFError, OSError):

@@ -22,8 +22,33 @@ _moved.install()  # old documented module paths stay importable
 if TYPE_CHECKING:
     from notebook_kit.accelerator.accelerator import Accelerator
     from notebook_kit.accelerator.checkpointing import CheckpointError
-    from notebook_kit.accelerator.configuration import ProjectConfiguration
-    from notebook_kit.accelerator.data_loader import skip_first_batches
+    from notebook_kit.accelerator.configuration import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        KwargsHandler,
+        ProjectConfiguration,
+    )
+    from notebook_kit.accelerator.data_loader import prepare_data_loader, skip_first_batches
+    from notebook_kit.accelerator.operations import (
+        DistributedOperationException,
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+        send_to_device,
+    )
+    from notebook_kit.accelerator.partial_state import (
+        AcceleratorState,
+        DistributedType,
+        PartialState,
+    )
     from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
     from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
@@ -32,28 +57,49 @@ if TYPE_CHECKING:
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import log, progress, should_stop
-    from notebook_kit.runtime.seeding import set_seed
+    from notebook_kit.runtime.seeding import set_seed, synchronize_rng_states
 
 __all__ = [
     "Accelerator",
+    "AcceleratorState",
+    "AutocastKwargs",
     "CheckpointError",
     "ConfigPanel",
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedOperationException",
+    "DistributedType",
     "ForkSafetyError",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
     "LaunchConfig",
+    "PartialState",
     "PortInUseError",
     "ProjectConfiguration",
     "RunRecord",
     "WorkerError",
     "WorkerPool",
+    "broadcast",
+    "broadcast_object_list",
     "environment",
+    "gather",
+    "gather_object",
     "last_run",
     "log",
     "notebook_launcher",
     "notebook_launcher_async",
+    "pad_across_processes",
+    "prepare_data_loader",
     "progress",
+    "reduce",
+    "send_to_device",
     "set_seed",
     "should_stop",
     "skip_first_batches",
+    "synchronize_rng_states",
 ]
 
 __version__ = "0.1.0"
@@ -61,23 +107,44 @@ __version__ = "0.1.0"
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
     "Accelerator": "accelerator.accelerator",
+    "AcceleratorState": "accelerator.partial_state",
+    "AutocastKwargs": "accelerator.configuration",
     "CheckpointError": "accelerator.checkpointing",
     "ConfigPanel": "launch.panel",
+    "DDPCommunicationHookType": "accelerator.configuration",
+    "DataLoaderConfiguration": "accelerator.configuration",
+    "DistributedDataParallelKwargs": "accelerator.configuration",
+    "DistributedOperationException": "accelerator.operations",
+    "DistributedType": "accelerator.partial_state",
     "ForkSafetyError": "launch.preflight",
+    "GradScalerKwargs": "accelerator.configuration",
+    "GradientAccumulationPlugin": "accelerator.configuration",
+    "InitProcessGroupKwargs": "accelerator.configuration",
+    "KwargsHandler": "accelerator.configuration",
     "LaunchConfig": "config.launch_config",
+    "PartialState": "accelerator.partial_state",
     "PortInUseError": "errors",
     "ProjectConfiguration": "accelerator.configuration",
     "RunRecord": "live.record",
     "WorkerError": "errors",
     "WorkerPool": "launch.pool",
+    "broadcast": "accelerator.operations",
+    "broadcast_object_list": "accelerator.operations",
+    "gather": "accelerator.operations",
+    "gather_object": "accelerator.operations",
     "last_run": "live.record",
     "log": "runtime.loop",
     "notebook_launcher": "launch.launcher",
     "notebook_launcher_async": "launch.launcher",
+    "pad_across_processes": "accelerator.operations",
+    "prepare_data_loader": "accelerator.data_loader",
     "progress": "runtime.loop",
+    "reduce": "accelerator.operations",
+    "send_to_device": "accelerator.operations",
     "set_seed": "runtime.seeding",
     "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",
+    "synchronize_rng_states": "runtime.seeding",
 }
 
 

@@ -13,7 +13,7 @@ from notebook_kit.accelerator.optimizer import (
     AcceleratedScheduler,
     GradientState,
 )
-from notebook_kit.accelerator.process_methods import _split
+from notebook_kit.accelerator.partial_state import split_inputs as _split
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime.context import LaunchContext, active_launch
 
@@ -24,7 +24,7 @@ from notebook_kit.runtime.context import LaunchContext, active_launch
         ({"mixed_precision": "fp32"}, "mixed_precision must be one of 'no', 'fp16', 'bf16'"),
         ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be an integer"),
         ({"split_batches": "yes"}, "split_batches must be True or False"),
-        ({"even_batches": None}, "even_batches must be True or False"),
+        ({"even_batches": "no"}, "even_batches must be True or False"),
         ({"cpu": 1}, "cpu must be True or False"),
         ({"log_with": "wandb"}, "log_with='wandb' is not a tracker .* 'all', 'tensorboard'"),
         ({"log_with": "tensorboard"}, 'log_with="tensorboard" writes files: give .* project_dir'),

@@ -97,7 +97,11 @@ def test_iterable_shards_cover_the_stream(length):
 
 
 def _prepare(
-    loader: DataLoader, size: int = 1, rank: int = 0, state: GradientState | None = None
+    loader: DataLoader,
+    size: int = 1,
+    rank: int = 0,
+    state: GradientState | None = None,
+    seedable: bool = False,
 ) -> PreparedDataLoader:
     """``prepare_data_loader`` on CPU; a fresh ``GradientState(1)`` unless ``state`` is given."""
     return prepare_data_loader(
@@ -106,35 +110,50 @@ def _prepare(
         process_index=rank,
         gradient_state=GradientState(1) if state is None else state,
         device=torch.device("cpu"),
+        use_seedable_sampler=seedable,
     )
 
 
-def _loader(length=10, batch_size=2, shuffle=False, size=1, rank=0):
+def _loader(length=10, batch_size=2, shuffle=False, size=1, rank=0, seedable=False):
     data = TensorDataset(torch.arange(length))
-    return _prepare(DataLoader(data, batch_size=batch_size, shuffle=shuffle), size, rank)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    return _prepare(loader, size, rank, seedable=seedable)
 
 
 def _indices(batches):
     return [batch[0].tolist() for batch in batches]
 
 
-def test_shuffle_changes_every_epoch_and_state_resumes_mid_epoch():
+@pytest.mark.parametrize("seedable", [False, True])
+def test_shuffle_changes_every_epoch_and_state_resumes_mid_epoch(seedable):
     torch.manual_seed(3)
-    loader = _loader(shuffle=True)
+    loader = _loader(shuffle=True, seedable=seedable)
     epoch0, epoch1 = _indices(loader), _indices(loader)
     assert epoch0 != epoch1 and sorted(i for batch in epoch0 for i in batch) == list(range(10))
     assert loader.epoch == 2
-    state = None
-    for position, _ in enumerate(loader, start=1):
-        if position == 2:
-            state = loader.state_dict()
-            break
-    rest_of_epoch2 = _indices(loader)[2:]  # the abandoned pass restarts epoch 2
-    torch.manual_seed(99)  # another seed: the saved seed must win
-    resumed = _loader(shuffle=True)
+    passing = iter(loader)
+    head = [next(passing), next(passing)]
+    state = loader.state_dict()
+    rest_of_epoch2 = _indices(passing)
+    epoch3 = _indices(loader)
+    assert len(_indices(head) + rest_of_epoch2) == 5
+    torch.manual_seed(99)  # another seed: what the checkpoint holds must win
+    resumed = _loader(shuffle=True, seedable=seedable)
     resumed.load_state_dict(state)
+    torch.set_rng_state(_rng_after(head, state, seedable))
     assert _indices(resumed) == rest_of_epoch2
     assert resumed.epoch == 3 and resumed.position == 0
+    assert _indices(resumed) == epoch3, "the epochs after a resumed one continue unchanged"
+
+
+def _rng_after(head, state, seedable):
+    """The global RNG as the uninterrupted run left it when ``state`` was taken."""
+    torch.manual_seed(3)
+    replay = _loader(shuffle=True, seedable=seedable)
+    _indices(replay), _indices(replay)
+    passing = iter(replay)
+    next(passing), next(passing)
+    return torch.get_rng_state()
 
 
 def test_breaking_on_the_last_batch_still_ends_the_epoch():

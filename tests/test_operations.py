@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from notebook_kit import notebook_launcher
+from notebook_kit import PartialState, notebook_launcher
 from notebook_kit.accelerator.operations import (
+    DistributedOperationException,
     broadcast,
     broadcast_object,
+    broadcast_object_list,
     gather,
     gather_object,
     pad_across_processes,
@@ -38,8 +40,8 @@ def test_recursively_apply_keeps_named_tuples_and_other_leaves():
 
 
 def test_reduce_rejects_unknown_reduction():
-    with pytest.raises(ValueError, match="'sum', 'mean'"):
-        reduce(torch.ones(1), "max")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'sum', 'mean', 'max', 'min'"):
+        reduce(torch.ones(1), "median")  # type: ignore[arg-type]
 
 
 def _collectives():
@@ -55,7 +57,32 @@ def _collectives():
         "objects": gather_object([f"r{rank}"]),
         "broadcast": broadcast(torch.tensor([rank * 10])),
         "object": broadcast_object(rank, from_process=1),
+        "max": reduce(torch.tensor([rank + 1.0, -rank]), "max"),
+        "min": reduce(torch.tensor([rank + 1.0, -rank]), "min"),
+        "object_list": broadcast_object_list([rank, f"r{rank}"], from_process=1),
+        "debug": _debug_checks(rank),
     }
+
+
+def _debug_checks(rank: int) -> list[str]:
+    """Mismatched shapes raise on every rank in debug mode instead of hanging in torch."""
+    state, caught = PartialState(), []
+    state.debug = True
+    try:
+        for name, call in (
+            ("reduce", lambda: reduce({"t": torch.ones(1 + rank)})),
+            ("broadcast", lambda: broadcast(torch.ones(2, 1 + rank))),
+            ("pad_across_processes", lambda: pad_across_processes(torch.ones([1] * (rank + 1)))),
+            ("gather", lambda: gather(torch.ones(1, 1 + rank))),  # checked even without debug
+        ):
+            try:
+                call()
+            except DistributedOperationException:
+                caught.append(name)
+    finally:
+        state.debug = False
+    caught.append(f"same shapes pass: {reduce(torch.ones(2), 'sum').tolist()}")
+    return caught
 
 
 @pytest.mark.integration
@@ -68,3 +95,12 @@ def test_two_process_collectives():
     assert result["padded"].tolist() == [[-1.0, 1.0], [1.0, 1.0]]
     assert result["objects"] == ["r0", "r1"]
     assert result["broadcast"].item() == 0 and result["object"] == 1
+    assert result["max"].tolist() == [2.0, 0.0] and result["min"].tolist() == [1.0, -1.0]
+    assert result["object_list"] == [1, "r1"]
+    assert result["debug"] == [
+        "reduce",
+        "broadcast",
+        "pad_across_processes",
+        "gather",
+        "same shapes pass: [2.0, 2.0]",
+    ]

@@ -9,6 +9,27 @@ torchrun); it never starts or stops processes. May import :mod:`notebook_kit.int
 """
 
 from notebook_kit.accelerator.accelerator import Accelerator
-from notebook_kit.accelerator.configuration import ProjectConfiguration
+from notebook_kit.accelerator.configuration import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+)
+from notebook_kit.accelerator.partial_state import AcceleratorState, DistributedType, PartialState
 
-__all__ = ["Accelerator", "ProjectConfiguration"]
+__all__ = [
+    "Accelerator",
+    "AcceleratorState",
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "PartialState",
+    "ProjectConfiguration",
+]

@@ -20,13 +20,25 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods
-from notebook_kit.accelerator.configuration import ProjectConfiguration
+from notebook_kit.accelerator.configuration import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
 from notebook_kit.accelerator.data_loader import PreparedDataLoader, prepare_data_loader
+from notebook_kit.accelerator.distributed_methods import DistributedMethods
+from notebook_kit.accelerator.handlers import (
+    apply_process_group_options,
+    register_comm_hook,
+    sort_handlers,
+)
 from notebook_kit.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     GradientState,
 )
+from notebook_kit.accelerator.partial_state import AcceleratorState
 from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
     MixedPrecision,
@@ -36,30 +48,19 @@ from notebook_kit.accelerator.precision import (
     restore_forward,
 )
 from notebook_kit.accelerator.process_methods import ProcessMethods
+from notebook_kit.accelerator.settings import (
+    accumulation_plugin,
+    check_choice,
+    check_flag,
+    check_rng_types,
+    check_steps,
+    loader_configuration,
+)
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import current_launch
 
 __all__ = ["Accelerator"]
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}.")
-    return value
-
-
-def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
-    if value not in choices:
-        allowed = ", ".join(repr(choice) for choice in choices)
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
-    return value
-
-
-def _check_steps(value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
-    return value
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -70,31 +71,39 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(CheckpointMethods, ProcessMethods):
+class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     """Runs a PyTorch training loop on one process or many, with Accelerate's API.
 
     Args:
         device_placement: Move prepared models and batches to ``device``.
-        split_batches: Split each batch across processes instead of giving each its own.
+        split_batches: Shorthand for ``DataLoaderConfiguration(split_batches=...)``.
         mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"``; None inherits the launch's
             setting, then ``NOTEBOOK_KIT_MIXED_PRECISION``, then ``"no"``.
         gradient_accumulation_steps: Micro-steps per optimizer step; None inherits like
             ``mixed_precision`` (``NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS``), default 1.
         cpu: Stay on the CPU even when CUDA is available.
-        even_batches: Complete the last round of batches from the start of the data so every
-            process runs the same number of steps.
+        dataloader_config: How DataLoaders are sharded (:class:`DataLoaderConfiguration`).
+        even_batches: Shorthand for ``DataLoaderConfiguration(even_batches=...)``.
+        rng_types: Random generators made equal on every process at the start of each pass
+            over a prepared DataLoader: ``"generator"`` (the sampler's, the default),
+            ``"torch"``, ``"cuda"``.
         project_dir: Where ``save_state()``/``load_state()`` without a directory keep
             ``checkpoints/checkpoint_<n>``.
         project_config: Accelerate's ``ProjectConfiguration``: ``project_dir`` (if not given
             directly) and ``total_limit``, the number of numbered checkpoints kept.
+        gradient_accumulation_plugin: A :class:`GradientAccumulationPlugin` (instead of
+            ``gradient_accumulation_steps``).
+        step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``InitProcessGroupKwargs``, ``AutocastKwargs`` (one of each at most).
         log_with: Trackers that ``log`` also writes to, besides ``logged`` and the notebook's
             live plot (always fed): ``"tensorboard"`` (event files under ``project_dir``), a
             tracker object with Accelerate's ``GeneralTracker`` interface, or a list of them;
             None or ``"all"``: the live plot only. Trackers start at ``init_trackers``.
-        step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
 
     Example:
-        >>> accelerator = Accelerator(mixed_precision="bf16")
+        >>> accelerator = Accelerator(mixed_precision="bf16",
+        ...     dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
         >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         >>> for inputs, targets in loader:
         ...     loss = loss_fn(model(inputs), targets)
@@ -105,36 +114,46 @@ class Accelerator(CheckpointMethods, ProcessMethods):
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = False,
+        split_batches: bool | None = None,
         mixed_precision: MixedPrecision | None = None,
         gradient_accumulation_steps: int | None = None,
         cpu: bool = False,
         *,
-        even_batches: bool = True,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        even_batches: bool | None = None,
+        rng_types: list[str] | None = None,
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
-        log_with: str | Any | list[Any] | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        log_with: str | Any | list[Any] | None = None,
     ) -> None:
-        self.device_placement = _check_bool("device_placement", device_placement)
-        self.split_batches = _check_bool("split_batches", split_batches)
-        self.even_batches = _check_bool("even_batches", even_batches)
-        self.step_scheduler_with_optimizer = _check_bool(
+        self.device_placement = check_flag("device_placement", device_placement)
+        self.dataloader_config = loader_configuration(
+            dataloader_config, split_batches, even_batches
+        )
+        self.rng_types = check_rng_types(rng_types)
+        self.step_scheduler_with_optimizer = check_flag(
             "step_scheduler_with_optimizer", step_scheduler_with_optimizer
         )
-        _check_bool("cpu", cpu)
-        _check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
+        check_flag("cpu", cpu)
+        check_choice("mixed_precision", mixed_precision, (*MIXED_PRECISION_CHOICES, None))
+        self.handlers = sort_handlers(kwargs_handlers)
         launch = current_launch()
         self.mixed_precision: MixedPrecision = resolve_setting(
             "mixed_precision", mixed_precision, launch and launch.mixed_precision,
             "NOTEBOOK_KIT_MIXED_PRECISION", "no", str, MIXED_PRECISION_CHOICES,
         )  # fmt: skip
+        plugin = accumulation_plugin(
+            gradient_accumulation_plugin, check_steps(gradient_accumulation_steps)
+        )
         steps = resolve_setting(
-            "gradient_accumulation_steps", _check_steps(gradient_accumulation_steps),
+            "gradient_accumulation_steps", plugin.num_steps,
             launch and launch.gradient_accumulation_steps,
             "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
         )  # fmt: skip
-        _check_steps(steps)
+        check_steps(steps)
         project = project_config or ProjectConfiguration()
         project_dir = project_dir if project_dir is not None else project.project_dir
         self.project_dir = Path(project_dir) if project_dir is not None else None
@@ -143,55 +162,22 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         self.logging_dir = Path(logging_dir) if logging_dir is not None else None
         self.log_with = check_log_with(log_with, self.logging_dir)
         self.trackers: list[Any] = []
-        self.state = resolve_process_state(cpu)
-        self.gradient_state = GradientState(steps)
-        self.scaler = make_grad_scaler(self.mixed_precision, self.state.device)
+        self.state = AcceleratorState._from_process(
+            resolve_process_state(cpu), mixed_precision=self.mixed_precision
+        )
+        apply_process_group_options(self.handlers.init)
+        self.gradient_state = GradientState(
+            steps, plugin.adjust_scheduler, plugin.sync_with_dataloader, plugin.sync_each_batch
+        )
+        self.scaler = make_grad_scaler(
+            self.mixed_precision, self.state.device, **self.handlers.scaler_options()
+        )
         self.logged: list[dict[str, Any]] = []
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-
-    # -- state ---------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.num_processes > 1
-
-    @property
-    def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @property
-    def step(self) -> int:
-        """Micro-steps since gradients were last synced."""
-        return self.gradient_state.step
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """True when fp16 loss scaling skipped the last optimizer step (inf/nan gradients)."""
-        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -243,13 +229,15 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         trainable = any(parameter.requires_grad for parameter in model.parameters())
         if self.use_distributed and trainable:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            wrapped: nn.Module = DistributedDataParallel(model, device_ids=device_ids)
-            if self.mixed_precision != "no":
-                patch_forward(wrapped, self.mixed_precision, self.device)
-            return wrapped
+            ddp_options = self.handlers.ddp_options()
+            wrapped = DistributedDataParallel(model, device_ids=device_ids, **ddp_options)
+            register_comm_hook(self.handlers.ddp, wrapped)
+        else:
+            wrapped = model
         if self.mixed_precision != "no":
-            patch_forward(model, self.mixed_precision, self.device)
-        return model
+            autocast = self.handlers.autocast_options()
+            patch_forward(wrapped, self.mixed_precision, self.device, **autocast)
+        return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it respects accumulation and fp16 loss scaling.
@@ -285,14 +273,20 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         Example:
             >>> loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
         """
+        config = self.dataloader_config
         prepared = prepare_data_loader(
             data_loader,
             num_processes=self.num_processes,
             process_index=self.process_index,
             gradient_state=self.gradient_state,
             device=self.device if self.device_placement else torch.device("cpu"),
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
+            split_batches=config.split_batches,
+            even_batches=config.even_batches,
+            dispatch_batches=config.dispatch_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            rng_types=self.rng_types,
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -341,8 +335,10 @@ class Accelerator(CheckpointMethods, ProcessMethods):
             ...     optimizer.step(); optimizer.zero_grad()
         """
         self.gradient_state.advance()
+        # sync_each_batch all-reduces every micro-step (the optimizer still waits for the sync).
+        each_batch = self.use_distributed and self.gradient_state.sync_each_batch
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
+            if not (self.sync_gradients or each_batch):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
@@ -359,14 +355,18 @@ class Accelerator(CheckpointMethods, ProcessMethods):
         with context or contextlib.nullcontext():
             yield
 
-    def autocast(self) -> Any:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
         """Autocast context for code outside the prepared model's forward (e.g. the loss).
+
+        ``autocast_handler`` overrides the ``AutocastKwargs`` given to the constructor.
 
         Example:
             >>> with accelerator.autocast():
             ...     loss = loss_fn(model(x), y)
         """
-        return autocast_context(self.mixed_precision, self.device)
+        handler = autocast_handler or self.handlers.autocast
+        options = handler.to_kwargs() if handler is not None else {}
+        return autocast_context(self.mixed_precision, self.device, **options)
 
     def unscale_gradients(self) -> None:
         """Undo fp16 loss scaling on the gradients (once per optimizer step)."""

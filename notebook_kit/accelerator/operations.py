@@ -4,10 +4,15 @@ Every function works in a plain process (world size 1, no process group) and acr
 processes of the default ``torch.distributed`` group, and returns the same structure it was
 given. Unlike a bare ``all_gather``, :func:`gather` accepts tensors whose first dimension
 differs between processes (the last batch of an uneven data set).
+
+Debug mode (``ACCELERATE_DEBUG_MODE=1`` in the environment, or ``PartialState().debug = True``)
+first compares every process's shapes and raises :class:`DistributedOperationException` on all of
+them when they cannot work together, instead of hanging or failing deep inside torch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -15,8 +20,11 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "DistributedOperationException",
     "broadcast",
     "broadcast_object",
+    "broadcast_object_list",
+    "debug_mode",
     "gather",
     "gather_object",
     "pad_across_processes",
@@ -25,8 +33,41 @@ __all__ = [
     "send_to_device",
 ]
 
-Reduction = Literal["sum", "mean"]
-REDUCTIONS: tuple[str, ...] = ("sum", "mean")
+Reduction = Literal["sum", "mean", "max", "min"]
+REDUCTIONS: tuple[str, ...] = ("sum", "mean", "max", "min")
+_REDUCE_OPS = {"max": "MAX", "min": "MIN"}
+
+_debug_override: bool | None = None  # set through PartialState.debug; None: the environment
+
+
+class DistributedOperationException(ValueError):
+    """The processes called a collective with data that cannot work together (debug mode).
+
+    Example:
+        >>> try:
+        ...     reduce({"x": torch.ones(2 + rank)})  # shapes differ across ranks
+        ... except DistributedOperationException as error:
+        ...     print(error)
+    """
+
+
+def debug_mode() -> bool:
+    """True when collectives check their inputs' shapes first (``ACCELERATE_DEBUG_MODE``)."""
+    if _debug_override is not None:
+        return _debug_override
+    return os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+        "y",
+        "on",
+    )
+
+
+def set_debug_mode(enabled: bool | None) -> None:
+    """Turn debug mode on or off for this process (None: follow the environment again)."""
+    global _debug_override
+    _debug_override = enabled
 
 
 def world_size() -> int:
@@ -62,6 +103,34 @@ def _tensors(data: Any) -> list[torch.Tensor]:
     return found
 
 
+def _verify(operation: str, data: Any, same: Callable[[tuple[int, ...], tuple[int, ...]], bool]):
+    """Debug mode: raise on every process unless all processes' shapes pass ``same``."""
+    if world_size() == 1 or not debug_mode():
+        return
+    local = [tuple(t.shape) for t in _tensors(data)]
+    everyone: list[Any] = [None] * world_size()
+    dist.all_gather_object(everyone, local)
+    agree = all(
+        len(shapes) == len(local) and all(same(a, b) for a, b in zip(shapes, local, strict=False))
+        for shapes in everyone
+    )
+    if not agree:
+        listed = "\n".join(f"  - process {rank}: {shapes}" for rank, shapes in enumerate(everyone))
+        raise DistributedOperationException(
+            f"{operation} needs matching tensors on every process, but their shapes differ:\n"
+            f"{listed}\nMake every process pass the same structure of tensors (see "
+            f"pad_across_processes for tensors that differ in one dimension)."
+        )
+
+
+def _equal(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return a == b
+
+
+def _same_rank(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b)
+
+
 def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor in ``data`` to ``device``.
 
@@ -81,7 +150,7 @@ def _all_shapes(tensors: list[torch.Tensor]) -> list[list[tuple[int, ...]]]:
         if len(shapes) != len(local) or any(
             len(a) != len(b) or a[1:] != b[1:] for a, b in zip(shapes, local, strict=False)
         ):
-            raise ValueError(
+            raise DistributedOperationException(
                 f"gather needs the same structure on every process and tensors that differ only "
                 f"in their first dimension; rank {rank} has shapes {shapes}, "
                 f"rank {dist.get_rank()} has {local}."
@@ -139,21 +208,26 @@ def gather_object(obj: list[Any]) -> list[Any]:
     return [item for items in everyone for item in items]
 
 
-def reduce(data: Any, reduction: Reduction = "sum", scale: float = 1.0) -> Any:
-    """Sum or average tensors over all processes (every process gets the result).
+def reduce(data: Any, reduction: Reduction = "mean", scale: float = 1.0) -> Any:
+    """Reduce tensors over all processes: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"``.
+
+    Every process gets the result; ``scale`` multiplies it.
 
     Example:
         >>> reduce(torch.tensor([2.0]), "mean")  # world size 1
         tensor([2.])
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of 'sum', 'mean', got {reduction!r}.")
+        allowed = ", ".join(repr(name) for name in REDUCTIONS)
+        raise ValueError(f"reduction must be one of {allowed}, got {reduction!r}.")
     size = world_size()
+    _verify("reduce", data, _equal)
+    op = getattr(dist.ReduceOp, _REDUCE_OPS.get(reduction, "SUM"))
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
         result = tensor.clone()
         if size > 1:
-            dist.all_reduce(result, op=dist.ReduceOp.SUM)
+            dist.all_reduce(result, op=op)
         if reduction == "mean":
             result = result / size
         return result * scale if scale != 1.0 else result
@@ -184,6 +258,7 @@ def pad_across_processes(
     """
     if world_size() == 1:
         return data
+    _verify("pad_across_processes", data, _same_rank)
     tensors = _tensors(data)
     local = [t.shape[dim] if dim < t.ndim else -1 for t in tensors]
     everyone: list[Any] = [None] * world_size()
@@ -207,6 +282,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """
     if world_size() == 1:
         return data
+    _verify("broadcast", data, _equal)
 
     def _broadcast(tensor: torch.Tensor) -> torch.Tensor:
         dist.broadcast(tensor, src=from_process)
@@ -227,3 +303,15 @@ def broadcast_object(obj: Any, from_process: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=from_process)
     return box[0]
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the items of ``object_list`` by ``from_process``'s, in place (also returned).
+
+    Example:
+        >>> broadcast_object_list([{"seed": 1}])  # world size 1
+        [{'seed': 1}]
+    """
+    if world_size() > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list

@@ -30,13 +30,44 @@ class GradientState:
         num_steps: Micro-steps per optimizer step.
         sync_gradients: True on the micro-step where gradients are all-reduced and applied.
         step: Micro-steps since the last sync.
+        adjust_scheduler: Micro-steps without a sync still count in a scheduler's step count.
+        sync_with_dataloader: The last batch of a data loader always syncs.
+        sync_each_batch: All-reduce gradients on every micro-step (the optimizer still waits).
     """
 
-    def __init__(self, num_steps: int) -> None:
+    def __init__(
+        self,
+        num_steps: int,
+        adjust_scheduler: bool = True,
+        sync_with_dataloader: bool = True,
+        sync_each_batch: bool = False,
+    ) -> None:
         self.num_steps = num_steps
+        self.adjust_scheduler = adjust_scheduler
+        self.sync_with_dataloader = sync_with_dataloader
+        self.sync_each_batch = sync_each_batch
         self.sync_gradients = True
         self.step = 0
         self._active: list[_Loader] = []
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The accumulation settings, named as ``GradientAccumulationPlugin``'s fields."""
+        return {
+            "num_steps": self.num_steps,
+            "adjust_scheduler": self.adjust_scheduler,
+            "sync_with_dataloader": self.sync_with_dataloader,
+            "sync_each_batch": self.sync_each_batch,
+        }
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The prepared data loader being iterated (the innermost one), else None."""
+        return self._active[-1] if self._active else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self._active)
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -56,8 +87,8 @@ class GradientState:
             self._active.remove(loader)
 
     def advance(self) -> None:
-        """Count one micro-step and decide whether it syncs (the end of data always does)."""
-        if self.end_of_dataloader:
+        """Count one micro-step and decide whether it syncs (the end of data does, by default)."""
+        if self.sync_with_dataloader and self.end_of_dataloader:
             self.step = 0
             self.sync_gradients = True
         else:
@@ -169,8 +200,10 @@ class AcceleratedScheduler:
             self.scheduler.step(*args, **kwargs)
             return
         if not self.gradient_state.sync_gradients:
-            # Keeps torch's "scheduler.step() before optimizer.step()" check quiet, as Accelerate.
-            self.scheduler._step_count += 1
+            if self.gradient_state.adjust_scheduler:
+                # Counts the micro-step, as Accelerate does; this also keeps torch's
+                # "scheduler.step() before optimizer.step()" check quiet.
+                self.scheduler._step_count += 1
             return
         if any(optimizer.step_was_skipped for optimizer in self.optimizers):
             return

@@ -25,8 +25,10 @@ MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def autocast_context(mixed_precision: MixedPrecision, device: torch.device) -> Any:
+def autocast_context(mixed_precision: MixedPrecision, device: torch.device, **options: Any) -> Any:
     """``torch.autocast`` for the setting, or a no-op context for ``"no"``.
+
+    ``options`` are ``AutocastKwargs`` fields (``enabled``, ``cache_enabled``).
 
     Example:
         >>> with autocast_context("bf16", torch.device("cpu")):
@@ -34,7 +36,7 @@ def autocast_context(mixed_precision: MixedPrecision, device: torch.device) -> A
     """
     if mixed_precision == "no":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[mixed_precision])
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[mixed_precision], **options)
 
 
 def _to_float32(outputs: Any) -> Any:
@@ -44,40 +46,38 @@ def _to_float32(outputs: Any) -> Any:
     return recursively_apply(convert, outputs)
 
 
-def _autocast_call(
-    function: Callable[..., Any],
-    mixed_precision: MixedPrecision,
-    device: torch.device,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    with autocast_context(mixed_precision, device):
-        outputs = function(*args, **kwargs)
-    # Losses computed outside the model then run in float32, as with Accelerate.
-    return _to_float32(outputs)
-
-
 class AutocastForward:
     """A module's own forward run under autocast, outputs back in float32.
 
     Set as an instance attribute, it shadows the class's ``forward`` (``nn.Module.__call__``
     looks it up there), so the prepared model stays the user's object: its attributes,
     methods and type are untouched. A class, not a closure, so the module still pickles.
+    ``options`` are ``AutocastKwargs`` fields.
     """
 
     def __init__(
-        self, forward: Callable[..., Any], mixed_precision: MixedPrecision, device: torch.device
+        self,
+        forward: Callable[..., Any],
+        mixed_precision: MixedPrecision,
+        device: torch.device,
+        **options: Any,
     ) -> None:
         self.original = forward
         self.mixed_precision = mixed_precision
         self.device = device
+        self.options = options
         functools.update_wrapper(self, forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _autocast_call(self.original, self.mixed_precision, self.device, args, kwargs)
+        with autocast_context(self.mixed_precision, self.device, **self.options):
+            outputs = self.original(*args, **kwargs)
+        # Losses computed outside the model then run in float32, as with Accelerate.
+        return _to_float32(outputs)
 
 
-def patch_forward(module: nn.Module, mixed_precision: MixedPrecision, device: torch.device) -> None:
+def patch_forward(
+    module: nn.Module, mixed_precision: MixedPrecision, device: torch.device, **options: Any
+) -> None:
     """Run ``module``'s forward under autocast from now on (again: the setting is replaced).
 
     Example:
@@ -85,7 +85,7 @@ def patch_forward(module: nn.Module, mixed_precision: MixedPrecision, device: to
         torch.float32
     """
     restore_forward(module)
-    module.forward = AutocastForward(module.forward, mixed_precision, device)
+    module.forward = AutocastForward(module.forward, mixed_precision, device, **options)
 
 
 def restore_forward(module: nn.Module) -> nn.Module:
@@ -98,8 +98,11 @@ def restore_forward(module: nn.Module) -> nn.Module:
     return module
 
 
-def make_grad_scaler(mixed_precision: MixedPrecision, device: torch.device) -> Any:
-    """A GradScaler for fp16 (loss scaling avoids float16 gradient underflow), else None."""
+def make_grad_scaler(mixed_precision: MixedPrecision, device: torch.device, **options: Any) -> Any:
+    """A GradScaler for fp16 (loss scaling avoids float16 gradient underflow), else None.
+
+    ``options`` are ``GradScalerKwargs`` fields (``init_scale``, ``growth_interval``, ...).
+    """
     if mixed_precision != "fp16":
         return None
-    return torch.amp.GradScaler(device.type)
+    return torch.amp.GradScaler(device.type, **options)

@@ -6,16 +6,13 @@ here, talking to the other processes and to the notebook.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-import functools
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-import torch.distributed as dist
 
 from notebook_kit.accelerator import operations
 from notebook_kit.atomic_file import replace_atomically
@@ -26,33 +23,11 @@ from notebook_kit.runtime.progress import report_total
 
 if TYPE_CHECKING:
     from notebook_kit.accelerator.optimizer import GradientState
-    from notebook_kit.accelerator.state import ProcessState
+    from notebook_kit.accelerator.partial_state import AcceleratorState
 
 __all__ = ["ProcessMethods"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _only_if(condition: Callable[[], bool], function: F) -> F:
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return function(*args, **kwargs) if condition() else None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _split(inputs: Any, rank: int, size: int, apply_padding: bool) -> Any:
-    """This process's contiguous share of ``inputs`` (earlier ranks take the extras)."""
-    if isinstance(inputs, Mapping):
-        return {key: _split(value, rank, size, apply_padding) for key, value in inputs.items()}
-    per_process, extras = divmod(len(inputs), size)
-    start = rank * per_process + min(rank, extras)
-    share = inputs[start : start + per_process + (rank < extras)]
-    if apply_padding and extras and rank >= extras and len(inputs):
-        # Pad with the last item so every process gets the same count (then gather works).
-        last = inputs[-1:]
-        share = torch.cat([share, last]) if isinstance(share, torch.Tensor) else share + last
-    return share
 
 
 def _as_float(key: str, value: Any) -> float:
@@ -68,7 +43,7 @@ def _as_float(key: str, value: Any) -> float:
 class ProcessMethods:
     """Helpers an Accelerator offers about its processes. Needs ``state`` and friends."""
 
-    state: ProcessState
+    state: AcceleratorState
     gradient_state: GradientState
     logged: list[dict[str, Any]]
     log_with: list[Any]
@@ -77,15 +52,15 @@ class ProcessMethods:
 
     @property
     def is_main_process(self) -> bool:
-        return self.state.process_index == 0
+        return self.state.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
-        return self.state.local_process_index == 0
+        return self.state.is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
-        return self.state.process_index == self.state.num_processes - 1
+        return self.state.is_last_process
 
     # -- synchronisation ------------------------------------------------------------------
 
@@ -95,45 +70,31 @@ class ProcessMethods:
         Example:
             >>> accelerator.wait_for_everyone()
         """
-        if self.state.num_processes > 1:
-            dist.barrier()
+        self.state.wait_for_everyone()
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Run the block on the main process first, then on the others (e.g. a download).
 
         Example:
             >>> with accelerator.main_process_first():
             ...     dataset = load_or_build_cache()
         """
-        with self._first(self.is_main_process):
-            yield
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Like ``main_process_first`` but per node."""
-        with self._first(self.is_local_main_process):
-            yield
+        return self.state.local_main_process_first()
 
-    @contextlib.contextmanager
-    def _first(self, leader: bool) -> Iterator[None]:
-        if not leader:
-            self.wait_for_everyone()
-        yield
-        if leader:
-            self.wait_for_everyone()
-
-    @contextlib.contextmanager
     def split_between_processes(
         self, inputs: Sequence[Any] | Mapping[str, Any] | torch.Tensor, apply_padding: bool = False
-    ) -> Iterator[Any]:
+    ) -> contextlib.AbstractContextManager[Any]:
         """Give each process a contiguous share of a list, tensor or dict of them.
 
         Example:
             >>> with accelerator.split_between_processes(["a", "b", "c"]) as mine:
             ...     results = [work(item) for item in mine]
         """
-        yield _split(inputs, self.state.process_index, self.state.num_processes, apply_padding)
+        return self.state.split_between_processes(inputs, apply_padding)
 
     def on_main_process(self, function: F) -> F:
         """Decorator: run ``function`` only on the main process (None elsewhere).
@@ -142,15 +103,15 @@ class ProcessMethods:
             >>> @accelerator.on_main_process
             ... def report(): print("done")
         """
-        return _only_if(lambda: self.is_main_process, function)
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: F) -> F:
         """Decorator: run ``function`` only on each node's main process."""
-        return _only_if(lambda: self.is_local_main_process, function)
+        return self.state.on_local_main_process(function)
 
     def on_last_process(self, function: F) -> F:
         """Decorator: run ``function`` only on the last process."""
-        return _only_if(lambda: self.is_last_process, function)
+        return self.state.on_last_process(function)
 
     def on_process(self, function: F | None = None, process_index: int = 0) -> Any:
         """Decorator: run ``function`` only on ``process_index``.
@@ -159,9 +120,11 @@ class ProcessMethods:
             >>> @accelerator.on_process(process_index=1)
             ... def report(): ...
         """
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return _only_if(lambda: self.state.process_index == process_index, function)
+        return self.state.on_process(function, process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int = 0) -> Any:
+        """Decorator: run ``function`` only on ``local_process_index`` of each node."""
+        return self.state.on_local_process(function, local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only.
@@ -169,8 +132,7 @@ class ProcessMethods:
         Example:
             >>> accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
         """
-        if self.is_local_main_process:
-            builtins.print(*args, **kwargs)
+        self.state.print(*args, **kwargs)
 
     def save(self, obj: Any, f: str | os.PathLike[str]) -> None:
         """``torch.save`` on the main process only, atomically (no half-written file).
@@ -212,7 +174,7 @@ class ProcessMethods:
         return operations.recursively_apply(lambda tensor: tensor[:remainder], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sum (``"sum"``) or average (``"mean"``) tensors over all processes.
+        """Reduce tensors over all processes: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
 
         Example:
             >>> total = accelerator.reduce(correct, "sum")

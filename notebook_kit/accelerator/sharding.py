@@ -99,11 +99,16 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return full_rounds + (self.process_index < extra)
 
     def __iter__(self) -> Iterator[list[int]]:
-        shards = self._iter_split() if self.split_batches else self._iter_whole()
-        return itertools.islice(shards, self.start, None)
+        rank = self.process_index
+        mine = (shards[rank] for shards in self.rounds() if rank < len(shards))
+        return itertools.islice(mine, self.start, None)
 
-    def _iter_whole(self) -> Iterator[list[int]]:
-        size, rank = self.num_processes, self.process_index
+    def rounds(self) -> Iterator[list[list[int]]]:
+        """Every process's batch of each round, in rank order (the last round may be short)."""
+        return self._split_rounds() if self.split_batches else self._whole_rounds()
+
+    def _whole_rounds(self) -> Iterator[list[list[int]]]:
+        size = self.num_processes
         first_batches: list[list[int]] = []
         pending: list[list[int]] = []
         for batch in self.batch_sampler:
@@ -111,19 +116,18 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 first_batches.append(list(batch))
             pending.append(list(batch))
             if len(pending) == size and (self.batch_size is None or len(batch) == self.batch_size):
-                yield pending[rank]
+                yield pending
                 pending = []
         if not pending or self.drop_last:
             return
         if not self.even_batches:
-            if rank < len(pending):
-                yield pending[rank]
+            yield pending
             return
-        yield from self._complete_round(pending, first_batches)
+        yield self._complete_round(pending, first_batches)
 
     def _complete_round(
         self, pending: list[list[int]], first_batches: list[list[int]]
-    ) -> Iterator[list[int]]:
+    ) -> list[list[int]]:
         """Fill the last round from the start of the epoch so every process gets a batch."""
         if self.batch_size is None:  # custom batch sampler: wrap whole batches
             wrapped = itertools.cycle(first_batches)
@@ -134,23 +138,20 @@ class ShardedBatchSampler(Sampler[list[int]]):
             pending[-1] += [next(source) for _ in range(self.batch_size - len(pending[-1]))]
             while len(pending) < self.num_processes:
                 pending.append([next(source) for _ in range(self.batch_size)])
-        yield pending[self.process_index]
+        return pending
 
-    def _iter_split(self) -> Iterator[list[int]]:
+    def _split_rounds(self) -> Iterator[list[list[int]]]:
         assert self.batch_size is not None  # checked in __init__
         piece = self.batch_size // self.num_processes
-        begin, end = piece * self.process_index, piece * (self.process_index + 1)
         first: list[int] = []
         for batch in self.batch_sampler:
             batch = list(batch)
             first = first or batch
-            if len(batch) < self.batch_size and not self.drop_last:
-                if self.even_batches:
-                    source = itertools.cycle(first)
-                    batch += [next(source) for _ in range(self.batch_size - len(batch))]
-                elif len(batch) <= begin:
-                    return
-            yield batch[begin:end]
+            if len(batch) < self.batch_size and not self.drop_last and self.even_batches:
+                source = itertools.cycle(first)
+                batch += [next(source) for _ in range(self.batch_size - len(batch))]
+            starts = range(0, piece * self.num_processes, piece)
+            yield [batch[begin : begin + piece] for begin in starts if begin < len(batch)]
 
 
 class IterableDatasetShard(IterableDataset):
@@ -177,19 +178,24 @@ class IterableDatasetShard(IterableDataset):
         self.tail = -1
 
     def __iter__(self) -> Iterator[Any]:
+        for chunk in self.chunks():
+            yield from chunk[self.begin : self.begin + self.piece]
+
+    def chunks(self) -> Iterator[list[Any]]:
+        """The stream in chunks of ``batch_size * num_processes`` items (one per round)."""
         self.tail = -1
         first: list[Any] = []
         chunk: list[Any] = []
         for item in self.dataset:
             chunk.append(item)
             if len(chunk) == self.chunk:
-                yield from chunk[self.begin : self.begin + self.piece]
+                yield chunk
                 first = first or chunk
                 chunk = []
         if chunk and not self.drop_last:
             self.tail = len(chunk)
             source = itertools.cycle(first or list(chunk))
             chunk += [next(source) for _ in range(self.chunk - len(chunk))]
-            yield from chunk[self.begin : self.begin + self.piece]
+            yield chunk
         else:
             self.tail = 0

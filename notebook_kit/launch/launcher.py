@@ -19,6 +19,7 @@ from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
 from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
 from notebook_kit.launch.warmup import start_warmup
 from notebook_kit.live.display import default_observer
@@ -53,6 +54,12 @@ def notebook_launcher(
     isolate: bool = False,
     config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
+    rdzv_backend: str | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_conf: Mapping[str, Any] | None = None,
+    rdzv_id: str | None = None,
+    monitor_interval: float | None = None,
+    log_line_prefix_template: str | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
     result.
@@ -92,6 +99,11 @@ def notebook_launcher(
             fork (``num_processes=1`` otherwise runs here, where ``%debug`` works).
         config: A ``LaunchConfig`` (e.g. ``ConfigPanel().config``) for the settings not given.
         observer: Receives worker output and messages instead of the default display.
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, monitor_interval,
+            log_line_prefix_template: Accelerate's torch-elastic arguments, accepted: the
+            endpoint gives ``master_addr``/``use_port``, ``rdzv_conf["timeout"]`` the
+            ``rendezvous_timeout``; what has no meaning here is said in
+            :mod:`notebook_kit.launch.rendezvous_options`.
 
     Returns:
         What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
@@ -206,6 +218,7 @@ def _resolve(
 
     Explicit arguments win over ``config``, which wins over the saved default.
     """
+    options = translate_rendezvous_options(options)
     extra = set(options) - {"function", "args", "kwargs", "observer"}
     unknown = extra - set(_OPTIONS)
     if unknown:  # before the function checks, as always

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["get_rng_states", "set_rng_states", "set_seed"]
+__all__ = ["get_rng_states", "set_rng_states", "set_seed", "synchronize_rng_states"]
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -80,3 +80,37 @@ def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _from_rank_zero(state: torch.Tensor) -> torch.Tensor:
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:
+    """Give every process rank 0's state of the named generators (no-op on one process).
+
+    Args:
+        rng_types: Any of ``"torch"`` (the global CPU generator), ``"cuda"`` (the current
+            GPU's, when CUDA is in use) and ``"generator"`` (``generator``).
+        generator: The generator ``"generator"`` refers to.
+
+    Example:
+        >>> synchronize_rng_states(["torch"])  # every rank now draws the same numbers
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for kind in rng_types:
+        kind = str(getattr(kind, "value", kind))
+        if kind == "torch":
+            torch.set_rng_state(_from_rank_zero(torch.get_rng_state()))
+        elif kind == "cuda":
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.set_rng_state(_from_rank_zero(torch.cuda.get_rng_state()))
+        elif kind == "generator":
+            if generator is None:
+                raise ValueError('synchronize_rng_states(["generator"]) needs generator=.')
+            generator.set_state(_from_rank_zero(generator.get_state()))
+        else:
+            raise ValueError(f"rng_types may hold 'torch', 'cuda' and 'generator'; got {kind!r}.")

@@ -10,7 +10,6 @@ import pytest
 
 from tests.browser.lab import LabNotebook
 from tests.browser.server import LabServer
-from tests.browser.test_live_training import _PROGRESS_WIDTHS, _RECORD_IMAGES, _images_while_running
 
 pytestmark = [
     pytest.mark.browser,
@@ -28,23 +27,38 @@ RUNGS = {
 }
 
 
-def test_each_rung_draws_its_plot_and_bar_live(page: Any, lab_server: LabServer) -> None:
+# For each watched cell, the distinct newest steps its live plot drew (``data-last-x``).
+_RECORD_PLOT_ENDS = """(cells) => {
+    window.nkPlotEnds = cells.map(() => []);
+    const sample = () => cells.forEach((cell, i) => {
+        const plot = cell.querySelector('.nk-plot');
+        const last = plot && plot.dataset.lastX !== undefined ? Number(plot.dataset.lastX) : null;
+        const seen = window.nkPlotEnds[i];
+        if (last !== null && seen[seen.length - 1] !== last) seen.push(last);
+    });
+    window.nkPlotTimer = setInterval(sample, 100);
+}"""
+
+
+def test_each_rung_draws_its_plot_live_and_ends_with_a_summary(
+    page: Any, lab_server: LabServer
+) -> None:
     notebook = LabNotebook.open(page, lab_server, NOTEBOOK)
     launches = {rung: notebook.find_cell(snippet) for rung, snippet in RUNGS.items()}
-    notebook.panel.evaluate(_RECORD_IMAGES)
+    cells = [notebook.cell(index).element_handle() for index in launches.values()]
+    page.evaluate(_RECORD_PLOT_ENDS, cells)
     notebook.run_all()
     notebook.wait_for_all(timeout=300)
 
     assert notebook.errors() == {}, f"cells with errors: {notebook.errors()}"
-    for rung, index in launches.items():
+    plot_ends = page.evaluate("() => window.nkPlotEnds")
+    for (rung, index), ends in zip(launches.items(), plot_ends, strict=True):
         cell = notebook.cell(index)
-        drawn = _images_while_running(page, index)
-        assert drawn >= 2, f"{rung}: the plot was drawn {drawn} times while the cell ran"
+        assert len(ends) >= 2, f"{rung}: the live plot moved only through {ends}"
+        assert cell.locator(".nk-live").count() == 0, f"{rung}: the live view made way"
+        summary = cell.locator(".nk-summary").inner_text()
+        assert summary.startswith("✓ Finished in"), f"{rung}: {summary}"
         assert cell.locator(".jp-RenderedImage img").count() == 1, f"{rung}: one final plot"
-        widths = cell.element_handle().evaluate(_PROGRESS_WIDTHS)
-        assert widths == ["100%"], f"{rung}: progress bar widths {widths}"
-        assert cell.locator("button.nk-stop").count() == 1, rung
-        assert "Finished in" in cell.locator(".nk-live").inner_text(), rung
         shown = notebook.output_text(index)
         accuracy = re.search(rf"{rung}: test accuracy (\d+\.\d)%", shown)
         assert accuracy and float(accuracy.group(1)) >= 85.0, shown

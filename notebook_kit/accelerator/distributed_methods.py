@@ -1,0 +1,204 @@
+"""The Accelerator's view of the job and its DDP controls (a mixin, no state of its own).
+
+Rank, device, accumulation progress, ``distributed_type`` and the data loader settings read as
+on Accelerate's Accelerator;
+``join_uneven_inputs`` and ``trigger_sync_in_backward`` steer DistributedDataParallel. Unlike
+Accelerate, joining uneven inputs works on CPU processes (gloo) as well as on GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+
+from notebook_kit.accelerator.partial_state import DistributedType
+from notebook_kit.accelerator.sharding import ShardedBatchSampler
+
+if TYPE_CHECKING:
+    from notebook_kit.accelerator.configuration import DataLoaderConfiguration
+    from notebook_kit.accelerator.data_loader import PreparedDataLoader
+    from notebook_kit.accelerator.optimizer import AcceleratedOptimizer, GradientState
+    from notebook_kit.accelerator.partial_state import AcceleratorState
+
+__all__ = ["DistributedMethods"]
+
+_DDP_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+class DistributedMethods:
+    """Properties and DDP context managers; needs ``state``, ``gradient_state``, the config."""
+
+    state: AcceleratorState
+    gradient_state: GradientState
+    dataloader_config: DataLoaderConfiguration
+    _dataloaders: list[PreparedDataLoader]
+    _optimizers: list[AcceleratedOptimizer]
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.num_processes > 1
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @property
+    def step(self) -> int:
+        """Micro-steps since gradients were last synced."""
+        return self.gradient_state.step
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when fp16 loss scaling skipped the last optimizer step (inf/nan gradients)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """``DistributedType.NO``, ``MULTI_CPU`` or ``MULTI_GPU``.
+
+        Example:
+            >>> if accelerator.distributed_type == DistributedType.MULTI_GPU: ...
+        """
+        return self.state.distributed_type
+
+    @property
+    def multi_device(self) -> bool:
+        """True when several processes train with DistributedDataParallel."""
+        return self.state.num_processes > 1 and self.distributed_type in _DDP_TYPES
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"even_batches must be True or False, got {value!r}.")
+        self.dataloader_config.even_batches = value
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Always effectively True: every prepared loader resumes mid-epoch."""
+        return self.dataloader_config.use_stateful_dataloader
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let processes with fewer batches finish while the others still train (DDP Join).
+
+        ``even_batches`` overrides the setting of every prepared map-style DataLoader inside the
+        block; without ``even_batches=False`` every process has the same number of batches and
+        the join is not needed.
+
+        Example:
+            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+            ...     for batch in loader:
+            ...         accelerator.backward(loss_fn(model(batch)))
+        """
+        if not self.multi_device:
+            if self.distributed_type != DistributedType.NO:
+                warnings.warn(
+                    "Joining uneven inputs is only supported for multi-GPU and multi-CPU "
+                    "(DistributedDataParallel) training; join_uneven_inputs has no effect here.",
+                    stacklevel=3,
+                )
+            yield
+            return
+        restore = self._override_even_batches(even_batches)
+        effective = self.even_batches if even_batches is None else even_batches
+        try:
+            with Join(list(joinables), enable=not effective, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in restore:
+                sampler.even_batches = value
+
+    def _override_even_batches(self, even_batches: bool | None) -> list[tuple[Any, bool]]:
+        if even_batches is None:
+            return []
+        restore, iterable_seen = [], False
+        for loader in self._dataloaders:
+            sampler = loader.batch_sampler
+            if not isinstance(sampler, ShardedBatchSampler):
+                iterable_seen = True
+                continue
+            restore.append((sampler, sampler.even_batches))
+            sampler.even_batches = even_batches
+        if iterable_seen:
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets; the "
+                "DataLoaders over an IterableDataset keep their setting.",
+                stacklevel=4,
+            )
+        return restore
+
+    @staticmethod
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(model: nn.Module) -> Iterator[None]:
+        """Make the next backward all-reduce gradients after forwards run under ``no_sync``.
+
+        Example:
+            >>> with accelerator.no_sync(model):
+            ...     losses = [loss_fn(model(x)) for x in micro_batches]
+            >>> for loss in losses[:-1]:
+            ...     accelerator.backward(loss)
+            >>> with accelerator.trigger_sync_in_backward(model):
+            ...     accelerator.backward(losses[-1])
+        """
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        # A forward under no_sync left DDP's reducer unprepared; preparing it now makes the
+        # coming backward reduce every bucket.
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved

@@ -1,0 +1,248 @@
+"""A DataLoader sharded for one process, that knows its epoch and position.
+
+``prepare_data_loader`` (:mod:`notebook_kit.accelerator.data_loader`) rebuilds the user's
+DataLoader around a sharded batch sampler (or a sharded iterable), so user code needs no
+DistributedSampler. The prepared loader counts the
+batches it hands out: that tells the Accelerator when the last batch of an epoch is running
+(gradients must sync there; ``gather_for_metrics`` must drop wrapped samples there) and lets
+``save_state`` record where to resume. Map-style data needs no read-ahead for this, so the
+random state seen by a training step is the same whether or not the run was resumed.
+Shuffled data keeps Accelerate's order (see :mod:`notebook_kit.accelerator.samplers`).
+
+Limits of resuming: an IterableDataset is re-read up to the saved position (its own random
+draws are not replayed), and the random state inside DataLoader worker processes
+(``num_workers > 0``) is not part of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from notebook_kit.accelerator.dispatch import dispatched_batches
+from notebook_kit.accelerator.operations import send_to_device
+from notebook_kit.accelerator.optimizer import GradientState
+from notebook_kit.accelerator.samplers import ShuffleSampler
+from notebook_kit.accelerator.sharding import IterableDatasetShard, ShardedBatchSampler
+from notebook_kit.runtime import progress
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.seeding import synchronize_rng_states
+
+__all__ = ["DispatchPlan", "PreparedDataLoader"]
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """How this process gets its batches when only the main process reads the data."""
+
+    process_index: int
+    num_processes: int
+    options: dict[str, Any]
+    batched_indices: bool = False  # the DataLoader's sampler yields whole batches
+
+
+class PreparedDataLoader:
+    """The process's shard of a DataLoader; iterate it like the original.
+
+    Attributes:
+        epoch: Passes completed (seeds the shared shuffle of the next pass).
+        position: Batches handed out in the current pass.
+        end_of_dataloader: True while the last batch of a pass is being used.
+        remainder: Real samples in the last round of gathered batches (-1: no wrap-around).
+
+    Example:
+        >>> train_dl = accelerator.prepare(DataLoader(dataset, batch_size=16, shuffle=True))
+        >>> for epoch in range(3):
+        ...     for inputs, targets in train_dl:
+        ...         ...
+    """
+
+    def __init__(
+        self,
+        original: DataLoader,
+        inner: DataLoader,
+        gradient_state: GradientState,
+        device: torch.device | None,
+        *,
+        sharded: ShardedBatchSampler | None = None,
+        remainder: int = -1,
+        shuffle: ShuffleSampler | None = None,
+        rng_types: tuple[str, ...] = ("generator",),
+        non_blocking: bool = False,
+        dispatch: DispatchPlan | None = None,
+    ) -> None:
+        self.base_dataloader = original
+        self._inner = inner
+        self._sharded = sharded
+        self._gradient_state = gradient_state
+        self._device = device
+        self._shuffle = shuffle
+        self._rng_types = rng_types
+        self._non_blocking = non_blocking
+        self._dispatch = dispatch
+        self._resume_at = 0
+        self._remainder = remainder
+        self.remainder = remainder
+        self.epoch = 0
+        self.position = 0
+        self.end_of_dataloader = False
+
+    @property
+    def dataset(self) -> Any:
+        return self.base_dataloader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.base_dataloader.batch_size
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The sharded batch sampler (``even_batches``, ``batch_sampler``: the original)."""
+        return self._sharded if self._sharded is not None else self._inner.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self._sharded) if self._sharded is not None else len(self._inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose shuffle the next pass uses."""
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: epoch, batches handed out in it, what its shuffle came from."""
+        state: dict[str, Any] = {"epoch": self.epoch, "position": self.position}
+        if self._shuffle is not None:
+            state.update(self._shuffle.state_dict(mid_pass=self.position > 0))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass continue where ``state`` was taken."""
+        self.epoch = int(state["epoch"])
+        self.position = self._resume_at = int(state["position"])
+        if self._shuffle is not None:
+            self._shuffle.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self._resume_at = self._resume_at, 0
+        return self.iterate_from(start)
+
+    def iterate_from(self, start: int) -> Iterator[Any]:
+        """One pass of the current epoch that begins at batch ``start`` of this process."""
+        self._begin_pass(resuming=start > 0)
+        sampler = self._sharded
+        if sampler is not None:  # skipping happens on indices: no skipped sample is loaded
+            sampler.start = start
+            self.remainder = self._remainder if sampler.even_batches else -1
+        self.position = start
+        self.end_of_dataloader = False
+        self._gradient_state.begin(self)
+        try:
+            launch = current_launch()
+            batches = self._batches(start)
+            if sampler is not None:  # iterables have no length to report
+                progress.report_epoch_length(launch, len(self), self)
+            moving = self._device is not None and self._device.type != "cpu"
+            for batch in batches:
+                progress.advance(launch, 1, self)  # an integer add on rank 0, nothing elsewhere
+                yield send_to_device(batch, self._device, self._non_blocking) if moving else batch
+        finally:
+            if sampler is not None:
+                sampler.start = 0
+            self._gradient_state.end(self)
+
+    def _begin_pass(self, resuming: bool) -> None:
+        """Agree on the pass's random sources, as Accelerate does at the start of every pass.
+
+        A resumed pass restores them from the checkpoint instead of agreeing again.
+        """
+        if self._shuffle is not None:
+            self._shuffle.begin_pass(self.epoch, resuming, "generator" in self._rng_types)
+        if not resuming:
+            synchronize_rng_states([kind for kind in self._rng_types if kind != "generator"])
+
+    def _batches(self, start: int) -> Iterator[Any]:
+        if self._dispatch is not None:
+            return self._dispatched(start)
+        if self._sharded is None:
+            return self._read_ahead(start)
+        return self._counted(self._start_pass(resuming=start > 0))
+
+    def _start_pass(self, resuming: bool) -> Iterator[Any]:
+        """``iter()`` of the inner loader, which draws a worker seed from torch's global RNG.
+
+        The uninterrupted run drew it at the start of the epoch, before the checkpoint's RNG
+        state was captured; a resumed pass must not draw it a second time.
+        """
+        if not resuming:
+            return iter(self._inner)
+        state = torch.get_rng_state()
+        batches = iter(self._inner)
+        torch.set_rng_state(state)
+        return batches
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        total = len(self)
+        for batch in batches:
+            self.position += 1
+            self._mark(last=self.position >= total)
+            yield batch
+
+    def _dispatched(self, start: int) -> Iterator[Any]:
+        plan = self._dispatch
+        assert plan is not None
+        shard = self._inner.dataset
+        received = dispatched_batches(
+            process_index=plan.process_index,
+            num_processes=plan.num_processes,
+            start=start,
+            sampler=self._sharded,
+            shard=shard if isinstance(shard, IterableDatasetShard) else None,
+            dataset=self.dataset,
+            options=plan.options,
+            batched_indices=plan.batched_indices,
+        )
+        for batch, last, remainder in received:
+            if self._sharded is None and last:
+                self.remainder = remainder if remainder > 0 else -1
+            self.position += 1
+            self._mark(last=last)
+            yield batch
+        if self.position == start:  # an empty pass still ends the epoch
+            self._mark(last=True)
+
+    def _read_ahead(self, start: int) -> Iterator[Any]:
+        """Iterables have no length: hold one batch back to know which one is last."""
+        batches = iter(self._inner)
+        for _ in itertools.islice(batches, start):
+            self.position += 1
+        current = next(batches, _END)
+        while current is not _END:
+            following = next(batches, _END)
+            if following is _END:
+                shard = self._inner.dataset
+                tail = shard.tail if isinstance(shard, IterableDatasetShard) else -1
+                self.remainder = tail if tail > 0 else -1
+            self.position += 1
+            self._mark(last=following is _END)
+            yield current
+            current = following
+        if self.position == start:  # an empty pass still ends the epoch
+            self._mark(last=True)
+
+    def _mark(self, last: bool) -> None:
+        self.end_of_dataloader = last
+        if last:  # the pass is complete even if the loop breaks on this batch
+            self.epoch += 1
+            self.position = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "base_dataloader":
+            raise AttributeError(name)
+        return getattr(self.base_dataloader, name)
+
+
+_END = object()

@@ -1,0 +1,72 @@
+"""Accelerate's own test functions, run unchanged against notebook_kit (names rebound only).
+
+Every public-API test function in ``accelerate/test_utils/scripts/`` (test_sync, test_ops,
+test_distributed_data_loop, test_script, test_notebook) runs with our ``Accelerator``,
+collectives, ``set_seed``, ``notebook_launcher``, ... bound in place of Accelerate's, on 1 process
+and on 2 forked processes (see ``tests/accelerate_parity_cases.py`` for each call and for the
+tests left out, with the reason). Ours must pass every test Accelerate 1.15.0 passes on CPU; the
+record of what Accelerate passes is itself checked against Accelerate.
+
+``python -m tests.accelerate_parity_runner`` prints the pass counts of both.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip(
+    "accelerate", reason="runs Accelerate's shipped test scripts; install the bench extra"
+)
+
+from tests.accelerate_parity_cases import (
+    ACCELERATE_FAILS,
+    ACCELERATE_FLAKY,
+    CASES,
+    OURS_FAILS,
+    OUT_OF_SCOPE,
+    bindings,
+)
+from tests.accelerate_parity_runner import Case, run_case
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _params() -> list:
+    params = []
+    for case in CASES:
+        for processes in case.processes:
+            marks = []
+            if case.id in OUT_OF_SCOPE:
+                marks.append(pytest.mark.skip(reason=f"out of scope: {OUT_OF_SCOPE[case.id]}"))
+            params.append(pytest.param(case, processes, id=f"{case.id}[{processes}p]", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize(("case", "processes"), _params())
+def test_ours_passes(case: Case, processes: int):
+    known = OURS_FAILS.get((case.id, processes))
+    outcome = run_case(case, "ours", processes, bindings("ours"))
+    if known is not None:
+        assert outcome.status == "fail", f"passes now: remove it from OURS_FAILS ({known})"
+        pytest.xfail(known)
+    accelerate_fails = ACCELERATE_FAILS.get((case.id, processes))
+    note = f" (Accelerate fails it too: {accelerate_fails})" if accelerate_fails else ""
+    assert outcome.status == "pass", f"{outcome.detail}{note}"
+
+
+@pytest.mark.parametrize(("case", "processes"), _params())
+def test_record_of_what_accelerate_passes(case: Case, processes: int):
+    """Accelerate passes exactly the cases not listed in ACCELERATE_FAILS."""
+    outcome = run_case(case, "accelerate", processes, bindings("accelerate"), timeout=120)
+    if (case.id, processes) in ACCELERATE_FLAKY:
+        pytest.skip(f"{outcome.status} this time; {ACCELERATE_FLAKY[case.id, processes]}")
+    expected = "fail" if (case.id, processes) in ACCELERATE_FAILS else "pass"
+    assert outcome.status == expected, outcome.detail
+
+
+def test_every_listed_case_exists():
+    ids = {case.id for case in CASES}
+    pairs = (*ACCELERATE_FAILS, *ACCELERATE_FLAKY, *OURS_FAILS)
+    listed = set(OUT_OF_SCOPE) | {name for name, _ in pairs}
+    assert listed <= ids, listed - ids
+    assert len(ids) == len(CASES), "case ids are unique"

@@ -270,3 +270,11 @@ def test_a_group_left_out_of_step_is_found_and_the_workers_restarted(
     assert message.startswith("Rank 0 of 2 failed: ValueError: on both")
     assert "out of step" in message and own_pool.pids == []
     assert own_pool.run(_rank_and_scale, 1) == 3.0  # a fresh group, in step
+
+
+def test_push_sends_the_value_again_even_when_the_workers_hold_it(pool: WorkerPool) -> None:
+    values = torch.zeros(3)
+    pool.push(values=values)
+    values += 1  # changed in place in the kernel: the same object
+    pool.push(values=values)
+    assert pool.run_cell("values.tolist()") == [1.0, 1.0, 1.0]

@@ -213,7 +213,8 @@ class WorkerPool:
             if not name.isidentifier():
                 raise ValueError(f"push names must be Python identifiers, got {name!r}.")
         if values:
-            body = self._shipping.dumps({"values": values}, "pool.push", limit=False)
+            request = {"values": values}
+            body = self._shipping.dumps(request, "pool.push", limit=False, by_name=False)
             self._execute("push", body, [], "push", text=True, record=False)
             for name, value in values.items():
                 self._shipping.remember(name, value)

@@ -132,9 +132,15 @@ class Shipping:
             todo.extend(names_used_by(value))  # held or not: what it uses may have changed
         return shipped
 
-    def dumps(self, request: dict[str, Any], what: str, *, limit: bool = True) -> bytes:
-        """Pickle ``request`` for the workers; ``what`` names the request in errors."""
-        refs = self._references()
+    def dumps(
+        self, request: dict[str, Any], what: str, *, limit: bool = True, by_name: bool = True
+    ) -> bytes:
+        """Pickle ``request`` for the workers; ``what`` names the request in errors.
+
+        ``limit=False``: no size limit; ``by_name=False``: everything by value (a push means
+        "send this", even an object the workers already hold).
+        """
+        refs = self._references() if by_name else {}
         send_limit = self.send_limit if limit else None
         buffer = io.BytesIO()
         try:

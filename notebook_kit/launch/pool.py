@@ -28,18 +28,20 @@ from notebook_kit.launch.pool_results import (
     PoolRunError,
     decode_value,
     failures_of,
+    run_summary,
 )
 from notebook_kit.launch.pool_shipping import (
     DEFAULT_SEND_LIMIT,
     Shipping,
     code_names,
+    hidden_names,
     names_used_by,
     stored_names,
 )
 from notebook_kit.launch.pool_view import RunView, prepare_live_view
 from notebook_kit.launch.pool_workers import Ending, PoolProcesses, RunOutcome
 from notebook_kit.launch.preflight import check_fork_safety
-from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
+from notebook_kit.live.observer import LaunchInfo
 from notebook_kit.runtime.context import StopFlag
 
 __all__ = ["WorkerPool"]
@@ -119,7 +121,7 @@ class WorkerPool:
         check_fork_safety(self.plan.kernel)
         prepare_live_view(self.plan.live)
         main = sys.modules["__main__"].__dict__
-        self._shipping = Shipping(main, _hidden_names(), send_limit)
+        self._shipping = Shipping(main, hidden_names(), send_limit)
         self._stop_flag = StopFlag()
         self._holder = _Holder()
         self._generation = 0
@@ -298,7 +300,9 @@ class WorkerPool:
             self._stop(raised.reason if isinstance(raised, Ending) else "interrupted")
         finally:
             processes.relay.view = None
-            view.on_finish(self._summary(outcome, error, processes, started))
+            codes = {w.rank: w.exit_code for w in processes.supervisor.workers}
+            stopped = self._stop_flag.is_set()
+            view.on_finish(run_summary(outcome, error, codes, started, stopped))
         for name, value in (shipped or {}).items():
             self._shipping.remember(name, value)
         self._raise_for(outcome, error)
@@ -338,29 +342,6 @@ class WorkerPool:
             self._stop_flag,
         )  # fmt: skip
 
-    def _summary(
-        self,
-        outcome: RunOutcome,
-        error: BaseException | None,
-        processes: PoolProcesses,
-        started: float,
-    ) -> LaunchSummary:
-        duration = time.monotonic() - started
-        codes = {w.rank: w.exit_code for w in processes.supervisor.workers}
-        ranks = tuple(
-            RankSummary(rank, _exit_code(outcome.answers.get(rank), codes.get(rank)), duration)
-            for rank in range(self.num_processes)
-        )
-        return LaunchSummary(
-            ranks=ranks,
-            duration=duration,
-            failures=tuple(failures_of(outcome.answers)),
-            timed_out=outcome.timed_out,
-            interrupted=outcome.interrupted or isinstance(error, KeyboardInterrupt),
-            stopped=self._stop_flag.is_set(),
-            error=error,
-        )
-
     # -- the workers' lifetime -----------------------------------------------------------
 
     def _check_usable(self) -> None:
@@ -397,22 +378,3 @@ class WorkerPool:
         self._stopped_because = reason
         if processes is not None:
             processes.kill()
-
-
-def _exit_code(answer: dict[str, Any] | None, exit_code: int | None) -> int | None:
-    if exit_code is not None:
-        return exit_code
-    if answer is None:
-        return None
-    return 0 if answer["status"] == "ok" else 1
-
-
-def _hidden_names() -> set[str]:
-    """Names IPython puts in the user namespace for itself (``In``, ``Out``, ``exit``...)."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        return set()
-    return set(getattr(shell, "user_ns_hidden", {})) if shell is not None else set()

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import pickle
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.live.observer import LaunchSummary, RankSummary
 
-__all__ = ["PoolRunError", "ShownText", "decode_value", "failures_of"]
+if TYPE_CHECKING:
+    from notebook_kit.launch.pool_workers import RunOutcome
+
+__all__ = ["PoolRunError", "ShownText", "decode_value", "failures_of", "run_summary"]
 
 STILL_RUNNING = (
     "The pool's workers are still running, with everything defined on them: fix the cause "
@@ -110,3 +115,39 @@ def decode_value(payload: dict[str, Any], rank: int, *, for_display: bool) -> An
             f"{error}): it needs something only the workers have. Return plain data, or "
             f"import or define what it needs in the kernel too."
         ) from error
+
+
+def run_summary(
+    outcome: RunOutcome,
+    error: BaseException | None,
+    exit_codes: dict[int, int | None],
+    started: float,
+    stopped: bool,
+) -> LaunchSummary:
+    """How one pool run ended, for its view and ``last_run()``.
+
+    A rank's "exit code" is 0 when it answered, 1 when it raised, its real exit code when it
+    died, None when it was still running.
+    """
+    duration = time.monotonic() - started
+    ranks = tuple(
+        RankSummary(rank, _exit_code(outcome.answers.get(rank), code), duration)
+        for rank, code in sorted(exit_codes.items())
+    )
+    return LaunchSummary(
+        ranks=ranks,
+        duration=duration,
+        failures=tuple(failures_of(outcome.answers)),
+        timed_out=outcome.timed_out,
+        interrupted=outcome.interrupted or isinstance(error, KeyboardInterrupt),
+        stopped=stopped,
+        error=error,
+    )
+
+
+def _exit_code(answer: dict[str, Any] | None, exit_code: int | None) -> int | None:
+    if exit_code is not None:
+        return exit_code
+    if answer is None:
+        return None
+    return 0 if answer["status"] == "ok" else 1

@@ -42,6 +42,7 @@ __all__ = [
     "SendTooLargeError",
     "Shipping",
     "code_names",
+    "hidden_names",
     "names_used_by",
     "stored_names",
 ]
@@ -309,3 +310,14 @@ def _size(size: int) -> str:
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
     return f"{size} bytes"
+
+
+def hidden_names() -> set[str]:
+    """Names IPython puts in the user namespace for itself (``In``, ``Out``, ``exit``...)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return set()
+    return set(getattr(shell, "user_ns_hidden", {})) if shell is not None else set()

@@ -27,7 +27,7 @@ from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
 
-__all__ = ["notebook_launcher", "notebook_launcher_async"]
+__all__ = ["notebook_launcher", "notebook_launcher_async", "resolve_plan"]
 
 start_warmup()  # from the import cell on, workers' one-time imports are paid here, once
 integrations.register()  # every launch turns on the Trainer and Accelerate integrations
@@ -222,27 +222,48 @@ def _resolve(
     Explicit arguments win over ``config``, which wins over the saved default.
     """
     options = translate_rendezvous_options(options)
-    unknown = set(options) - set(_OPTIONS) - {"function", "args", "kwargs", "observer"}
-    if unknown:
-        raise TypeError(
-            f"notebook_launcher got unexpected arguments {sorted(unknown)}; "
-            f"valid options are {', '.join(_OPTIONS)}."
-        )
+    extra = set(options) - {"function", "args", "kwargs", "observer"}
+    unknown = extra - set(_OPTIONS)
+    if unknown:  # before the function checks, as always
+        resolve_plan({name: options[name] for name in unknown}, "notebook_launcher")
     function = arguments.check_function(function)
     args, kwargs = arguments.check_args(args, kwargs)
+    plan = resolve_plan({name: options[name] for name in extra}, "notebook_launcher")
+    return (function, args, kwargs), plan
+
+
+def resolve_plan(
+    options: Mapping[str, Any], caller: str, *, isolate: bool | None = None
+) -> LaunchPlan:
+    """The plan for ``options`` (the launcher's keyword arguments), checked before any fork.
+
+    ``caller`` names the API in the error for an unknown option; ``isolate`` overrides the
+    option of that name (a worker pool always forks, even for one process).
+
+    Example:
+        >>> resolve_plan({"num_processes": 2}, "WorkerPool").world_size
+        2
+    """
+    unknown = set(options) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"{caller} got unexpected arguments {sorted(unknown)}; "
+            f"valid options are {', '.join(_OPTIONS)}."
+        )
     config = options.get("config")
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
     explicit = {name: options.get(name) for name in _SETTINGS}
     explicit["master_port"] = options.get("use_port")
     settings = resolve_launch_config(config, **check_explicit_settings(explicit))
-    plan = make_plan(
+    if isolate is None:
+        isolate = arguments.check_bool("isolate", options.get("isolate", False))
+    return make_plan(
         settings,
         timeout=options.get("timeout"),
         rendezvous_timeout=options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT),
-        isolate=arguments.check_bool("isolate", options.get("isolate", False)),
+        isolate=isolate,
     )
-    return (function, args, kwargs), plan
 
 
 # -- N processes: fork and supervise -----------------------------------------------------------

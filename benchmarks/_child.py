@@ -8,6 +8,7 @@ the benchmark interrupts this process and records what it raised as ``caught``.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -17,6 +18,10 @@ from benchmarks._workloads import Task
 
 
 def main(mode: str, tool_name: str, run_dir: str) -> int:
+    # A kernel raises KeyboardInterrupt on SIGINT. Started from a process that ignores it
+    # (``nohup``, some CI runners) Python would keep ignoring it, and the interrupt
+    # measurements would time the wrong thing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tool = TOOLS[tool_name]
     tool.load()  # the import cell: not part of the launch
     if mode == "first":

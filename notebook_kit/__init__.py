@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from notebook_kit.errors import PortInUseError, WorkerError
     from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
     from notebook_kit.launch.panel import ConfigPanel
+    from notebook_kit.launch.pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import log, progress, should_stop
@@ -80,6 +81,7 @@ __all__ = [
     "ProjectConfiguration",
     "RunRecord",
     "WorkerError",
+    "WorkerPool",
     "broadcast",
     "broadcast_object_list",
     "environment",
@@ -125,6 +127,7 @@ _LAZY: dict[str, str] = {
     "ProjectConfiguration": "accelerator.configuration",
     "RunRecord": "live.record",
     "WorkerError": "errors",
+    "WorkerPool": "launch.pool",
     "broadcast": "accelerator.operations",
     "broadcast_object_list": "accelerator.operations",
     "gather": "accelerator.operations",
@@ -143,6 +146,13 @@ _LAZY: dict[str, str] = {
     "skip_first_batches": "accelerator.data_loader",
     "synchronize_rng_states": "runtime.seeding",
 }
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext notebook_kit``: adds the ``%%distributed`` cell magic (``launch/magic.py``)."""
+    from notebook_kit.launch.magic import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,24 +1,41 @@
-"""Shared fixtures: an isolated saved default, and no process left behind by a test."""
+"""Shared fixtures: an isolated saved default, Ctrl-C that always interrupts, and no process
+left behind by a test."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-
-def _children() -> list[psutil.Process]:
-    return [child for child in psutil.Process().children(recursive=True) if _alive(child)]
+from tests.processes import child_subreaper, descendants, kill_and_reap
 
 
-def _alive(process: psutil.Process) -> bool:
+def _describe(process: psutil.Process) -> str:
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        with process.oneshot():
+            status, name = process.status(), process.name()
+        if status == psutil.STATUS_ZOMBIE:
+            return f"zombie {name}"
+        return f"{status} {' '.join(process.cmdline())[:80]}"
+    except psutil.Error:
+        return "gone"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def interrupts_raise_keyboard_interrupt():
+    """Ctrl-C raises KeyboardInterrupt in tests, however this process was started.
+
+    Started with SIGINT ignored (``nohup cmd &``, some CI runners), Python keeps it ignored,
+    and so would every process the tests start: the interrupt tests would wait in vain.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -36,16 +53,24 @@ def isolated_saved_config(tmp_path_factory):
 
 @pytest.fixture
 def no_leftover_processes():
-    """Fail the test if it leaves a child process (zombie or alive) behind."""
-    before = {child.pid for child in _children()}
-    yield
-    deadline = time.monotonic() + 2.0
-    while True:
-        left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not left, f"processes left behind: {[(c.pid, c.status()) for c in left]}"
+    """Fail the test if a process it started (zombie or alive) is still there afterwards.
+
+    The census follows re-parented processes: for the test's duration this process is a child
+    subreaper, so a grandchild whose parent died is adopted here instead of by init, and is
+    seen. Whatever is left is killed and reaped after the census.
+    """
+    before = {child.pid for child in descendants()}
+    with child_subreaper():
+        yield
+        deadline = time.monotonic() + 2.0
+        while True:
+            left = [child for child in descendants() if child.pid not in before]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        described = [(child.pid, _describe(child)) for child in left]
+        kill_and_reap(left)
+    assert not left, f"processes left behind: {described}"
 
 
 @pytest.fixture

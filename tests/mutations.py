@@ -38,11 +38,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a worker's own child processes are stopped with it",
         (
             Edit(
-                "launch/supervisor.py",
-                """        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.pid, signal.SIGKILL)
+                "worker/guardian.py",
+                """            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):""",
-                """        with contextlib.suppress(ChildProcessError):""",
+                """            pass
+        with contextlib.suppress(ChildProcessError):""",
+            ),
+            Edit(
+                "worker/guardian.py",
+                """            for pid in descendants(os.getpid()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+""",
+                "",
             ),
         ),
         (f"{_PROMISES}test_the_grandchildren_of_a_failed_worker_are_stopped",),
@@ -225,9 +234,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "worker output reaches the cell as whole lines, per rank",
         (
             Edit(
-                "launch/supervisor.py",
-                '*lines, self.pending = (self.pending + chunk).split(b"\\n")',
-                'lines, self.pending = (self.pending + chunk).splitlines(), b""',
+                "launch/line_reader.py",
+                "    def _feed(self, chunk: bytes, emit: Emit) -> None:\n",
+                "    def _feed(self, chunk: bytes, emit: Emit) -> None:\n"
+                "        for line in chunk.splitlines():  # each read as it came\n"
+                "            self._emit(line, emit)\n"
+                "        return\n",
             ),
         ),
         (f"{_PROMISES}test_warnings_and_c_level_writes_reach_the_cell_as_whole_lines_per_rank",),
@@ -262,10 +274,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/forking.py",
-                "    port = listener.getsockname()[1] if listener else plan.port\n",
-                "    port = listener.getsockname()[1] if listener else plan.port\n"
+                "    listener_fd = listener.fileno() if listener is not None else None\n",
                 "    if listener is not None:\n"
-                "        listener.close()  # chosen now, bound again by rank 0 after the fork\n",
+                "        listener.close()  # chosen now, bound again by rank 0 after the fork\n"
+                "    listener_fd = None\n",
+            ),
+            Edit(
+                "worker/rendezvous.py",
+                "    if spec.listen_fd is not None:\n        return dist.TCPStore(",
+                "    if spec.rank == 0:\n        return dist.TCPStore(",
             ),
             Edit("worker/rendezvous.py", "            master_listen_fd=spec.listen_fd,\n", ""),
         ),
@@ -320,13 +337,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_accelerator.py::test_fp16_path_uses_a_grad_scaler_and_keeps_the_loss_finite",),
     ),
     Mutation(
-        "sigkill-never-sent",
-        "a worker that ignores SIGTERM is killed (SIGTERM, then SIGKILL)",
+        "sigkill-late",
+        "a worker that ignores SIGTERM is killed after a short grace (SIGTERM, then SIGKILL)",
         (
             Edit(
-                "launch/supervisor.py",
-                "        _signal_alive(self.workers, signal.SIGKILL)\n",
-                "",
+                "worker/guardian.py",
+                "TERMINATE_GRACE_SECONDS = 0.5",
+                "TERMINATE_GRACE_SECONDS = 3.0",
             ),
         ),
         (f"{_PROMISES}test_a_worker_ignoring_sigterm_is_killed_after_the_grace",),

@@ -1,13 +1,21 @@
-"""Starting processes in tests: the ``notebook-kit launch`` command, free ports, environments."""
+"""Processes in tests: the ``notebook-kit launch`` command, free ports, environments, and a
+census of every descendant, re-parented orphans included."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import socket
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import psutil
+
 CLI = [sys.executable, "-m", "notebook_kit", "launch"]
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def free_port() -> int:
@@ -32,3 +40,34 @@ def kernel_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
+
+
+@contextlib.contextmanager
+def child_subreaper() -> Iterator[None]:
+    """Make this process adopt its orphaned descendants (Linux) while the block runs.
+
+    Without it a grandchild whose parent died is re-parented to init and no longer looks
+    like ours; with it, ``descendants()`` still finds it.
+    """
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_CHILD_SUBREAPER, 0)
+
+
+def descendants() -> list[psutil.Process]:
+    """Every process below this one, zombies included."""
+    return psutil.Process().children(recursive=True)
+
+
+def kill_and_reap(processes: Iterable[psutil.Process]) -> None:
+    """SIGKILL ``processes`` and reap those that are (now) children of this process."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGKILL)
+    for process in processes:
+        with contextlib.suppress(ChildProcessError, psutil.Error):
+            if process.ppid() == os.getpid():
+                os.waitpid(process.pid, 0)

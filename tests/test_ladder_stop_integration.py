@@ -8,6 +8,7 @@ once the progress bar has moved. Each run must then return normally (no error in
 from __future__ import annotations
 
 import importlib.util
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,9 +54,21 @@ class _ClickWhenMoving(_Clicker):
             super().__call__(message)  # remembers the button (clicks only after a while)
             return
         value = content.get("data", {}).get("state", {}).get("value")
-        moving = isinstance(value, float) and value >= self.steps  # the bar, not its text
-        if moving and self.button is not None and self.clicked_at is None:
+        if (
+            _steps_shown(value) >= self.steps
+            and self.button is not None
+            and self.clicked_at is None
+        ):
             self.click()
+
+
+def _steps_shown(value: Any) -> int:
+    """Steps a progress update shows: the bar's value, or the count in its text beside it
+    ("41% · 41/100 · …" with a total, "30 steps · …" without one)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    found = re.search(r"(?:^|· )(\d+)(?:/\d+| steps?\b)", value) if isinstance(value, str) else None
+    return int(found.group(1)) if found else 0
 
 
 @pytest.fixture(scope="module")

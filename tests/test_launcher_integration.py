@@ -153,6 +153,29 @@ def test_rank_dying_without_exception_while_others_wait(how, expected, tmp_path)
     assert expected in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("sys.exit", "Rank 1 of 2 failed: called sys.exit(0) while rank 0 still needed it"),
+        ("return", "Rank 1 of 2 failed: returned while rank 0 still needed it"),
+    ],
+)
+def test_rank_leaving_early_is_blamed_not_the_rank_waiting_for_it(how, expected):
+    def leave_early():
+        if dist.get_rank() == 1:
+            if how == "sys.exit":
+                sys.exit(0)
+            return None
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins: rank 0 loses its peer
+        return "unreachable"
+
+    for _ in range(3):
+        with pytest.raises(WorkerError) as caught:
+            notebook_launcher(leave_early, num_processes=2, rendezvous_timeout=10)
+        assert caught.value.rank == 1, str(caught.value)
+        assert str(caught.value).startswith(expected)
+
+
 def test_timeout_stops_a_hanging_run():
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"timeout=0\.5"):

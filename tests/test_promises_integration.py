@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from notebook_kit import Accelerator, WorkerError, notebook_launcher
-from notebook_kit.launch import forking
 from notebook_kit.live.headless import HeadlessObserver
+from notebook_kit.worker import guardian
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -171,7 +171,7 @@ def test_the_grandchildren_of_a_failed_worker_are_stopped(tmp_path):
 
 def test_the_port_cannot_be_taken_between_binding_and_forking(tmp_path, monkeypatch):
     """Each worker, first thing after the fork, tries to take the chosen port for itself."""
-    run_worker = forking.run_worker
+    run_worker = guardian.run_worker
 
     def squat_then_run(function, args, kwargs, spec, *rest):
         squatter = socket.socket()
@@ -184,7 +184,7 @@ def test_the_port_cannot_be_taken_between_binding_and_forking(tmp_path, monkeypa
         (tmp_path / f"rank{spec.rank}").write_text(outcome)
         run_worker(function, args, kwargs, spec, *rest)
 
-    monkeypatch.setattr(forking, "run_worker", squat_then_run)
+    monkeypatch.setattr(guardian, "run_worker", squat_then_run)
     assert notebook_launcher(lambda: dist.get_world_size(), num_processes=2, timeout=60) == 2
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["refused", "refused"]
 

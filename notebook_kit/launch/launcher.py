@@ -17,16 +17,17 @@ from notebook_kit.integrations import activation as integrations
 from notebook_kit.launch.forking import fork_workers, open_listener
 from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
 from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
+from notebook_kit.launch.interrupts import interrupts_survive_forks
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
 from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
-from notebook_kit.launch.warmup import start_warmup, wait_for_warmup
+from notebook_kit.launch.warmup import start_warmup
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
 
-__all__ = ["notebook_launcher", "notebook_launcher_async"]
+__all__ = ["notebook_launcher", "notebook_launcher_async", "resolve_plan"]
 
 start_warmup()  # from the import cell on, workers' one-time imports are paid here, once
 integrations.register()  # every launch turns on the Trainer and Accelerate integrations
@@ -121,7 +122,8 @@ def notebook_launcher(
         >>> notebook_launcher(train, args=(0.1,), num_processes=2)
         0.2
     """
-    call, plan = _resolve(function, args, kwargs, locals())
+    with interrupts_survive_forks():  # the kernel probe may fork
+        call, plan = _resolve(function, args, kwargs, locals())
     observer = observer or default_observer(plan.live)
     if plan.in_process or torchrun_place():
         return run_in_process(call, plan, observer)
@@ -155,7 +157,8 @@ async def notebook_launcher_async(
     """
     observer = options.pop("observer", None)
     kwargs = options.pop("kwargs", None)
-    call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
+    with interrupts_survive_forks():  # the kernel probe may fork
+        call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
     observer = observer or default_observer(plan.live)
     if plan.in_process or torchrun_place():
         return run_in_process(call, plan, observer)
@@ -219,27 +222,48 @@ def _resolve(
     Explicit arguments win over ``config``, which wins over the saved default.
     """
     options = translate_rendezvous_options(options)
-    unknown = set(options) - set(_OPTIONS) - {"function", "args", "kwargs", "observer"}
-    if unknown:
-        raise TypeError(
-            f"notebook_launcher got unexpected arguments {sorted(unknown)}; "
-            f"valid options are {', '.join(_OPTIONS)}."
-        )
+    extra = set(options) - {"function", "args", "kwargs", "observer"}
+    unknown = extra - set(_OPTIONS)
+    if unknown:  # before the function checks, as always
+        resolve_plan({name: options[name] for name in unknown}, "notebook_launcher")
     function = arguments.check_function(function)
     args, kwargs = arguments.check_args(args, kwargs)
+    plan = resolve_plan({name: options[name] for name in extra}, "notebook_launcher")
+    return (function, args, kwargs), plan
+
+
+def resolve_plan(
+    options: Mapping[str, Any], caller: str, *, isolate: bool | None = None
+) -> LaunchPlan:
+    """The plan for ``options`` (the launcher's keyword arguments), checked before any fork.
+
+    ``caller`` names the API in the error for an unknown option; ``isolate`` overrides the
+    option of that name (a worker pool always forks, even for one process).
+
+    Example:
+        >>> resolve_plan({"num_processes": 2}, "WorkerPool").world_size
+        2
+    """
+    unknown = set(options) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"{caller} got unexpected arguments {sorted(unknown)}; "
+            f"valid options are {', '.join(_OPTIONS)}."
+        )
     config = options.get("config")
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
     explicit = {name: options.get(name) for name in _SETTINGS}
     explicit["master_port"] = options.get("use_port")
     settings = resolve_launch_config(config, **check_explicit_settings(explicit))
-    plan = make_plan(
+    if isolate is None:
+        isolate = arguments.check_bool("isolate", options.get("isolate", False))
+    return make_plan(
         settings,
         timeout=options.get("timeout"),
         rendezvous_timeout=options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT),
-        isolate=arguments.check_bool("isolate", options.get("isolate", False)),
+        isolate=isolate,
     )
-    return (function, args, kwargs), plan
 
 
 # -- N processes: fork and supervise -----------------------------------------------------------
@@ -266,11 +290,14 @@ class _ForkedLaunch:
         self._started: float | None = None  # set once the observer has been told
 
     def start(self) -> None:
-        """Tell the observer, fork every worker."""
-        # The fork waits for the warm-up imports anyway (an at-fork hook), but Ctrl-C during
-        # a wait inside os.fork is swallowed: wait here, where it interrupts the launch.
-        wait_for_warmup()
-        with open_listener(self.plan) or contextlib.nullcontext() as listener:
+        """Tell the observer, fork every worker.
+
+        Ctrl-C is held until the guardian is known, so nothing forked escapes the cleanup.
+        """
+        with (
+            interrupts_deferred(),
+            open_listener(self.plan) or contextlib.nullcontext() as listener,
+        ):
             ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
             info = LaunchInfo(
                 self.plan.banner(),
@@ -281,7 +308,7 @@ class _ForkedLaunch:
             )
             self.observer.on_start(info)
             self._started = time.monotonic()
-            fork_workers(
+            self.supervisor.guardian = fork_workers(
                 self.call,
                 self.plan,
                 listener,
@@ -311,8 +338,12 @@ class _ForkedLaunch:
         with interrupts_deferred():
             self.supervisor.shutdown()
         outcome = self.supervisor.outcome()
-        if self._started is not None:
-            self.observer.on_finish(self._summary(outcome, error, self._started))
+        try:
+            if self._started is not None:
+                self.observer.on_finish(self._summary(outcome, error, self._started))
+        finally:
+            with interrupts_deferred():
+                self.supervisor.release()  # the guardian's exit overlapped with on_finish
         self.stop_flag.close()
         if error is not None:
             raise error

@@ -1,8 +1,10 @@
 """The kernel's side of a launch: watch the workers, relay their output, stop them.
 
-One loop waits on every worker's pipes and exit at once (``multiprocessing.connection.wait``),
-so a large result is read while it is being written, output appears as it is printed, and a
-dead rank is noticed within one wake-up. Nothing here sleeps on a fixed schedule.
+One loop waits on every worker's pipes and the guardian's reports at once
+(``multiprocessing.connection.wait``), so a large result is read while it is being written,
+output appears as it is printed, and a dead rank is noticed within one wake-up. Nothing here
+sleeps on a fixed schedule. The guardian (:mod:`notebook_kit.launch.guardian_link`) is the
+workers' parent: it reports their exits and, at the end, stops them and all they started.
 """
 
 from __future__ import annotations
@@ -12,56 +14,29 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Callable, Iterator
+import warnings
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, describe_exit
-from notebook_kit.live.observer import LaunchObserver, RankSummary, Stream
+from notebook_kit.launch.guardian_link import GuardianLink
+from notebook_kit.launch.interrupts import interrupts_deferred
+from notebook_kit.launch.line_reader import LineReader
+from notebook_kit.live.observer import LaunchObserver, RankSummary
+from notebook_kit.worker.guardian import EXITED, NOT_STARTED, STARTED, TERMINATE_GRACE_SECONDS
+
+__all__ = ["LaunchOutcome", "Supervisor", "WorkerProcess", "interrupts_deferred"]
 
 # After the first failure, collect the others' reports this long before picking a culprit.
 _FAILURE_SETTLE_SECONDS = 0.1
 _SECONDARY_SETTLE_SECONDS = 1.0
 _STOP_EXIT_CODES = (-int(signal.SIGTERM), -int(signal.SIGKILL))
-# How long a worker gets between SIGTERM and SIGKILL.
-_TERMINATE_GRACE_SECONDS = 0.5
 # Longest sleep of the loop: bounds how late a timeout or an observer tick can be.
 _TICK_SECONDS = 0.25
-
-
-@dataclass
-class LineReader:
-    """Reassembles whole lines from one worker's output pipe."""
-
-    fd: int
-    rank: int
-    stream: Stream
-    pending: bytes = b""
-    closed: bool = False
-
-    def read(self, emit: Callable[[int, Stream, str], None]) -> None:
-        """Read what is available without blocking and emit every complete line."""
-        while not self.closed:
-            try:
-                chunk = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self.close(emit)
-                return
-            *lines, self.pending = (self.pending + chunk).split(b"\n")
-            for line in lines:
-                emit(self.rank, self.stream, line.decode("utf-8", "backslashreplace"))
-
-    def close(self, emit: Callable[[int, Stream, str], None]) -> None:
-        if self.closed:
-            return
-        if self.pending:
-            emit(self.rank, self.stream, self.pending.decode("utf-8", "backslashreplace"))
-            self.pending = b""
-        self.closed = True
-        os.close(self.fd)
+# How long the guardian may take to stop everything before it is killed itself (a process
+# stuck in the kernel, state D, cannot die sooner).
+_GUARDIAN_STOP_LIMIT = TERMINATE_GRACE_SECONDS + 10.0
 
 
 @dataclass
@@ -69,15 +44,15 @@ class WorkerProcess:
     """The kernel's handle on one forked worker."""
 
     rank: int
-    pid: int
+    pid: int  # 0 until the guardian reports the fork
     stdout: LineReader
     stderr: LineReader
     messages: Connection
     started: float = field(default_factory=time.monotonic)
-    pidfd: int | None = None
     exit_code: int | None = None
     ended: float | None = None
     reported: bool = False  # sent its result (rank 0) or "done"
+    finished: tuple[str, float] | None = None  # how and when its function ended
     error: dict[str, Any] | None = None
 
     @property
@@ -88,8 +63,6 @@ class WorkerProcess:
         objects: list[Any] = [r.fd for r in (self.stdout, self.stderr) if not r.closed]
         if not self.messages.closed:
             objects.append(self.messages)
-        if self.alive and self.pidfd is not None:
-            objects.append(self.pidfd)
         return objects
 
 
@@ -108,11 +81,13 @@ class Supervisor:
     def __init__(self, workers: list[WorkerProcess], observer: LaunchObserver) -> None:
         self.workers = workers
         self.observer = observer
+        self.guardian: GuardianLink | None = None
         self.result: dict[str, Any] | None = None
         self.failures: list[WorkerFailure] = []
         self.timed_out = False
         self._deadline: float | None = None
         self._stopping = False  # exits from here on are ours, not failures
+        self._guardian_deadline = 0.0
 
     def start_clock(self, timeout: float | None) -> None:
         self._deadline = None if timeout is None else time.monotonic() + timeout
@@ -146,7 +121,10 @@ class Supervisor:
 
     def waitables(self) -> list[Any]:
         """Every descriptor and connection the loop waits on."""
-        return [obj for worker in self.workers for obj in worker.waitables()]
+        objects = [obj for worker in self.workers for obj in worker.waitables()]
+        if self.guardian is not None and not self.guardian.closed:
+            objects.append(self.guardian.status_fd)
+        return objects
 
     def serve(self, ready: list[Any]) -> None:
         """Handle what a wait returned, then let the observer refresh."""
@@ -163,29 +141,46 @@ class Supervisor:
         """What the launch came to; called after ``shutdown``, which drained every pipe."""
         if self.timed_out:
             return LaunchOutcome(None, [], timed_out=True)
-        return LaunchOutcome(self.result, self.failures)
+        return LaunchOutcome(self.result, self.failures + self._early_leavers())
 
     def shutdown(self) -> None:
-        """Stop every worker still alive (SIGTERM, then SIGKILL), reap all, close pipes."""
+        """Have the guardian stop every worker and all they started, then close the pipes."""
         self._stopping = True
-        _signal_alive(self.workers, signal.SIGTERM)
-        deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
-        while any(w.alive for w in self.workers) and time.monotonic() < deadline:
-            for worker in self.workers:
-                self._poll_exit(worker)
-            time.sleep(0.005)
-        _signal_alive(self.workers, signal.SIGKILL)
-        for worker in self.workers:
-            if worker.alive:
-                self._reap(worker, block=True)
+        if self.guardian is not None:
+            self._stop_guardian(self.guardian)
         self._drain_all()
         for worker in self.workers:
+            if worker.alive:  # the guardian never reported it: it is gone with the guardian
+                self._on_exit(worker, -int(signal.SIGKILL), time.monotonic())
             worker.messages.close()
             for reader in (worker.stdout, worker.stderr):
                 reader.close(self.observer.on_output)
-            if worker.pidfd is not None:
-                os.close(worker.pidfd)
-                worker.pidfd = None
+
+    def release(self) -> None:
+        """Reap the guardian, which swept everything below it before ``shutdown`` returned.
+
+        Kept apart from ``shutdown`` so the guardian's exit (unmapping a copy of the kernel's
+        memory takes milliseconds) overlaps with what the kernel does meanwhile.
+        """
+        guardian = self.guardian
+        if guardian is None or guardian.released:
+            return
+        if not guardian.release(1.0 + max(0.0, self._guardian_deadline - time.monotonic())):
+            warnings.warn(
+                f"The launch's guardian (pid {guardian.pid}) could not stop every process "
+                f"within {_GUARDIAN_STOP_LIMIT:g} s and was killed; a process stuck in the "
+                f"operating system (state D) may be left.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _stop_guardian(self, guardian: GuardianLink) -> None:
+        """Ask for the stop, keep relaying output and exits until the guardian has swept."""
+        guardian.request_stop()
+        self._guardian_deadline = time.monotonic() + _GUARDIAN_STOP_LIMIT
+        while not guardian.closed and (left := self._guardian_deadline - time.monotonic()) > 0:
+            self._serve(wait(self.waitables(), min(left, _TICK_SECONDS)))
+        self._serve_guardian(guardian)
 
     # -- the loop's steps ----------------------------------------------------------------
 
@@ -197,8 +192,25 @@ class Supervisor:
                     reader.read(self.observer.on_output)
             if not worker.messages.closed and id(worker.messages) in ready_ids:
                 self._receive(worker)
-            if worker.alive and (worker.pidfd is None or worker.pidfd in ready_ids):
-                self._poll_exit(worker)
+        guardian = self.guardian
+        if guardian is not None and not guardian.closed and guardian.status_fd in ready_ids:
+            self._serve_guardian(guardian)
+
+    def _serve_guardian(self, guardian: GuardianLink) -> None:
+        by_rank = {worker.rank: worker for worker in self.workers}
+        for rank, event, value, when in guardian.read_records():
+            worker = by_rank[rank]
+            if event == STARTED:
+                worker.pid = value
+            elif event == EXITED and worker.alive:
+                self._on_exit(worker, value, when)
+            elif event == NOT_STARTED:
+                worker.exit_code, worker.ended = 1, when
+                self.failures.append(_not_started(worker, value, when))
+        if guardian.closed and not self._stopping:
+            for worker in self.workers:  # killed with the guardian (parent-death signal)
+                if worker.alive:
+                    self._on_exit(worker, -int(signal.SIGKILL), time.monotonic())
 
     def _receive(self, worker: WorkerProcess) -> None:
         """Read every message waiting on a worker's connection."""
@@ -210,11 +222,12 @@ class Supervisor:
         worker.messages.close()  # the worker is gone; its exit status tells the rest
 
     def _handle_message(self, worker: WorkerProcess, kind: str, payload: Any) -> None:
-        if kind == "result":
+        if kind in ("result", "done"):
             worker.reported = True
-            self.result = payload
-        elif kind == "done":
-            worker.reported = True
+            if isinstance(payload, dict) and "ended" in payload:
+                worker.finished = (payload["ended"], payload["time"])
+            if kind == "result":
+                self.result = payload
         elif kind == "error":
             worker.error = payload
             self.failures.append(
@@ -230,50 +243,39 @@ class Supervisor:
         else:
             self.observer.on_message(worker.rank, kind, payload)
 
-    def _poll_exit(self, worker: WorkerProcess) -> None:
-        if worker.alive:
-            self._reap(worker, block=False)
-
-    def _reap(self, worker: WorkerProcess, *, block: bool) -> None:
-        """Collect a worker's exit status; sweep its process group first (no orphans)."""
-        flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
-        try:
-            status = os.waitid(os.P_PID, worker.pid, flags)
-        except ChildProcessError:
-            status = None
-        if status is None and not block:
-            return
-        # The zombie still holds its pid, so its group id cannot be reused yet.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(worker.pid, 0)
-        worker.ended = time.monotonic()
-        worker.exit_code = _exit_code(status)
+    def _on_exit(self, worker: WorkerProcess, exit_code: int, when: float) -> None:
+        """A worker's exit, reported by the guardian after it swept the worker's group."""
+        worker.ended = when
+        worker.exit_code = exit_code
         self._drain(worker)
         unexplained = worker.error is None and not (worker.exit_code == 0 and worker.reported)
         stopped_by_us = self._stopping and worker.exit_code in _STOP_EXIT_CODES
         if unexplained and not stopped_by_us:
             self.failures.append(_failure_from_exit(worker))
 
+    def _early_leavers(self) -> list[WorkerFailure]:
+        """Ranks whose function ended while the others still needed them.
+
+        When every failure only says a peer went away and no rank died, the peer that went
+        away is a rank that returned (or called ``sys.exit(0)``) before the failures: it is
+        the cause, not the rank that lost it.
+        """
+        if not self.failures or not all(f.is_secondary for f in self.failures):
+            return []
+        first = min(failure.time for failure in self.failures)
+        leavers = [w for w in self.workers if w.finished is not None and w.finished[1] < first]
+        return [_left_early(worker, self.failures) for worker in leavers]
+
     def _drain(self, worker: WorkerProcess) -> None:
         """Read what a worker left in its pipes (it wrote all of it before exiting)."""
         if not worker.messages.closed:
             self._receive(worker)
         for reader in (worker.stdout, worker.stderr):
-            reader.read(self.observer.on_output)
+            reader.read(self.observer.on_output, budget=None)
 
     def _drain_all(self) -> None:
         for worker in self.workers:
             self._drain(worker)
-
-
-def _exit_code(status: Any) -> int:
-    if status is None:
-        return -int(signal.SIGKILL)
-    if status.si_code == os.CLD_EXITED:
-        return status.si_status
-    return -status.si_status
 
 
 def _failure_from_exit(worker: WorkerProcess) -> WorkerFailure:
@@ -292,31 +294,30 @@ def _failure_from_exit(worker: WorkerProcess) -> WorkerFailure:
     )
 
 
-def _signal_alive(workers: list[WorkerProcess], signum: int) -> None:
-    for worker in workers:
-        if worker.alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(worker.pid, signum)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker.pid, signum)  # in case it has not left the kernel's group yet
+def _not_started(worker: WorkerProcess, error_number: int, when: float) -> WorkerFailure:
+    return WorkerFailure(
+        rank=worker.rank,
+        exit_code=None,
+        exception_type=None,
+        message=f"could not be started: fork failed ({os.strerror(error_number)})",
+        traceback="",
+        time=when,
+    )
 
 
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C while the workers are being cleaned up, then deliver it once.
-
-    The kernel's SIGINT handler is put back as it was before the block ends.
-    """
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-        received: list[int] = []
-        signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    except ValueError:  # not the main thread: nothing to defer
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            raise KeyboardInterrupt
+def _left_early(worker: WorkerProcess, failures: list[WorkerFailure]) -> WorkerFailure:
+    how, when = worker.finished or ("returned", time.monotonic())
+    others = sorted({failure.rank for failure in failures})
+    noun = "rank" if len(others) == 1 else "ranks"
+    return WorkerFailure(
+        rank=worker.rank,
+        exit_code=worker.exit_code,
+        exception_type=None,
+        message=(
+            f"{how} while {noun} {', '.join(map(str, others))} still needed it (in a "
+            f"collective or the process group), so they lost their peer. Have every rank "
+            f"make the same collective calls, and end all ranks together."
+        ),
+        traceback="",
+        time=when,
+    )

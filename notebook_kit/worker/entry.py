@@ -40,11 +40,12 @@ def run_worker(
     spec: WorkerSpec,
     pipes: WorkerPipes,
     stop_flag: StopFlag,
+    parent_pid: int,
 ) -> NoReturn:
-    """Entry point of a forked worker; never returns."""
+    """Entry point of a forked worker (a child of the launch's guardian); never returns."""
     exit_code = 1
     try:
-        _detach_from_kernel(pipes)
+        _detach_from_kernel(pipes, parent_pid)
         send = _message_sender(pipes.messages)
         exit_code = _run(function, args, kwargs, spec, send, stop_flag)
     except BaseException:
@@ -57,10 +58,10 @@ def run_worker(
         os._exit(exit_code)
 
 
-def _detach_from_kernel(pipes: WorkerPipes) -> None:
+def _detach_from_kernel(pipes: WorkerPipes, parent_pid: int) -> None:
     """Leave the kernel's signal handling, output streams and descriptors behind."""
     os.setpgid(0, 0)  # own process group: the launcher can stop this worker and its children
-    _die_with_parent()
+    _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for fd in pipes.inherited_fds:
@@ -69,13 +70,13 @@ def _detach_from_kernel(pipes: WorkerPipes) -> None:
     _redirect_output(pipes.stdout_fd, pipes.stderr_fd)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this worker if the kernel dies, so no orphan keeps training."""
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to kill this worker if the launch's guardian dies, so no orphan keeps training."""
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the kernel died before prctl took effect
+    if os.getppid() != parent_pid:  # the guardian died before prctl took effect
         os._exit(1)
 
 
@@ -143,51 +144,31 @@ def _run(
         stop_flag=stop_flag,
         restart_count=spec.restart_count,
     )
+    store = None
+    ended = "returned"
     try:
         store = join_process_group(spec)
         with active_launch(context):
             try:
-                value = _call_on_fresh_thread(function, args, kwargs, spec.plan.threads)
+                # On this process's main thread (the guardian forked it from a fresh one),
+                # so the function may install signal handlers.
+                value = function(*args, **kwargs)
             finally:
                 context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
-        if exit_request.code in (None, 0):
-            value = None
-        else:
+        if exit_request.code not in (None, 0):
             return _report_exception(send, spec.rank)
+        value, ended = None, f"called sys.exit({exit_request.code!r})"
     except BaseException:
         return _report_exception(send, spec.rank)
-    if not _report_result(send, spec, context, value):
+    if not _report_result(send, spec, context, value, ended):
         return 1
-    leave_process_group(store, spec)
+    try:
+        if store is not None:
+            leave_process_group(store, spec)
+    except BaseException:
+        return _report_exception(send, spec.rank)
     return 0
-
-
-def _call_on_fresh_thread(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], threads: int
-) -> Any:
-    """Run the function on a new thread and return its value or raise its exception.
-
-    GNU OpenMP (torch's CPU thread pool) keeps its pool per thread, and the kernel's main
-    thread may have started one before the fork: its threads do not exist in the child, so a
-    parallel region on the inherited main thread would wait for them forever. A new thread
-    starts a pool of its own.
-    """
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        torch.set_num_threads(threads)
-        try:
-            outcome["value"] = function(*args, **kwargs)
-        except BaseException as error:
-            outcome["error"] = error
-
-    runner = threading.Thread(target=target, name="notebook_kit-function")
-    runner.start()
-    runner.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 def _set_environment(spec: WorkerSpec) -> None:
@@ -236,14 +217,23 @@ def _is_ours(trace: TracebackType) -> bool:
 
 
 def _report_result(
-    send: Callable[[str, Any], None], spec: WorkerSpec, context: LaunchContext, value: Any
+    send: Callable[[str, Any], None],
+    spec: WorkerSpec,
+    context: LaunchContext,
+    value: Any,
+    ended: str,
 ) -> bool:
-    """Each node's local rank 0 sends its value and the trained weights of kernel models home."""
+    """Each node's local rank 0 sends its value and the trained weights of kernel models home.
+
+    Every rank says how and when its function ended, so a rank that left while the others
+    still needed it can be named when they fail for want of it.
+    """
+    finished = {"ended": ended, "time": time.monotonic()}
     if spec.local_rank != 0:
-        send("done", None)
+        send("done", finished)
         return True
     try:
-        payload = {"value": value, "weights": _home_weights(spec, context)}
+        payload = {"value": value, "weights": _home_weights(spec, context), **finished}
         send("result", payload)
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         message = (

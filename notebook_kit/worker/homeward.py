@@ -15,19 +15,31 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["dumps_for_kernel"]
+__all__ = ["dumps_for_kernel", "reduce_on_host"]
+
+
+def reduce_on_host(obj: Any) -> Any:
+    """A pickler's ``reducer_override`` step: a device tensor is reduced as its CPU copy.
+
+    Returns ``NotImplemented`` for everything else, so a pickler can chain it with its own.
+
+    Example:
+        >>> reduce_on_host(1)
+        NotImplemented
+    """
+    if not isinstance(obj, torch.Tensor) or obj.device.type in ("cpu", "meta"):
+        return NotImplemented  # everything else pickles as usual
+    host = obj.detach().cpu()
+    if isinstance(obj, nn.Parameter):
+        host = nn.Parameter(host, requires_grad=obj.requires_grad)
+    elif obj.requires_grad:
+        host.requires_grad_(True)
+    return host.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
 
 class _HostPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        if not isinstance(obj, torch.Tensor) or obj.device.type in ("cpu", "meta"):
-            return NotImplemented  # everything else pickles as usual
-        host = obj.detach().cpu()
-        if isinstance(obj, nn.Parameter):
-            host = nn.Parameter(host, requires_grad=obj.requires_grad)
-        elif obj.requires_grad:
-            host.requires_grad_(True)
-        return host.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return reduce_on_host(obj)
 
 
 def dumps_for_kernel(obj: Any) -> bytes:

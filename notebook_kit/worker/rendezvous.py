@@ -3,11 +3,13 @@
 Rank 0 of node 0 serves a ``TCPStore`` on the socket its kernel bound before forking; every
 other rank connects to it. Before the group is created, all ranks check in on the store, so a
 node that never arrives ends the launch with a clear error after ``rendezvous_timeout``
-instead of hanging for torch's 30-minute default.
+instead of hanging for torch's 30-minute default. Every wait here is bounded by
+``rendezvous_timeout``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -23,26 +25,21 @@ __all__ = [
     "leave_process_group",
 ]
 
-_JOINED_KEY = "notebook_kit/joined"
-_ALL_JOINED_KEY = "notebook_kit/all_joined"
-_READY_KEY = "notebook_kit/ready"
-_ALL_READY_KEY = "notebook_kit/all_ready"
-_FINISHED_KEY = "notebook_kit/finished"
-_ALL_FINISHED_KEY = "notebook_kit/all_finished"
-# The store's host waits this long for slower ranks to finish (the kernel stops it sooner
-# if any rank fails).
-_FINISH_WAIT = timedelta(days=7)
-
 
 class RendezvousTimeout(RuntimeError):
-    """Not every rank of the job joined within the rendezvous timeout."""
+    """Not every rank of the job joined, or finished, within the rendezvous timeout."""
 
 
-def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
-    """Connect to the store, wait for every rank, and initialise the default group."""
-    store = _connect_store(spec)
+def join_process_group(spec: WorkerSpec) -> dist.Store:
+    """Connect to the store, wait for every rank, and initialise the default group.
+
+    Every key, torch's own included, lives under the launch's ``store_prefix``: on one node
+    it is a random secret the kernel handed over through the fork, so another local process
+    that connects to the port cannot touch this launch's keys.
+    """
+    store = dist.PrefixStore(spec.store_prefix, _connect_store(spec))
     if spec.plan.num_nodes > 1:  # on one node the kernel forked every rank and sees any death
-        _wait_for_other_nodes(store, spec)
+        _wait_for_everyone(store, spec, "joined", _not_joined)
     device_id = None
     if spec.plan.backend == "nccl":
         torch.cuda.set_device(spec.local_rank)
@@ -56,36 +53,87 @@ def join_process_group(spec: WorkerSpec) -> dist.TCPStore:
     )
     # A rank's init can return before its peers have finished their handshake with it; had
     # it crashed right away, theirs would fail too. Nobody starts until everybody is ready.
-    _check_in(store, spec, _READY_KEY, _ALL_READY_KEY)
-    store.wait([_ALL_READY_KEY], timedelta(seconds=spec.plan.rendezvous_timeout))
+    _wait_for_everyone(store, spec, "ready", _not_ready)
     return store
 
 
-def _wait_for_other_nodes(store: dist.TCPStore, spec: WorkerSpec) -> None:
-    plan = spec.plan
-    _check_in(store, spec, _JOINED_KEY, _ALL_JOINED_KEY)
-    try:
-        store.wait([_ALL_JOINED_KEY], timedelta(seconds=plan.rendezvous_timeout))
-    except (dist.DistError, RuntimeError) as error:
-        raise RendezvousTimeout(
-            f"Only {store.add(_JOINED_KEY, 0)} of {plan.world_size} processes joined the "
-            f"rendezvous within {plan.rendezvous_timeout:g} s (num_nodes={plan.num_nodes}). "
-            f"Start the launch on every node with the same num_nodes, num_processes, "
-            f"master_addr and use_port."
-        ) from error
-
-
-def leave_process_group(store: dist.TCPStore, spec: WorkerSpec) -> None:
+def leave_process_group(store: dist.Store, spec: WorkerSpec) -> None:
     """Tear the group down; the rank hosting the store stays until every rank is done.
 
     The store lives in that rank's process: leaving early would cut off ranks that are still
-    finishing (even still completing their gloo handshake).
+    finishing (even still completing their gloo handshake). It waits at most
+    ``rendezvous_timeout`` for the last rank.
     """
-    _check_in(store, spec, _FINISHED_KEY, _ALL_FINISHED_KEY)
+    store.set(f"finished/{spec.rank}", "1")
     if spec.listen_fd is not None:
-        store.wait([_ALL_FINISHED_KEY], _FINISH_WAIT)
+        _wait_for_everyone(store, spec, "finished", _not_finished, checked_in=True)
     if dist.is_initialized():  # the function may have destroyed it already
         dist.destroy_process_group()
+
+
+def _wait_for_everyone(
+    store: dist.Store,
+    spec: WorkerSpec,
+    step: str,
+    explain: Callable[[list[int], WorkerSpec], str],
+    *,
+    checked_in: bool = False,
+) -> None:
+    """Check this rank in at ``step`` and wait, at most ``rendezvous_timeout``, for the rest.
+
+    One key per rank, not a shared counter: nothing another rank or process adds can make a
+    count come out wrong and leave everyone waiting.
+    """
+    plan = spec.plan
+    if not checked_in:
+        store.set(f"{step}/{spec.rank}", "1")
+    keys = [f"{step}/{rank}" for rank in range(plan.world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=plan.rendezvous_timeout))
+    except (dist.DistError, RuntimeError) as error:
+        missing = [rank for rank, key in enumerate(keys) if not _has(store, key)]
+        if not missing:  # everyone arrived just as the wait gave up
+            return
+        raise RendezvousTimeout(explain(missing, spec)) from error
+
+
+def _has(store: dist.Store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except (dist.DistError, RuntimeError):
+        return False
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(str(rank) for rank in ranks[:16])
+    return shown + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+
+
+def _not_joined(missing: list[int], spec: WorkerSpec) -> str:
+    plan = spec.plan
+    return (
+        f"Only {plan.world_size - len(missing)} of {plan.world_size} processes joined the "
+        f"rendezvous within {plan.rendezvous_timeout:g} s (num_nodes={plan.num_nodes}; "
+        f"missing ranks {_ranks(missing)}). Start the launch on every node with the same "
+        f"num_nodes, num_processes, master_addr and use_port."
+    )
+
+
+def _not_ready(missing: list[int], spec: WorkerSpec) -> str:
+    return (
+        f"Ranks {_ranks(missing)} did not finish setting up the process group within "
+        f"rendezvous_timeout={spec.plan.rendezvous_timeout:g} s. Raise rendezvous_timeout if "
+        f"the machine is very busy."
+    )
+
+
+def _not_finished(missing: list[int], spec: WorkerSpec) -> str:
+    return (
+        f"Rank {spec.rank} hosts the rendezvous and finished, but ranks {_ranks(missing)} did "
+        f"not finish within rendezvous_timeout={spec.plan.rendezvous_timeout:g} s after it. "
+        f"End the function with accelerator.wait_for_everyone() (or dist.barrier()) so all "
+        f"ranks finish together, or raise rendezvous_timeout."
+    )
 
 
 def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
@@ -112,9 +160,3 @@ def _connect_store(spec: WorkerSpec) -> dist.TCPStore:
             f"Start node 0 (node_rank=0) with the same master_addr, use_port and num_nodes, "
             f"and check that the port is reachable from this node."
         ) from error
-
-
-def _check_in(store: dist.TCPStore, spec: WorkerSpec, counter: str, all_in: str) -> None:
-    """Count this rank in; the last one to arrive announces that everyone has."""
-    if store.add(counter, 1) == spec.plan.world_size:
-        store.set(all_in, "1")

@@ -20,6 +20,9 @@ class WorkerSpec:
     listen_fd: int | None  # set for the rank that serves the store on the kernel's socket
     home_model_ids: frozenset[int]
     restart_count: int
+    # Every store key of the launch lives under it; on one node a secret that only the forked
+    # workers know (never put in the environment, which other processes can read).
+    store_prefix: str = "notebook_kit/"
 
     @property
     def rank(self) -> int:
@@ -33,4 +36,4 @@ class WorkerPipes:
     stdout_fd: int
     stderr_fd: int
     messages: Connection
-    inherited_fds: tuple[int, ...]
+    inherited_fds: tuple[int, ...]  # descriptors of the guardian and other workers: closed

@@ -1,0 +1,113 @@
+"""The ``%%distributed`` cell magic: a notebook cell that runs on every worker of a pool.
+
+Load it with ``%load_ext notebook_kit``. A cell that starts with ``%%distributed`` runs on each
+rank of a :class:`~notebook_kit.launch.pool.WorkerPool`, in that worker's own namespace: names
+it defines are there in the next ``%%distributed`` cell, rank 0's last expression is the cell's
+value, and what the workers print appears grouped by rank. The first such cell starts a default
+pool (and says so); ``-n`` picks its size, ``--pool NAME`` uses a pool of your own instead.
+
+Example:
+    %load_ext notebook_kit
+
+    %%distributed -n 2
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    print("hello from", rank)
+
+    %distributed close        # ends the default pool (the kernel's end does too)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from notebook_kit.errors import WorkerError
+from notebook_kit.launch.pool import WorkerPool
+
+__all__ = ["DistributedMagics", "load_ipython_extension"]
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """``%%distributed`` and ``%distributed``; holds this kernel's default pool."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.default_pool: WorkerPool | None = None
+
+    @magic_arguments()
+    @argument("-n", "--num-processes", type=int, default=None, help="workers of the default pool")
+    @argument("--pool", default=None, help="name of a WorkerPool in the notebook to run on")
+    @argument("action", nargs="?", default=None, help="line form only: 'close' or 'restart'")
+    @line_cell_magic
+    def distributed(self, line: str, cell: str | None = None) -> Any:
+        """Run the cell on every worker of a pool; without a cell, manage the default pool.
+
+        ``%distributed`` shows the pool, ``%distributed -n 4`` (re)starts the default pool
+        with 4 workers, ``%distributed close``/``restart`` ends or restarts it.
+        """
+        options = parse_argstring(self.distributed, line)
+        if cell is None:
+            return self._line(options)
+        if options.action is not None:
+            raise ValueError(
+                f"%%distributed takes options only, got {options.action!r}; "
+                "put the code on the lines below it."
+            )
+        pool = self._pool(options)
+        try:
+            return pool.run_cell(cell)
+        except WorkerError as error:  # its message holds the worker's traceback: enough
+            raise error.with_traceback(None) from None
+        except KeyboardInterrupt:  # the pool has said what became of the workers
+            raise KeyboardInterrupt from None
+
+    def _line(self, options: Any) -> Any:
+        if options.action == "close":
+            if self.default_pool is not None:
+                self.default_pool.close()
+                self.default_pool = None
+            return None
+        if options.action == "restart":
+            self._pool(options).restart()
+            return None
+        if options.action is not None:
+            raise ValueError(f"%distributed knows 'close' and 'restart', got {options.action!r}.")
+        if options.num_processes is not None or self.default_pool is None:
+            self._pool(options)
+        return self.default_pool
+
+    def _pool(self, options: Any) -> WorkerPool:
+        if options.pool is not None:
+            pool = self.shell.user_ns.get(options.pool)
+            if not isinstance(pool, WorkerPool):
+                raise NameError(
+                    f"--pool {options.pool}: no WorkerPool of that name in the notebook; "
+                    f"create one first: {options.pool} = WorkerPool(num_processes=2)."
+                )
+            return pool
+        wanted = options.num_processes
+        pool = self.default_pool
+        if pool is not None and (wanted is None or wanted == pool.num_processes):
+            return pool
+        if pool is not None:
+            pool.close()
+            self.default_pool = None
+            print(f"Closed the default pool of {pool.num_processes} workers.")
+        pool = self.default_pool = WorkerPool(num_processes=wanted)
+        where = pool.plan.banner().removeprefix("Launching ")
+        print(
+            f"Started a pool for %%distributed cells: {where}. What the cells define stays "
+            "on the workers until the kernel ends (`%distributed close` ends it sooner; "
+            "`%%distributed -n N` changes its size).",
+            flush=True,
+        )
+        return pool
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext notebook_kit``: register the ``distributed`` magics with this shell."""
+    ipython.register_magics(DistributedMagics(ipython))

@@ -1,0 +1,153 @@
+"""Turning a pool command's answers into the kernel's result or exception."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import TYPE_CHECKING, Any
+
+from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.live.observer import LaunchSummary, RankSummary
+
+if TYPE_CHECKING:
+    from notebook_kit.launch.pool_workers import RunOutcome
+
+__all__ = ["PoolRunError", "ShownText", "decode_value", "failures_of", "run_summary"]
+
+STILL_RUNNING = (
+    "The pool's workers are still running, with everything defined on them: fix the cause "
+    "and run again."
+)
+
+
+class PoolRunError(WorkerError):
+    """A pool run failed on some rank; the message names it and holds its traceback.
+
+    ``aftermath`` says what became of the workers (still running, or stopped and restarted at
+    the next run). Catch :class:`~notebook_kit.errors.WorkerError` to handle either kind.
+
+    Example:
+        >>> try:
+        ...     pool.run(train)
+        ... except WorkerError as error:
+        ...     print(error.rank, error.failure.exception_type)
+    """
+
+    def __init__(self, failures: list[WorkerFailure], world_size: int, aftermath: str) -> None:
+        self.aftermath = aftermath
+        super().__init__(failures, world_size)
+        if len(failures) > 1 and len({(f.exception_type, f.message) for f in failures}) == 1:
+            self.failures = sorted(failures, key=lambda failure: failure.rank)
+            self.failure = self.failures[0]  # the same error everywhere: show rank 0's
+            self.args = (self._format(),)
+
+    def _format(self) -> str:
+        root = self.failure
+        lines = [f"Rank {root.rank} of {self.world_size} failed: {root.summary()}"]
+        others = self.failures[1:]
+        alike = all(
+            (f.exception_type, f.message) == (root.exception_type, root.message) for f in others
+        )
+        if others and alike:
+            noun = "Rank" if len(others) == 1 else "Ranks"
+            lines.append(f"{noun} {', '.join(str(f.rank) for f in others)} failed the same way.")
+        elif others:
+            lines += [f"Rank {f.rank} failed too: {f.summary()}" for f in others]
+        lines.append(self.aftermath)
+        if root.traceback:
+            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        return "\n".join(lines)
+
+
+def failures_of(answers: dict[int, dict[str, Any]]) -> list[WorkerFailure]:
+    """The ranks whose answer is an error, as failures."""
+    failures = []
+    for rank, answer in sorted(answers.items()):
+        if answer["status"] == "error":
+            error = answer["error"]
+            failures.append(
+                WorkerFailure(
+                    rank=rank,
+                    exit_code=None,
+                    exception_type=error["type"],
+                    message=error["message"],
+                    traceback=error["traceback"],
+                    time=error["time"],
+                )
+            )
+    return failures
+
+
+class ShownText:
+    """Shows a text as a value's representation (a value the kernel could not rebuild)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def decode_value(payload: dict[str, Any], rank: int, *, for_display: bool) -> Any:
+    """Rebuild a rank's value in the kernel.
+
+    Args:
+        payload: What the rank answered.
+        rank: Its rank, for the error message.
+        for_display: A cell's result: when it cannot be rebuilt here, show its text instead.
+    """
+    if "repr" in payload:
+        if for_display:
+            return ShownText(payload["repr"])
+        raise TypeError(
+            f"Rank {rank}'s value cannot be pickled back to the kernel "
+            f"({payload['unpicklable']}); it is {payload['repr'][:200]}. Return plain data, "
+            f"tensors or a state_dict, or keep it on the workers and use it by name."
+        )
+    data = payload.get("value")
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception as error:
+        raise TypeError(
+            f"Rank {rank}'s value could not be rebuilt in the kernel ({type(error).__name__}: "
+            f"{error}): it needs something only the workers have. Return plain data, or "
+            f"import or define what it needs in the kernel too."
+        ) from error
+
+
+def run_summary(
+    outcome: RunOutcome,
+    error: BaseException | None,
+    exit_codes: dict[int, int | None],
+    started: float,
+    stopped: bool,
+) -> LaunchSummary:
+    """How one pool run ended, for its view and ``last_run()``.
+
+    A rank's "exit code" is 0 when it answered, 1 when it raised, its real exit code when it
+    died, None when it was still running.
+    """
+    duration = time.monotonic() - started
+    ranks = tuple(
+        RankSummary(rank, _exit_code(outcome.answers.get(rank), code), duration)
+        for rank, code in sorted(exit_codes.items())
+    )
+    return LaunchSummary(
+        ranks=ranks,
+        duration=duration,
+        failures=tuple(failures_of(outcome.answers)),
+        timed_out=outcome.timed_out,
+        interrupted=outcome.interrupted or isinstance(error, KeyboardInterrupt),
+        stopped=stopped,
+        error=error,
+    )
+
+
+def _exit_code(answer: dict[str, Any] | None, exit_code: int | None) -> int | None:
+    if exit_code is not None:
+        return exit_code
+    if answer is None:
+        return None
+    return 0 if answer["status"] == "ok" else 1

@@ -1,0 +1,173 @@
+"""What the kernel shows of one pool run: text grouped by rank, the live view when it lasts.
+
+A cell on a warm pool often takes a few milliseconds, far less than drawing the live view's
+widgets, so the live view (the launcher's own observer: Stop button, progress bar, plot) is only
+opened once a run has lasted :data:`LIVE_AFTER` seconds, and is then given everything that
+arrived before. A run too short for it is still recorded for ``last_run()``.
+
+Worker lines are printed as cell text, grouped by rank under a ``[rank N]`` heading, for
+``%%distributed`` cells (``text=True``); for ``pool.run`` they go to the live view's tabs as in
+a launch, and are printed grouped at the end only when no live view was opened.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Any
+
+from notebook_kit.launch.supervisor import interrupts_deferred
+from notebook_kit.live.display import default_observer, notebook_front_end
+from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, Stream
+from notebook_kit.live.record import RunRecorder
+
+__all__ = ["LIVE_AFTER", "GroupedText", "RunView", "prepare_live_view"]
+
+
+def prepare_live_view(live: bool | None) -> None:
+    """Import the live view's modules now (seconds, the first time), not during a run.
+
+    Example:
+        >>> prepare_live_view(None)  # in a notebook: ipywidgets and matplotlib are loaded
+    """
+    if live is not False and notebook_front_end():
+        import notebook_kit.live.notebook_view  # noqa: F401
+
+
+LIVE_AFTER = 0.5  # seconds a run lasts before its live view opens
+_TEXT_SECONDS = 0.25  # between two printings of worker lines during a run
+
+
+class GroupedText:
+    """Prints worker lines grouped by rank, each group under a ``[rank N]`` heading.
+
+    Lines are collected and printed at each :meth:`flush` (the launcher's tick), every rank's
+    lines together, so output of ranks printing at once never interleaves line by line.
+
+    Example:
+        >>> text = GroupedText(); text.add(1, "stdout", "b"); text.add(0, "stdout", "a")
+        >>> text.flush()
+        [rank 0]
+        a
+        [rank 1]
+        b
+    """
+
+    def __init__(self, streams: tuple[Stream, ...] = ("stdout", "stderr")) -> None:
+        self.streams = streams
+        self._lines: dict[tuple[int, Stream], list[str]] = {}
+        self._last: dict[str, int] = {}  # per stream: a notebook shows each as one block
+
+    def add(self, rank: int, stream: Stream, line: str) -> None:
+        if stream in self.streams:
+            self._lines.setdefault((rank, stream), []).append(_last_segment(line))
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        lines, self._lines = self._lines, {}
+        for stream in ("stdout", "stderr"):
+            text = []
+            for (rank, kind), group in sorted(lines.items()):
+                if kind != stream:
+                    continue
+                if self._last.get(stream) != rank:
+                    text.append(f"[rank {rank}]")
+                    self._last[stream] = rank
+                text.extend(group)
+            if text:
+                target = sys.stdout if stream == "stdout" else sys.stderr
+                target.write("\n".join(text) + "\n")  # one write: one message in a kernel
+                target.flush()
+
+
+class RunView:
+    """The observer of one pool run (see the module docstring).
+
+    Example:
+        >>> view = RunView(live=None, text=True); view.on_start(info); ...; view.on_finish(s)
+    """
+
+    def __init__(
+        self, live: bool | None, text: bool, record: bool = True, live_after: float = LIVE_AFTER
+    ) -> None:
+        self.live = live
+        self.record = record
+        self.text = GroupedText(("stderr",) if live is False and not text else ("stdout", "stderr"))
+        self.text_mode = text
+        self.live_after = live_after
+        self.info: LaunchInfo | None = None
+        self.inner: LaunchObserver | None = None
+        self._tried = False
+        self._started = time.monotonic()
+        self._lines: list[tuple[int, Stream, str]] = []
+        self._printed = time.monotonic()
+        self._messages: list[tuple[int, str, Any]] = []
+
+    def on_start(self, info: LaunchInfo) -> None:
+        self.info = info
+        self._started = self._printed = time.monotonic()
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        if self.text_mode:
+            self.text.add(rank, stream, line)
+        elif self.inner is not None:
+            self.inner.on_output(rank, stream, line)
+        else:
+            self._lines.append((rank, stream, line))
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+        if self.inner is not None:
+            self.inner.on_message(rank, kind, payload)
+        else:
+            self._messages.append((rank, kind, payload))
+
+    def on_tick(self) -> None:
+        late = time.monotonic() - self._started >= self.live_after
+        if self.inner is None and self.record and late and not self._tried:
+            self._open_live_view()
+        if self.inner is not None:
+            self.inner.on_tick()
+        if self.text_mode and time.monotonic() - self._printed >= _TEXT_SECONDS:
+            self._printed = time.monotonic()
+            self.text.flush()
+
+    def on_finish(self, summary: LaunchSummary) -> None:
+        if self.inner is not None:
+            self.inner.on_finish(summary)
+        else:
+            if self.record:
+                recorder = RunRecorder()
+                for rank, kind, payload in self._messages:
+                    recorder.on_message(rank, kind, payload)
+                recorder.finish(summary)
+            for rank, stream, line in self._lines:
+                self.text.add(rank, stream, line)
+        self.text.flush()
+
+    def _open_live_view(self) -> None:
+        """Open the live view whole, or not at all (a Ctrl-C waits until it is drawn)."""
+        assert self.info is not None
+        self._tried = True  # once, whatever happens
+        try:
+            with interrupts_deferred():
+                inner = default_observer(self.live)
+                inner.on_start(self.info)
+                for rank, stream, line in self._lines:
+                    inner.on_output(rank, stream, line)
+                for rank, kind, payload in self._messages:
+                    inner.on_message(rank, kind, payload)
+        except Exception as error:  # a display problem must never end the run
+            warnings.warn(f"The live view could not be shown: {error!r}", stacklevel=2)
+            return
+        self.inner = inner
+        self._lines, self._messages = [], []
+
+
+def _last_segment(line: str) -> str:
+    """What a terminal shows of a line redrawn with carriage returns (a tqdm bar)."""
+    if "\r" not in line:
+        return line
+    segments = [segment for segment in line.split("\r") if segment.strip()]
+    return segments[-1] if segments else ""

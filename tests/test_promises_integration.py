@@ -58,6 +58,10 @@ def _write_in_every_way() -> None:
         os.write(1, f"of rank {rank}\n".encode())
         libc.printf(b"printf %d of rank %d\n", index, rank)
     libc.fflush(None)  # C stdio buffers its own copy: flushed as any C program would
+    for index in range(3):  # the kernel surely reads the first half before the second exists
+        os.write(1, f"slow {index} ".encode())
+        time.sleep(0.1)
+        os.write(1, f"of rank {rank}\n".encode())
 
 
 def test_warnings_and_c_level_writes_reach_the_cell_as_whole_lines_per_rank(capsys):
@@ -70,7 +74,9 @@ def test_warnings_and_c_level_writes_reach_the_cell_as_whole_lines_per_rank(caps
         printf_lines = [line for line in mine if line.startswith(f"{prefix}printf ")]
         assert fd_lines == [f"{prefix}fd {i} of rank {rank}" for i in range(100)]
         assert printf_lines == [f"{prefix}printf {i} of rank {rank}" for i in range(100)]
-    whole = re.compile(r"\[rank (\d)\] (fd|printf) \d+ of rank \1")
+        slow_lines = [line for line in mine if line.startswith(f"{prefix}slow ")]
+        assert slow_lines == [f"{prefix}slow {i} of rank {rank}" for i in range(3)]
+    whole = re.compile(r"\[rank (\d)\] (fd|printf|slow) \d+ of rank \1")
     assert all(whole.fullmatch(line) for line in captured.out.splitlines() if "of rank" in line)
 
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Iterator
 
 from notebook_kit.integrations import accelerate_launch, trainer_launch
 from notebook_kit.integrations.post_import import when_imported
-from notebook_kit.runtime.context import LaunchContext, add_launch_hook
+from notebook_kit.runtime.context import LaunchContext, add_launch_hook, temporary_environment
 
 __all__ = ["activate", "register"]
 
@@ -50,7 +49,7 @@ def activate(context: LaunchContext) -> Iterator[None]:
     if context.world_size > 1 and context.backend == "gloo":
         settings["ACCELERATE_USE_CPU"] = "true"
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_environment(settings))
+        stack.enter_context(temporary_environment(settings))
         clear = functools.partial(accelerate_launch.clear_stale_state, context=context)
         stack.enter_context(when_imported("accelerate.state", clear))
         register_models = accelerate_launch.register_prepared_models
@@ -58,17 +57,3 @@ def activate(context: LaunchContext) -> Iterator[None]:
         adopt = functools.partial(trainer_launch.adopt_trainers, context=context)
         stack.enter_context(when_imported("transformers.trainer", adopt))
         yield
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

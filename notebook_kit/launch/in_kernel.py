@@ -25,7 +25,13 @@ from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import note_gpu_run_in_kernel
 from notebook_kit.live.headless import HeadlessObserver, QuietObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, RankSummary
-from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch, current_launch
+from notebook_kit.runtime.context import (
+    LaunchContext,
+    StopFlag,
+    active_launch,
+    current_launch,
+    temporary_environment,
+)
 from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND
 from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
@@ -191,21 +197,7 @@ def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[Non
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
     try:
-        with _temporary_environment(environment):
+        with temporary_environment(environment):
             yield
     finally:
         dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _temporary_environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

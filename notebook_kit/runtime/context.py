@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,3 +139,24 @@ def active_launch(context: LaunchContext) -> Iterator[LaunchContext]:
             yield context
     finally:
         _current = previous
+
+
+@contextlib.contextmanager
+def temporary_environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then put back what was there.
+
+    Example:
+        >>> with temporary_environment({"RANK": "0"}):
+        ...     os.environ["RANK"]
+        '0'
+    """
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

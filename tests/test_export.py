@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -76,6 +77,26 @@ def test_launch_cells_become_main_with_globals_and_a_local_rank_guard():
     assert launch < script.index("if not _first_process_of_node():\n        return")
     assert script.index("return\n") < script.index("# %% cell 4")
     assert script.rstrip().endswith('if __name__ == "__main__":\n    main()')
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "shown"), [(None, "top\nafter\n"), ("0", "top\nafter\n"), ("1", "")]
+)
+def test_cells_above_the_launch_print_once_per_node(tmp_path, local_rank, shown):
+    """Under torchrun every process runs the top-level cells; only local rank 0 prints them."""
+    script = _script(
+        "import sys\nnotebook_launcher = lambda f, **_: f()\nprint('top')",
+        "notebook_launcher(lambda: print('launched', file=sys.stderr))",
+        "print('after')",
+    )
+    path = tmp_path / "t.py"
+    path.write_text(script)
+    env = {key: value for key, value in os.environ.items() if key != "LOCAL_RANK"}
+    if local_rank is not None:
+        env["LOCAL_RANK"] = local_rank
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == (shown, "launched\n")
 
 
 def test_multiline_strings_keep_their_text_inside_main():

@@ -46,6 +46,8 @@ def test_exported_quickstart_matches_the_notebook(tmp_path):
     command = [*CLI, "--num-processes", "2", str(script)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
+    # The data cell runs on both processes and prints on one, as in the kernel.
+    assert done.stdout.count("1437 training images, 360 test images") == 1, done.stdout
     accuracies = ACCURACY.findall(done.stdout)
     assert len(accuracies) == 1, done.stdout  # accelerator.print: rank 0 only
     assert float(accuracies[0]) >= 95.0

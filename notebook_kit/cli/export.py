@@ -19,6 +19,9 @@ go into ``main()``, run under ``if __name__ == "__main__":``. Names they bind ar
 ``global``, so they behave as notebook variables. Under torchrun every process returns from
 the launch call (see :func:`notebook_kit.notebook_launcher`), so the code after the last
 launch call runs only where ``LOCAL_RANK`` is 0 or unset: once per node, as in the kernel.
+The cells before it run on every process (they define what the launch needs); what they
+print goes to standard output only where ``LOCAL_RANK`` is 0 or unset, so it too shows once
+per node. Errors (standard error) show on every process.
 """
 
 from __future__ import annotations
@@ -45,6 +48,20 @@ _GUARD_FUNCTION = '''def _first_process_of_node() -> bool:
     import os
 
     return os.environ.get("LOCAL_RANK", "0") == "0"'''
+_QUIET_FUNCTION = '''def _print_once_per_node():
+    """Under torchrun the cells above the launch run on every process; what they print shows
+    once per node, as in the kernel (errors show everywhere). Closing the stack ends it."""
+    import contextlib
+    import os
+
+    stack = contextlib.ExitStack()
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
+    return stack
+
+
+_top_level_output = _print_once_per_node()'''
+_QUIET_END = "_top_level_output.close()"
 
 
 class ExportError(ValueError):
@@ -270,7 +287,10 @@ def notebook_to_script(
         target = main if main or _calls(_parse(code, f"cell {index}"), _LAUNCHERS) else module
         target.append(f"# %% cell {index}\n{code}")
         kept.append(index)
-    parts = [f'"""Exported from {name} by `notebook-kit export`."""', *module]
+    parts = [f'"""Exported from {name} by `notebook-kit export`."""']
+    if main and module:
+        module = [_QUIET_FUNCTION, *module, _QUIET_END]
+    parts += module
     if main:
         parts += [_GUARD_FUNCTION, _main_function(main), 'if __name__ == "__main__":\n    main()']
     script = "\n\n\n".join(parts) + "\n"

@@ -2,12 +2,13 @@
 
 Run from the repository root::
 
-    .venv/bin/python -m benchmarks.first_step [--rounds 3] [--repeats 3]
+    .venv/bin/python -m benchmarks.first_step [--rounds 3] [--repeats 3] [--tools a,b]
 
 Each tool runs in a fresh Python process per round, as in a fresh kernel: the import cell
 (the tool's import), then the launch of a small CNN wrapped for DDP on 2 CPU processes taking
-one SGD step. Reported per tool: the first launch right after the import cell (same cell),
-the first launch after a 2-second pause (the next cell), and the median of repeated launches.
+one SGD step. Reported per tool: the import cell (the tool's own import; torch is already
+imported), the first launch right after it (same cell), the first launch after a 2-second
+pause (the next cell), and the median of repeated launches.
 Rounds interleave the tools; every figure is the median over rounds, with the ratio to
 notebook_kit and to the hand-written torch fork launcher.
 """
@@ -48,11 +49,14 @@ def _launch_once(tool_name: str) -> float:
 def _child(tool_name: str, pause: float, repeats: int) -> None:
     from benchmarks._tools import TOOLS as LAUNCHERS
 
-    LAUNCHERS[tool_name].load()  # the import cell
+    started = time.perf_counter()
+    LAUNCHERS[tool_name].load()  # the import cell (torch itself is already imported)
+    imported = time.perf_counter() - started
     time.sleep(pause)
     first = _launch_once(tool_name)
     again = [_launch_once(tool_name) for _ in range(repeats)]
-    print(json.dumps({"first": first, "repeat": statistics.median(again) if again else None}))
+    repeat = statistics.median(again) if again else None
+    print(json.dumps({"import": imported, "first": first, "repeat": repeat}))
 
 
 def _run_child(tool: str, pause: float, repeats: int) -> dict[str, float] | str:
@@ -73,20 +77,21 @@ def _available(tool: str) -> str | None:
     return LAUNCHERS[tool].unavailable()
 
 
-def measure(rounds: int, repeats: int) -> dict[str, dict[str, float | str]]:
-    tools = [tool for tool in TOOLS if _available(tool) is None]
+def measure(
+    rounds: int, repeats: int, wanted: tuple[str, ...] = TOOLS
+) -> dict[str, dict[str, float | str]]:
+    """Medians over ``rounds`` of each available tool in ``wanted``, interleaved."""
+    tools = [tool for tool in wanted if _available(tool) is None]
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in tools}
-    notes: dict[str, str] = {tool: why for tool in TOOLS if (why := _available(tool))}
+    notes: dict[str, str] = {tool: why for tool in wanted if (why := _available(tool))}
     for _ in range(rounds):
         for tool in tools:
-            for label, pause, count in (
-                ("same cell", 0.0, repeats),
-                ("next cell", PAUSE_SECONDS, 0),
-            ):
+            for label, pause, count in _variants(repeats):
                 outcome = _run_child(tool, pause, count)
                 if isinstance(outcome, str):
                     notes[tool] = outcome
                     continue
+                samples[tool].setdefault("import cell", []).append(outcome["import"])
                 samples[tool].setdefault(f"first ({label})", []).append(outcome["first"])
                 if outcome["repeat"] is not None:
                     samples[tool].setdefault("repeat", []).append(outcome["repeat"])
@@ -100,7 +105,7 @@ def measure(rounds: int, repeats: int) -> dict[str, dict[str, float | str]]:
 
 
 def _table(results: dict[str, dict[str, float | str]]) -> str:
-    columns = ("first (same cell)", "first (next cell)", "repeat")
+    columns = ("import cell", "first (same cell)", "first (next cell)", "repeat")
     lines = ["| launcher | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     ours = results.get("notebook_kit", {})
     for tool, row in results.items():
@@ -125,6 +130,7 @@ def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--rounds", type=int, default=3)
     cli.add_argument("--repeats", type=int, default=3)
+    cli.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     cli.add_argument("--child", help=argparse.SUPPRESS)
     cli.add_argument("--pause", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -132,7 +138,10 @@ def main() -> None:
     if arguments.child:
         _child(arguments.child, arguments.pause, arguments.repeats)
         return
-    results = measure(arguments.rounds, arguments.repeats)
+    wanted = tuple(arguments.tools.split(","))
+    if unknown := set(wanted) - set(TOOLS):
+        cli.error(f"--tools: unknown {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+    results = measure(arguments.rounds, arguments.repeats, wanted)
     table = _table(results)
     header = (
         "# Time to the first training step (small CNN + DDP, 2 CPU processes, one SGD step)\n\n"

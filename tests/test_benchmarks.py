@@ -101,6 +101,23 @@ def test_table_shows_na_with_reason_and_ratios_to_the_reference() -> None:
 
 
 @pytest.mark.integration
+def test_first_step_benchmark_reports_every_column_with_ratios(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.first_step", "--rounds", "1", "--repeats", "1"]
+    tools = ["--tools", ",".join(QUICK_TOOLS), "--out", str(tmp_path)]
+    completed = subprocess.run(
+        [*command, *tools], cwd=ROOT, capture_output=True, text=True, timeout=170
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = json.loads((tmp_path / "first_step.json").read_text())
+    columns = {"import cell", "first (same cell)", "first (next cell)", "repeat"}
+    assert sorted(results) == sorted(QUICK_TOOLS)
+    for tool in QUICK_TOOLS:
+        assert set(results[tool]) == columns, results[tool]
+        assert all(value > 0 for value in results[tool].values())
+    assert "| torch-fork |" in completed.stdout and " (x" in completed.stdout
+
+
+@pytest.mark.integration
 @pytest.mark.skipif(
     not all(importlib.util.find_spec(name) for name in ("transformers", "accelerate")),
     reason="the Trainer benchmark needs transformers and accelerate",

@@ -10,7 +10,7 @@ Trainer needs no extra argument; Accelerate's launcher needs ``use_cpu=True`` on
 Targets: live view >= 0.98 x ``live=False``, and no slower than Accelerate's launcher.
 
 Usage:
-    python -m benchmarks.trainer_live [--steps 150] [--rounds 5] [--out FILE.json]
+    python -m benchmarks.trainer_live [--steps 300] [--rounds 9] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def measure(steps: int, rounds: int) -> dict[str, list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, help="also write the rates as JSON")
     options = parser.parse_args()
     rates = measure(options.steps, options.rounds)

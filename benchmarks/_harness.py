@@ -193,18 +193,26 @@ def memory_of(pid: int) -> Memory:
     return Memory(pss=int(info.pss), uss=int(info.uss))
 
 
-def extra_per_worker(before: Memory, parent: Memory, workers: Sequence[Memory]) -> Memory:
+def extra_per_worker(
+    before: Memory, parent: Memory, launched: Sequence[Memory], workers: Sequence[Memory]
+) -> Memory:
     """Memory the launch added, per worker.
 
     PSS splits every shared page between the processes that map it, so the caller's PSS
-    plus the workers' PSS, minus the caller's PSS before the launch, is the physical memory
-    the launch really added, whether pages are shared copy-on-write (fork), moved to shared
-    memory (torch tensors sent to spawned workers) or copied. USS is each worker's private
-    memory: what would be freed if it exited.
+    plus the PSS of every process the launch added (workers, and any process between them and
+    the caller), minus the caller's PSS before the launch, is the physical memory the launch
+    really added, whether pages are shared copy-on-write (fork), moved to shared memory
+    (torch tensors sent to spawned workers) or copied. USS is each worker's private memory:
+    what would be freed if it exited.
     """
-    added = parent.pss + sum(memory.pss for memory in workers) - before.pss
+    added = parent.pss + sum(memory.pss for memory in launched) - before.pss
     uss = sum(memory.uss for memory in workers) / len(workers)
     return Memory(pss=round(added / len(workers)), uss=round(uss))
+
+
+def launched_processes() -> list[int]:
+    """Every live descendant of this process (the launch's workers and their parents)."""
+    return [child.pid for child in psutil.Process().children(recursive=True)]
 
 
 # -- output --------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from benchmarks._harness import (
     extra_per_worker,
     is_gone,
     kill_and_reap,
+    launched_processes,
     memory_of,
     new_run_dir,
     read_report,
@@ -179,7 +180,8 @@ def memory(tool: Tool, options: Options) -> Outcome:
     measured: dict[str, Outcome | str] = {}
     with _run_dir() as run_dir:
         before = memory_of(os.getpid())
-        probe = threading.Thread(target=_measure_workers, args=(run_dir, before, measured))
+        earlier = set(launched_processes())  # not the launch's (a tool's helper process)
+        probe = threading.Thread(target=_measure_workers, args=(run_dir, before, earlier, measured))
         probe.start()
         try:
             _launch(tool, Task("memory", str(run_dir), data=data), options)
@@ -196,7 +198,9 @@ def memory(tool: Tool, options: Options) -> Outcome:
     return result
 
 
-def _measure_workers(run_dir: Path, before: Memory, measured: dict[str, Outcome | str]) -> None:
+def _measure_workers(
+    run_dir: Path, before: Memory, earlier: set[int], measured: dict[str, Outcome | str]
+) -> None:
     """From the caller, while both workers are alive and have read their shard."""
     names = [f"ready-{rank}" for rank in range(NUM_PROCESSES)]
     if not wait_for_reports(run_dir, names, timeout=_SHARD_READ_TIMEOUT):
@@ -208,10 +212,13 @@ def _measure_workers(run_dir: Path, before: Memory, measured: dict[str, Outcome 
         return
     try:
         parent = memory_of(os.getpid())
-        workers = [memory_of(pid) for pid in worker_pids(run_dir)]
+        pids = worker_pids(run_dir)
+        workers = [memory_of(pid) for pid in pids]
+        between = set(launched_processes()) - earlier - set(pids)  # e.g. the workers' parent
+        others = [memory_of(pid) for pid in between if not is_gone(pid)]
     finally:
         report(run_dir, "release", True)
-    extra = extra_per_worker(before, parent, workers)
+    extra = extra_per_worker(before, parent, [*workers, *others], workers)
     measured["result"] = Outcome({"mem_pss": extra.pss, "mem_uss": extra.uss})
 
 

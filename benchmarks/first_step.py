@@ -10,7 +10,7 @@ one SGD step. Reported per tool: the import cell (the tool's own import; torch i
 imported), the first launch right after it (same cell), the first launch after a 2-second
 pause (the next cell), and the median of repeated launches.
 Rounds interleave the tools; every figure is the median over rounds, with the ratio to
-notebook_kit and to the hand-written torch fork launcher.
+notebook_kit (higher is slower).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from tests.kernel_cells import cell_messages, run_cell
 from tests.processes import kernel_environment
-from tests.test_stop_integration import _Clicker, _errors, _printed, _run
+from tests.test_stop_integration import _Clicker, _errors, _printed
 
 pytestmark = [
     pytest.mark.integration,
@@ -75,7 +76,7 @@ def _steps_shown(value: Any) -> int:
 def kernel() -> Iterator[Any]:
     manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
     try:
-        _run(client, client.execute(DEFINE), timeout=60)
+        run_cell(client, DEFINE)
         yield client
     finally:
         client.stop_channels()
@@ -87,7 +88,7 @@ def _stopped_run(client: Any, launch: str, steps_of: str, timeout: float = 120) 
     clicker = _ClickWhenMoving(client)
     code = f"{launch}\nreport({steps_of})"
     started = time.monotonic()
-    messages = _run(client, client.execute(code), timeout=timeout, on_message=clicker)
+    messages = cell_messages(client, client.execute(code), timeout=timeout, on_message=clicker)
     assert clicker.clicked_at is not None, "the run never showed progress"
     assert _errors(messages) == []
     printed = _printed(messages)

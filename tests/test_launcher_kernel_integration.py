@@ -10,6 +10,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
+from tests.kernel_cells import run_cell
 from tests.notebook_text import cell_text, widget_text
 from tests.processes import kernel_environment
 
@@ -55,21 +56,6 @@ def test_plain_printer_prefixes_rank_lines_in_the_cell():
     assert "[rank 1] rank 1 of 2 sees 3.0" in text
 
 
-def _execute(client, code: str, timeout: float = 60.0) -> list[dict]:
-    """Run ``code`` and collect its iopub messages until the kernel is idle again."""
-    msg_id = client.execute(code)
-    messages = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(message)
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            return messages
-    raise AssertionError(f"cell did not finish: {code!r}")
-
-
 def _running_below(kernel_pid: int) -> list[psutil.Process]:
     """The kernel's descendants still running: the launch's guardian and its workers."""
     below = psutil.Process(kernel_pid).children(recursive=True)
@@ -87,7 +73,7 @@ def test_kernel_interrupt_stops_workers_and_next_launch_works():
     manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
     try:
         kernel_pid = manager.provisioner.process.pid
-        _execute(client, DEFINE + "\nimport signal, time\nbefore = signal.getsignal(signal.SIGINT)")
+        run_cell(client, DEFINE + "\nimport signal, time\nbefore = signal.getsignal(signal.SIGINT)")
         msg_id = client.execute("notebook_launcher(lambda: time.sleep(120), num_processes=2)")
         _wait_for_workers(kernel_pid, 3)  # the guardian and 2 workers
         interrupted = time.monotonic()
@@ -108,7 +94,7 @@ def test_kernel_interrupt_stops_workers_and_next_launch_works():
             time.sleep(0.02)
         assert not _running_below(kernel_pid), "workers outlived the interrupt"
         assert [error["ename"] for error in errors] == ["KeyboardInterrupt"]
-        after = _execute(client, "print(signal.getsignal(signal.SIGINT) is before)\n" + LAUNCH)
+        after = run_cell(client, "print(signal.getsignal(signal.SIGINT) is before)\n" + LAUNCH)
         texts = "".join(m["content"].get("text", "") for m in after if m["msg_type"] == "stream")
         assert texts.startswith("True")
         results = [m for m in after if m["msg_type"] == "execute_result"]

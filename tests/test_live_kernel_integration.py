@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from tests.kernel_cells import run_cell
 from tests.processes import kernel_environment
 
 pytestmark = [
@@ -53,7 +54,7 @@ _IDLE_GAP_LIMIT = 0.5  # seconds an Idle may show before the keeper's Busy corre
 def kernel() -> Iterator[Any]:
     manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
     try:
-        _run_all(client, client.execute(DEFINE), timeout=60)
+        run_cell(client, DEFINE)
         yield client
     finally:
         client.stop_channels()

@@ -12,6 +12,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
+from tests.kernel_cells import cell_messages, run_cell
 from tests.notebook_text import cell_text
 from tests.processes import kernel_environment
 
@@ -112,23 +113,6 @@ def test_kernel_shutdown_leaves_no_worker(executed: nbformat.NotebookNode) -> No
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
-def _execute(client: Any, code: str, timeout: float = 60.0) -> list[dict[str, Any]]:
-    """Run ``code``; its iopub messages until the kernel is idle again."""
-    return _collect(client, client.execute(code), timeout)
-
-
-def _collect(client: Any, msg_id: str, timeout: float) -> list[dict[str, Any]]:
-    messages, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(message)
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            return messages
-    raise AssertionError(f"cell did not finish: {msg_id}")
-
-
 def _interrupt_while_running(manager: Any, client: Any, code: str) -> tuple[list, float, float]:
     """Start ``code``, interrupt the kernel once the workers are busy.
 
@@ -139,7 +123,7 @@ def _interrupt_while_running(manager: Any, client: Any, code: str) -> tuple[list
     time.sleep(1.5)
     interrupted, started = time.time(), time.monotonic()
     manager.interrupt_kernel()
-    messages = _collect(client, msg_id, timeout=30)
+    messages = cell_messages(client, msg_id, timeout=30)
     return messages, interrupted, time.monotonic() - started
 
 
@@ -174,8 +158,8 @@ def test_kernel_interrupt_ends_the_cell_on_every_rank_with_one_keyboard_interrup
     manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
     try:
         kernel = psutil.Process(manager.provisioner.process.pid)
-        _execute(client, "%load_ext notebook_kit")
-        _execute(client, "%%distributed -n 2\nimport time\nkept = 'yes'")
+        run_cell(client, "%load_ext notebook_kit")
+        run_cell(client, "%%distributed -n 2\nimport time\nkept = 'yes'")
         pids = _workers(kernel)
         assert len(pids) == 2
         marks = tmp_path / "stopped"
@@ -187,7 +171,7 @@ def test_kernel_interrupt_ends_the_cell_on_every_rank_with_one_keyboard_interrup
         assert len(stopped) == 2 and max(stopped) - interrupted < 2.0  # every rank, within 2 s
         assert "Traceback" not in _text(messages)  # no worker tracebacks printed
         assert _workers(kernel) == pids  # same workers, names kept
-        assert _value(_execute(client, "%%distributed\nkept")) == "'yes'"
+        assert _value(run_cell(client, "%%distributed\nkept")) == "'yes'"
 
         messages, interrupted, seconds = _interrupt_while_running(
             manager, client, "%%distributed\ntime.sleep(120)"
@@ -196,7 +180,7 @@ def test_kernel_interrupt_ends_the_cell_on_every_rank_with_one_keyboard_interrup
         assert errors == ["KeyboardInterrupt"] and seconds < 10, [m["content"] for m in messages]
         assert "the workers were stopped" in _text(messages)
         assert not any(psutil.pid_exists(pid) for pid in pids)  # gone before the cell ended
-        after = _execute(client, "%%distributed\n'kept' in globals()")
+        after = run_cell(client, "%%distributed\n'kept' in globals()")
         assert _value(after) == "False" and "Starting 2 new workers" in _text(after)
     finally:
         client.stop_channels()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from tests.kernel_cells import cell_messages, run_cell
 from tests.processes import kernel_environment
 
 pytestmark = [
@@ -54,26 +55,11 @@ REPORT = (
 def kernel() -> Iterator[tuple[Any, Any]]:
     manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
     try:
-        _run(client, client.execute(DEFINE), timeout=60)
+        run_cell(client, DEFINE)
         yield manager, client
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
-
-
-def _run(client: Any, msg_id: str, timeout: float, on_message: Any = None) -> list[dict]:
-    """Collect a cell's iopub messages until it is idle; ``on_message`` sees each one."""
-    messages, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(message)
-        if on_message is not None:
-            on_message(message)
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            return messages
-    raise AssertionError("the cell did not finish")
 
 
 class _Clicker:
@@ -122,7 +108,7 @@ def test_click_during_a_blocking_launch_stops_every_rank(kernel: tuple[Any, Any]
     _, client = kernel
     clicker = _Clicker(client)
     code = "result = notebook_launcher(train, num_processes=2)" + REPORT
-    messages = _run(client, client.execute(code), timeout=90, on_message=clicker)
+    messages = cell_messages(client, client.execute(code), timeout=90, on_message=clicker)
     assert clicker.clicked_at is not None, "the run never showed progress"
     assert _errors(messages) == []
     assert "RESULT True True True" in _printed(messages)
@@ -139,7 +125,7 @@ def test_click_during_an_awaited_launch_without_subshells(kernel: tuple[Any, Any
         "stop_button._self_client = lambda: None  # as on a kernel without subshells\n"
         "result = await notebook_launcher_async(train, num_processes=2)" + REPORT
     )
-    messages = _run(client, client.execute(code), timeout=90, on_message=clicker)
+    messages = cell_messages(client, client.execute(code), timeout=90, on_message=clicker)
     assert clicker.clicked_at is not None
     assert _errors(messages) == []
     assert "RESULT True True True" in _printed(messages)

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks._harness import is_gone
+from benchmarks.escapes import recorded_pids
 from notebook_kit import WorkerError, notebook_launcher
 
 
@@ -76,20 +78,9 @@ def main(variant: str, run_dir: str) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(WorkerError):  # the fail variant: what matters is what is left
         notebook_launcher(_train, args=(run_dir, variant), num_processes=2, live=False)
-    recorded = [
-        int(line) for path in Path(run_dir).glob("pids-*") for line in path.read_text().split()
-    ]
-    alive = [pid for pid in recorded if _running(pid)]
+    alive = [pid for pid in recorded_pids(run_dir) if not is_gone(pid)]
     (Path(run_dir) / "alive-after-launch").write_text(json.dumps(alive))
     return 0
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

@@ -215,6 +215,24 @@ def launched_processes() -> list[int]:
     return [child.pid for child in psutil.Process().children(recursive=True)]
 
 
+def run_cell(client: Any, code: str, timeout: float = 600) -> list[dict[str, Any]]:
+    """Every IOPub message of one cell run through a jupyter_client, stamped with its arrival
+    (wall clock, ``message["arrived"]``); the cell's error is raised as a RuntimeError."""
+    msg_id = client.execute(code)
+    messages, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
+        message["arrived"] = time.time()
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(message)
+        if message["msg_type"] == "error":
+            raise RuntimeError("\n".join(message["content"]["traceback"]))
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return messages
+    raise TimeoutError(code)
+
+
 # -- output --------------------------------------------------------------------------------
 
 

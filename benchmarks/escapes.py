@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks._harness import is_gone
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("finish", "fail", "kernel-sigkill", "group-sigterm", "group-sigkill")
 _KILLS = {
@@ -61,7 +63,7 @@ def run_variant(variant: str, grace: float = 3.0, start_timeout: float = 90.0) -
                 ),
                 start_timeout,
             )
-            recorded = _recorded(run_dir)
+            recorded = recorded_pids(run_dir)
             if variant in _KILLS:
                 return _after_kill(variant, kernel, recorded, grace)
             kernel.wait(timeout=start_timeout)
@@ -86,9 +88,9 @@ def _after_kill(
     killed = time.monotonic()
     _KILLS[variant](kernel.pid)
     kernel.wait(timeout=10)
-    while any(_running(pid) for pid in tracked) and time.monotonic() - killed < grace:
+    while not all(is_gone(pid) for pid in tracked) and time.monotonic() - killed < grace:
         time.sleep(0.005)
-    survivors = [pid for pid in tracked if _running(pid)]
+    survivors = [pid for pid in tracked if not is_gone(pid)]
     seconds = None if survivors else time.monotonic() - killed
     return RunResult(len(recorded), survivors, seconds)
 
@@ -125,21 +127,13 @@ def _wait_for(condition, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def _recorded(run_dir: str) -> list[int]:
+def recorded_pids(run_dir: str) -> list[int]:
+    """The pids the launch's processes wrote to ``pids-*`` files in ``run_dir``."""
     return [
         int(line)
         for path in sorted(Path(run_dir).glob("pids-*"))
         for line in path.read_text().split()
     ]
-
-
-def _running(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie has ended: it only waits to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def _kill_all(pids: list[int]) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 import psutil
 from jupyter_client.manager import start_new_kernel
 
+from benchmarks._harness import run_cell
+
 DEFINE = """\
 import json, time
 import torch
@@ -57,23 +59,6 @@ LAUNCH = "logged = notebook_launcher(train, args=({steps},), num_processes=2{qui
 REPORT = "print('LOGGED', json.dumps(logged))"
 
 
-def _run(client: Any, code: str, timeout: float = 600) -> list[dict[str, Any]]:
-    """Every IOPub message of one cell, stamped with its arrival (wall clock)."""
-    msg_id = client.execute(code)
-    messages, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
-        message["arrived"] = time.time()
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(message)
-        if message["msg_type"] == "error":
-            raise RuntimeError("\n".join(message["content"]["traceback"]))
-        if message["content"].get("execution_state") == "idle":
-            return messages
-    raise TimeoutError(code)
-
-
 def _delays(messages: list[dict[str, Any]], logged: list[float]) -> list[float]:
     """Per step: from the worker's log call to the first points message carrying it."""
     first_seen: dict[int, float] = {}
@@ -88,10 +73,10 @@ def _delays(messages: list[dict[str, Any]], logged: list[float]) -> list[float]:
 def _launch(client: Any, kernel: psutil.Process, steps: int, live: bool) -> dict[str, Any]:
     code = LAUNCH.format(steps=steps, quiet="" if live else ", live=False")
     before, started = kernel.cpu_times(), time.monotonic()
-    messages = _run(client, code)
+    messages = run_cell(client, code)
     wall = time.monotonic() - started
     after = kernel.cpu_times()
-    printed = "".join(m["content"].get("text", "") for m in _run(client, REPORT))
+    printed = "".join(m["content"].get("text", "") for m in run_cell(client, REPORT))
     logged = json.loads(printed.split("LOGGED ", 1)[1])
     cpu = (after.user + after.system) - (before.user + before.system)
     result = {"cpu_share": cpu / wall, "rate": len(logged) / (logged[-1] - logged[0])}
@@ -110,7 +95,7 @@ def main() -> None:
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         kernel = psutil.Process(manager.provisioner.pid)
-        _run(client, DEFINE)
+        run_cell(client, DEFINE)
         _launch(client, kernel, 200, live=True)  # first launch: imports, warm caches
         results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
         for _ in range(options.rounds):

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import run_cell
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_MS = 5.0
 
@@ -66,8 +68,8 @@ def _kernel_part(cells: int, launches: int) -> dict[str, list[float]]:
     env["PYTHONPATH"] = os.pathsep.join([str(RESULTS.parents[1]), env.get("PYTHONPATH", "")])
     manager, client = start_new_kernel(kernel_name="python3", env=env)
     try:
-        _run(client, "%load_ext notebook_kit\n" + KERNEL_SETUP)
-        _run(client, "%%distributed -n 2\nimport torch.distributed as dist\ndist.get_rank()")
+        run_cell(client, "%load_ext notebook_kit\n" + KERNEL_SETUP)
+        run_cell(client, "%%distributed -n 2\nimport torch.distributed as dist\ndist.get_rank()")
         figures = {"magic": _samples(client, TIME_MAGIC.format(count=cells))}
         for code, key in (("%%distributed\nx = 1", "cell_roundtrip"), ("x = 1", "plain_cell")):
             figures[key] = [_roundtrip(client, code) for _ in range(max(cells // 4, 5))]
@@ -79,29 +81,14 @@ def _kernel_part(cells: int, launches: int) -> dict[str, list[float]]:
         manager.shutdown_kernel(now=True)
 
 
-def _run(client: Any, code: str, timeout: float = 600) -> list[dict[str, Any]]:
-    msg_id = client.execute(code)
-    messages, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(message)
-        if message["msg_type"] == "error":
-            raise RuntimeError("\n".join(message["content"]["traceback"]))
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            return messages
-    raise TimeoutError(code)
-
-
 def _samples(client: Any, code: str) -> list[float]:
-    text = "".join(m["content"].get("text", "") for m in _run(client, code))
+    text = "".join(m["content"].get("text", "") for m in run_cell(client, code))
     return json.loads(text.split("JSON", 1)[1].splitlines()[0])
 
 
 def _roundtrip(client: Any, code: str) -> float:
     started = time.perf_counter()
-    _run(client, code)
+    run_cell(client, code)
     return time.perf_counter() - started
 
 

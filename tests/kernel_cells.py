@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from jupyter_client.manager import start_new_kernel
+
+from tests.processes import kernel_environment
 
 Message = dict[str, Any]
 
@@ -33,3 +38,14 @@ def cell_messages(
 def run_cell(client: Any, code: str, timeout: float = 60.0) -> list[Message]:
     """Execute ``code`` and return its iopub messages once the kernel is idle again."""
     return cell_messages(client, client.execute(code), timeout)
+
+
+@contextlib.contextmanager
+def real_kernel() -> Iterator[tuple[Any, Any]]:
+    """A fresh ipykernel (this checkout importable) and its client; shut down afterwards."""
+    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
+    try:
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

@@ -14,9 +14,8 @@ import sys
 import textwrap
 
 import pytest
-from jupyter_client.manager import start_new_kernel
 
-from tests.processes import kernel_environment
+from tests.kernel_cells import real_kernel
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -116,8 +115,7 @@ def test_sixty_interrupts_at_random_moments_of_the_first_80_ms():
 @pytest.mark.slow
 @pytest.mark.parametrize("when, runs", [("in-fork", 5), ("random", 60)])
 def test_interrupts_in_a_real_kernel_are_never_lost(when, runs):
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (_, client):
         client.execute_interactive(LAUNCHES, timeout=120)
         output: list[str] = []
         reply = client.execute_interactive(
@@ -129,6 +127,3 @@ def test_interrupts_in_a_real_kernel_are_never_lost(when, runs):
         text = "".join(output)
         line = next(line for line in text.splitlines() if line.startswith("OUTCOMES"))
         _check(json.loads(line.removeprefix("OUTCOMES")), runs)
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)

@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_client.manager import start_new_kernel
 
-from tests.kernel_cells import cell_messages, run_cell
-from tests.processes import kernel_environment
+from tests.kernel_cells import cell_messages, real_kernel, run_cell
 from tests.test_stop_integration import _Clicker, _errors, _printed
 
 pytestmark = [
@@ -74,13 +72,9 @@ def _steps_shown(value: Any) -> int:
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Any]:
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (_, client):
         run_cell(client, DEFINE)
         yield client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def _stopped_run(client: Any, launch: str, steps_of: str, timeout: float = 120) -> int:

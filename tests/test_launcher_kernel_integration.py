@@ -7,10 +7,9 @@ import time
 import nbformat
 import psutil
 import pytest
-from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
-from tests.kernel_cells import run_cell
+from tests.kernel_cells import real_kernel, run_cell
 from tests.notebook_text import cell_text, widget_text
 from tests.processes import kernel_environment
 
@@ -70,8 +69,7 @@ def _wait_for_workers(kernel_pid: int, count: int) -> None:
 
 
 def test_kernel_interrupt_stops_workers_and_next_launch_works():
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (manager, client):
         kernel_pid = manager.provisioner.process.pid
         run_cell(client, DEFINE + "\nimport signal, time\nbefore = signal.getsignal(signal.SIGINT)")
         msg_id = client.execute("notebook_launcher(lambda: time.sleep(120), num_processes=2)")
@@ -99,6 +97,3 @@ def test_kernel_interrupt_stops_workers_and_next_launch_works():
         assert texts.startswith("True")
         results = [m for m in after if m["msg_type"] == "execute_result"]
         assert results and results[0]["content"]["data"]["text/plain"] == "30.0"
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)

@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from jupyter_client.manager import start_new_kernel
 
-from tests.kernel_cells import run_cell
-from tests.processes import kernel_environment
+from tests.kernel_cells import real_kernel, run_cell
 
 pytestmark = [
     pytest.mark.integration,
@@ -52,13 +50,9 @@ _IDLE_GAP_LIMIT = 0.5  # seconds an Idle may show before the keeper's Busy corre
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Any]:
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (_, client):
         run_cell(client, DEFINE)
         yield client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def _run_all(client: Any, msg_id: str, timeout: float, on_message: Any = None) -> list[dict]:

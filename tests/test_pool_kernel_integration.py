@@ -9,10 +9,9 @@ from typing import Any
 import nbformat
 import psutil
 import pytest
-from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
-from tests.kernel_cells import cell_messages, run_cell
+from tests.kernel_cells import cell_messages, real_kernel, run_cell
 from tests.notebook_text import cell_text
 from tests.processes import kernel_environment
 
@@ -155,8 +154,7 @@ def _workers(kernel: psutil.Process) -> list[int]:
 def test_kernel_interrupt_ends_the_cell_on_every_rank_with_one_keyboard_interrupt(
     tmp_path: Any,
 ) -> None:
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (manager, client):
         kernel = psutil.Process(manager.provisioner.process.pid)
         run_cell(client, "%load_ext notebook_kit")
         run_cell(client, "%%distributed -n 2\nimport time\nkept = 'yes'")
@@ -182,6 +180,3 @@ def test_kernel_interrupt_ends_the_cell_on_every_rank_with_one_keyboard_interrup
         assert not any(psutil.pid_exists(pid) for pid in pids)  # gone before the cell ended
         after = run_cell(client, "%%distributed\n'kept' in globals()")
         assert _value(after) == "False" and "Starting 2 new workers" in _text(after)
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.manager import start_new_kernel
 
+from tests.kernel_cells import real_kernel
 from tests.processes import kernel_environment
 
 pytestmark = [
@@ -59,8 +59,7 @@ def _run_with_input(client, code: str, answers: list[str], timeout: float = 60.0
 
 
 def test_debug_after_a_launch_in_the_kernel_lands_in_the_users_frame():
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (_, client):
         _run_with_input(client, FAILING, [])
         shown = _run_with_input(client, "%debug", ["p local_name", "p scale", "q"])
         shown = re.sub(r"\x1b\[[0-9;]*m", "", shown)  # IPython colours its listing
@@ -68,9 +67,6 @@ def test_debug_after_a_launch_in_the_kernel_lands_in_the_users_frame():
         assert 'raise ValueError(f"bad value {local_name}")' in shown
         assert re.search(r"^42$", shown, re.MULTILINE), shown  # ...with its locals
         assert re.search(r"^7$", shown, re.MULTILINE), shown
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 @pytest.mark.slow

@@ -12,10 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from jupyter_client.manager import start_new_kernel
 
-from tests.kernel_cells import cell_messages, run_cell
-from tests.processes import kernel_environment
+from tests.kernel_cells import cell_messages, real_kernel, run_cell
 
 pytestmark = [
     pytest.mark.integration,
@@ -53,13 +51,9 @@ REPORT = (
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[tuple[Any, Any]]:
-    manager, client = start_new_kernel(kernel_name="python3", env=kernel_environment())
-    try:
+    with real_kernel() as (manager, client):
         run_cell(client, DEFINE)
         yield manager, client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 class _Clicker:

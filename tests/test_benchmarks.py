@@ -3,7 +3,6 @@ notebook_kit and raw torch. Timings are never asserted (the machine may be busy)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +17,7 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not 
 
 from benchmarks._report import METRICS, markdown_table  # noqa: E402
 from benchmarks._suite import Cell  # noqa: E402
+from tests.optional import needs  # noqa: E402
 
 QUICK_TOOLS = ("notebook_kit", "torch-fork")
 PNG_MAGIC = b"\x89PNG"
@@ -118,10 +118,7 @@ def test_first_step_benchmark_reports_every_column_with_ratios(tmp_path: Path) -
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(
-    not all(importlib.util.find_spec(name) for name in ("transformers", "accelerate")),
-    reason="the Trainer benchmark needs transformers and accelerate",
-)
+@needs("transformers", "accelerate", what="the Trainer benchmark")
 def test_trainer_benchmark_measures_all_three_launches(tmp_path: Path) -> None:
     out = tmp_path / "trainer_live.json"
     command = [sys.executable, "-m", "benchmarks.trainer_live", "--steps", "10", "--rounds", "1"]

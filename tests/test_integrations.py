@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,15 +17,7 @@ from notebook_kit.integrations import activation
 from notebook_kit.integrations.post_import import when_imported
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch, add_launch_hook
-
-needs_transformers = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None,
-    reason="transformers is not installed (pip install notebook_kit[transformers])",
-)
-needs_tensorboard = pytest.mark.skipif(
-    importlib.util.find_spec("tensorboard") is None,
-    reason="tensorboard is not installed (pip install tensorboard)",
-)
+from tests.optional import needs_tensorboard, needs_transformers
 
 
 def _context(**fields: Any) -> tuple[LaunchContext, list[tuple[str, Any]]]:

@@ -7,7 +7,6 @@ Stopping each rung through the Stop button is in ``test_ladder_stop_integration.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,9 @@ from tests.ladder_rungs import (
     train_with_trainer,
     training_arguments,
 )
+from tests.optional import needs_accelerate, needs_transformers
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
-
-needs_transformers = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None,
-    reason="transformers is not installed (pip install notebook_kit[transformers])",
-)
-needs_accelerate = pytest.mark.skipif(
-    importlib.util.find_spec("accelerate") is None,
-    reason="accelerate is not installed (pip install accelerate)",
-)
 
 
 def same_history(actual: list[tuple[int, float]], expected: list[tuple[int, float]]) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import nbformat
 import pytest
 
 from tests.notebook_text import cell_text, execute_copy
+from tests.optional import needs
 from tests.processes import kernel_environment
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_ladder.ipynb"
@@ -25,10 +25,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.kernel,
     pytest.mark.usefixtures("no_leftover_processes"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformers") is None,
-        reason="its Trainer rung needs transformers: pip install notebook_kit[transformers]",
-    ),
+    needs("transformers", what="its Trainer rung"),
 ]
 
 

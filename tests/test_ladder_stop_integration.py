@@ -7,7 +7,6 @@ once the progress bar has moved. Each run must then return normally (no error in
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.kernel_cells import cell_messages, real_kernel, run_cell
+from tests.optional import needs_accelerate, needs_transformers
 from tests.test_stop_integration import _Clicker, _errors, _printed
 
 pytestmark = [
@@ -108,9 +108,7 @@ def test_stop_ends_an_accelerator_loop(kernel: Any) -> None:
     assert _stopped_run(kernel, launch, "result['last_steps']") < 99_999
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed"
-)
+@needs_accelerate
 def test_stop_ends_an_accelerate_accelerator_loop(kernel: Any) -> None:
     launch = (
         "import torch\n"
@@ -121,10 +119,7 @@ def test_stop_ends_an_accelerate_accelerator_loop(kernel: Any) -> None:
     assert _stopped_run(kernel, launch, "result['last_steps']") < 99_999
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None,
-    reason="transformers is not installed (pip install notebook_kit[transformers])",
-)
+@needs_transformers
 def test_stop_ends_a_trainer_run_through_its_own_control_flow(kernel: Any, tmp_path: Path) -> None:
     launch = (
         "model = ladder_rungs.tiny_bert()\n"

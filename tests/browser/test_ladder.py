@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from typing import Any
 
@@ -10,13 +9,11 @@ import pytest
 
 from tests.browser.lab import LabNotebook
 from tests.browser.server import LabServer
+from tests.optional import needs
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformers") is None,
-        reason="its Trainer rung needs transformers: pip install notebook_kit[transformers]",
-    ),
+    needs("transformers", what="its Trainer rung"),
 ]
 
 NOTEBOOK = "06_ladder.ipynb"

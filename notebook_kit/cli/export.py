@@ -55,7 +55,7 @@ _QUIET_FUNCTION = '''def _print_once_per_node():
     import os
 
     stack = contextlib.ExitStack()
-    if os.environ.get("LOCAL_RANK", "0") != "0":
+    if not _first_process_of_node():
         stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
     return stack
 
@@ -288,11 +288,11 @@ def notebook_to_script(
         target.append(f"# %% cell {index}\n{code}")
         kept.append(index)
     parts = [f'"""Exported from {name} by `notebook-kit export`."""']
-    if main and module:
-        module = [_QUIET_FUNCTION, *module, _QUIET_END]
-    parts += module
-    if main:
-        parts += [_GUARD_FUNCTION, _main_function(main), 'if __name__ == "__main__":\n    main()']
+    if not main:
+        parts += module
+    else:
+        parts += [_GUARD_FUNCTION, *([_QUIET_FUNCTION, *module, _QUIET_END] if module else [])]
+        parts += [_main_function(main), 'if __name__ == "__main__":\n    main()']
     script = "\n\n\n".join(parts) + "\n"
     try:
         compile(script, name, "exec")

@@ -1,0 +1,119 @@
+"""FSDP2 state dicts: the full model gathered to rank 0, and the parts ``save_state`` writes.
+
+``SHARDED_STATE_DICT`` (the default) writes, per model and optimizer, a
+``torch.distributed.checkpoint`` (DCP) folder to which every rank writes its own shard —
+``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` as Accelerate names them — inside the
+checkpoint's staging folder, so the manifest commit makes them atomic like every other file.
+``FULL_STATE_DICT`` gathers the whole model and optimizer to rank 0, which writes
+``model_<i>.pt`` and ``optimizer_<i>.pt``; every rank reads them back and keeps its shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from notebook_kit.accelerator.checkpoint_files import CheckpointError, load_file, write_file
+
+__all__ = ["FullParts", "ShardedParts", "full_model_state", "load_full_model_state"]
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """The whole model's state dict on rank 0, on the CPU ({} on other ranks); a collective."""
+    return get_model_state_dict(model, options=_FULL)
+
+
+def load_full_model_state(model: nn.Module, state: dict[str, Any], from_rank0: bool) -> None:
+    """Load a full state dict into a sharded model (each rank keeps its shard)."""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
+    set_model_state_dict(model, state, options=options)
+
+
+def _raw(optimizer: Any) -> Any:
+    return getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer's own
+
+
+class _Parts:
+    """Models and optimizers, each optimizer paired with the model whose parameters it holds."""
+
+    def __init__(self, models: Sequence[nn.Module], pairs: Sequence[tuple[nn.Module, Any]]):
+        self.models = list(models)
+        self.pairs = list(pairs)
+        self.counts = {"models": len(self.models), "optimizers": len(self.pairs)}
+
+
+class ShardedParts(_Parts):
+    """Each rank writes and reads its own shard of every model and optimizer (DCP)."""
+
+    def save(self, folder: Path) -> None:
+        for index, model in enumerate(self.models):
+            dcp.save(
+                {"model": get_model_state_dict(model)}, checkpoint_id=_model_dir(folder, index)
+            )
+        for index, (model, optimizer) in enumerate(self.pairs):
+            state = get_optimizer_state_dict(model, _raw(optimizer))
+            dcp.save({"optimizer": state}, checkpoint_id=folder / f"optimizer_{index}")
+
+    def load(self, folder: Path) -> None:
+        for index, model in enumerate(self.models):
+            state = {"model": get_model_state_dict(model)}
+            _dcp_load(state, _model_dir(folder, index))
+            set_model_state_dict(model, state["model"])
+        for index, (model, optimizer) in enumerate(self.pairs):
+            state = {"optimizer": get_optimizer_state_dict(model, _raw(optimizer))}
+            _dcp_load(state, folder / f"optimizer_{index}")
+            set_optimizer_state_dict(model, _raw(optimizer), state["optimizer"])
+
+
+class FullParts(_Parts):
+    """Rank 0 writes the gathered model and optimizer; every rank reads them and reshards."""
+
+    def __init__(
+        self, models: Sequence[nn.Module], pairs: Sequence[tuple[nn.Module, Any]], rank: int
+    ):
+        super().__init__(models, pairs)
+        self.rank = rank
+
+    def save(self, folder: Path) -> None:
+        for index, model in enumerate(self.models):
+            state = full_model_state(model)
+            if self.rank == 0:
+                write_file(state, folder / f"model_{index}.pt")
+        for index, (model, optimizer) in enumerate(self.pairs):
+            state = get_optimizer_state_dict(model, _raw(optimizer), options=_FULL)
+            if self.rank == 0:
+                write_file(state, folder / f"optimizer_{index}.pt")
+
+    def load(self, folder: Path) -> None:
+        for index, model in enumerate(self.models):
+            load_full_model_state(model, load_file(folder / f"model_{index}.pt"), from_rank0=False)
+        for index, (model, optimizer) in enumerate(self.pairs):
+            state = load_file(folder / f"optimizer_{index}.pt")
+            options = StateDictOptions(full_state_dict=True)
+            set_optimizer_state_dict(model, _raw(optimizer), state, options=options)
+
+
+def _model_dir(folder: Path, index: int) -> Path:
+    return folder / f"pytorch_model_fsdp_{index}"
+
+
+def _dcp_load(state: dict[str, Any], path: Path) -> None:
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(
+            f"{path} holds no sharded checkpoint (.metadata is missing): it was saved without "
+            "FSDP or with state_dict_type='FULL_STATE_DICT'; load it the way it was saved."
+        )
+    dcp.load(state, checkpoint_id=path)

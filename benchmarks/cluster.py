@@ -1,0 +1,271 @@
+"""A cluster run against a local launch: time to the first step, and the time of each step.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.cluster [--rounds 3] [--steps 60]
+
+Each round, in the same process and interleaved, launches the same DDP training function
+(a small CNN, batch 32, SGD, one thread per rank) three ways:
+
+- ``cluster``: ``notebook_launcher(cluster=client, num_nodes=2, num_processes=1)`` on a
+  ``LocalCluster`` of 2 worker processes (made once, before the rounds);
+- ``local fork``: ``notebook_launcher(num_processes=2)``, the baseline;
+- ``ray train``: Ray Train's ``TorchTrainer`` with 2 CPU workers, where ray is installed.
+
+Reported per way, as the median over rounds: seconds from the call to the first optimizer
+step done on every rank, and the median step time after the first five steps, with its
+ratio to the local fork launch (the goal for the cluster: at most 1.05x). Writes
+``benchmarks/results/cluster.md`` and ``cluster.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+WARMUP_STEPS = 5
+STEP_GOAL = 1.05
+
+
+def train(run_dir: str, steps: int) -> None:
+    """The workload: one rank's steps; writes when its first step was done and its step times.
+
+    Defined in ``__main__`` when run as a module, so cloudpickle sends it by value and the
+    nodes need nothing of this repository but notebook_kit itself.
+    """
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 14 * 14, 10),
+    )  # fmt: skip
+    model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    images, labels = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    rank, times = dist.get_rank(), []
+    for step in range(steps):
+        started = time.perf_counter()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - started)
+        if step == 0:
+            Path(os.path.join(run_dir, f"stepped-{rank}")).write_text(repr(time.time()))
+    Path(os.path.join(run_dir, f"steps-{rank}")).write_text(json.dumps(times))
+
+
+def fail_on_node_1(run_dir: str) -> None:
+    """Rank 1 raises; rank 0 sleeps (no collective), so only the kernel's abort ends it."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        Path(os.path.join(run_dir, "raised")).write_text(repr(time.time()))
+        raise RuntimeError("benchmark failure on node 1")
+    time.sleep(120)
+
+
+def spin(run_dir: str) -> None:
+    """Every rank runs until it is stopped from outside."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    Path(os.path.join(run_dir, f"running-{dist.get_rank()}")).touch()
+    while True:
+        time.sleep(0.01)
+
+
+def _faults(client: Any) -> dict[str, float]:
+    """Seconds from a rank raising on node 1 to the error in the kernel, and from Ctrl-C to
+    the KeyboardInterrupt (that every node is then gone is what the tests check)."""
+    import os
+    import threading
+
+    from notebook_kit import notebook_launcher
+    from notebook_kit.errors import WorkerError
+
+    run_dir = Path(tempfile.mkdtemp(prefix="nk_bench_fault_"))
+    options = {"cluster": client, "num_nodes": 2, "num_processes": 1, "live": False}
+    try:
+        notebook_launcher(fail_on_node_1, args=(str(run_dir),), **options)
+    except WorkerError:
+        failed = time.time() - float((run_dir / "raised").read_text())
+    pressed: list[float] = []
+
+    def press() -> None:
+        while not all((run_dir / f"running-{r}").exists() for r in (0, 1)):
+            time.sleep(0.02)
+        pressed.append(time.time())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press, daemon=True).start()
+    try:
+        notebook_launcher(spin, args=(str(run_dir),), **options)
+    except KeyboardInterrupt:
+        interrupted = time.time() - pressed[0]
+    return {"failure to error": failed, "Ctrl-C to KeyboardInterrupt": interrupted}
+
+
+def _read(run_dir: Path, started: float) -> dict[str, float]:
+    stepped = max(float((run_dir / f"stepped-{rank}").read_text()) for rank in (0, 1))
+    times = [t for rank in (0, 1) for t in json.loads((run_dir / f"steps-{rank}").read_text())]
+    return {"first step": stepped - started, "step": statistics.median(times[WARMUP_STEPS:])}
+
+
+def _cluster(client: Any, steps: int) -> dict[str, float]:
+    from notebook_kit import notebook_launcher
+
+    run_dir = Path(tempfile.mkdtemp(prefix="nk_bench_cluster_"))
+    started = time.time()
+    notebook_launcher(
+        train, args=(str(run_dir), steps), cluster=client, num_nodes=2, num_processes=1,
+        threads_per_process=1, live=False,
+    )  # fmt: skip
+    return _read(run_dir, started)
+
+
+def _local(steps: int) -> dict[str, float]:
+    from notebook_kit import notebook_launcher
+
+    run_dir = Path(tempfile.mkdtemp(prefix="nk_bench_local_"))
+    started = time.time()
+    notebook_launcher(
+        train, args=(str(run_dir), steps), num_processes=2, threads_per_process=1, live=False
+    )
+    return _read(run_dir, started)
+
+
+def _ray(steps: int) -> dict[str, float]:
+    """Ray Train's TorchTrainer with 2 CPU workers (its own process group, gloo)."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    run_dir = Path(tempfile.mkdtemp(prefix="nk_bench_ray_"))
+    started = time.time()
+    trainer = TorchTrainer(
+        lambda config: train(config["run_dir"], config["steps"]),
+        train_loop_config={"run_dir": str(run_dir), "steps": steps},
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+    )
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit()
+    finally:  # Ray puts its own SIGINT handler in place; Ctrl-C must reach the next launch
+        signal.signal(signal.SIGINT, handler)
+    return _read(run_dir, started)
+
+
+def measure(rounds: int, steps: int) -> dict[str, dict[str, Any]]:
+    """Medians over ``rounds`` of each way, interleaved in this one process."""
+    from distributed import Client, LocalCluster
+
+    ways: dict[str, Any] = {"local fork": _local}
+    notes: dict[str, str] = {}
+    if importlib.util.find_spec("ray") is None:
+        notes["ray train"] = "ray is not installed (pip install 'notebook_kit[bench]')"
+    else:
+        ways["ray train"] = _ray
+    samples: dict[str, dict[str, list[float]]] = {"cluster": {}, **{w: {} for w in ways}}
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2)
+        ways = {"cluster": lambda s: _cluster(client, s), **ways}
+        _cluster(client, WARMUP_STEPS + 1)  # the workers' first import of torch: not timed
+        faults: dict[str, list[float]] = {}
+        for _ in range(rounds):
+            for name, run in ways.items():
+                for metric, value in run(steps).items():
+                    samples[name].setdefault(metric, []).append(value)
+            for metric, value in _faults(client).items():
+                faults.setdefault(metric, []).append(value)
+    if "ray train" in ways:
+        import ray
+
+        ray.shutdown()
+    results: dict[str, dict[str, Any]] = {
+        name: {metric: statistics.median(values) for metric, values in rows.items()}
+        for name, rows in samples.items()
+    }
+    for name, why in notes.items():
+        results[name] = {"note": why}
+    results["faults"] = {metric: max(values) for metric, values in faults.items()}
+    return results
+
+
+def _table(results: dict[str, dict[str, Any]]) -> str:
+    base = results["local fork"]
+    lines = [
+        "| launch | call to first step on every rank | step time (median) | step vs local |",
+        "|---|---|---|---|",
+    ]
+    for name, row in results.items():
+        if name == "faults":
+            continue
+        if "note" in row:
+            lines.append(f"| {name} | {row['note']} | | |")
+            continue
+        first = f"{row['first step']:.2f} s (x{row['first step'] / base['first step']:.2f})"
+        ratio = row["step"] / base["step"]
+        lines.append(f"| {name} | {first} | {row['step'] * 1e3:.2f} ms | x{ratio:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--rounds", type=int, default=3)
+    cli.add_argument("--steps", type=int, default=60)
+    cli.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    arguments = cli.parse_args()
+    from benchmarks._report import machine_description
+
+    load_before = _load()
+    results = measure(arguments.rounds, arguments.steps)
+    ratio = results["cluster"]["step"] / results["local fork"]["step"]
+    verdict = "met" if ratio <= STEP_GOAL else "not met"
+    header = (
+        "# A 2-node Dask LocalCluster against a local 2-process fork launch\n\n"
+        f"Small CNN with DDP, batch 32, one thread per rank, {arguments.steps} steps, median "
+        f"of {arguments.rounds} interleaved rounds; ratios against the local fork launch "
+        f"measured in the same run. Step-time goal x{STEP_GOAL}: {verdict} (x{ratio:.3f}).\n\n"
+        f"Command: `python -m benchmarks.cluster --rounds {arguments.rounds} --steps "
+        f"{arguments.steps}`. Machine: {machine_description(load_before, _load())}\n\n"
+    )
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    faults = "\n\nEndings on the cluster, slowest of the rounds: " + ", ".join(
+        f"{metric} {value:.2f} s" for metric, value in results["faults"].items()
+    )
+    text = header + _table(results) + faults + "\n"
+    (arguments.out / "cluster.md").write_text(text)
+    (arguments.out / "cluster.json").write_text(json.dumps(results, indent=2))
+    print(text)
+
+
+def _load() -> tuple[float, ...]:
+    import os
+
+    return os.getloadavg()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""One attempt of a cluster run: submit a node task per node, watch them, end them together.
+
+The kernel never waits on a single node. Its loop drains the events the node tasks send
+through the scheduler, ticks the view, renews its lease, and checks that every node is still
+there: a node is lost when its Dask worker leaves the scheduler, or when no event (not even
+the heartbeat a node task sends four times a second) has come from it for
+``NODE_SILENCE_SECONDS``. Any failure or loss sets ``abort`` on the control variable, which
+every node task reads within a fraction of a second and turns into Ctrl-C for its node.
+
+The kernel's loop never blocks here: the events arrive on the Dask client's thread, which
+queues them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import queue
+import secrets
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from notebook_kit.errors import WorkerFailure
+from notebook_kit.launch.cluster.connect import current_workers
+from notebook_kit.launch.cluster.failures import node_lost, on_kernel_clock
+from notebook_kit.live.observer import LaunchObserver
+from notebook_kit.node.protocol import (
+    CONTROL_PERIOD_SECONDS,
+    NodeOrder,
+    NodeReport,
+    ProbeReport,
+    RunNames,
+    control_value,
+)
+from notebook_kit.node.task import run_node
+from notebook_kit.runtime.context import StopFlag
+
+__all__ = [
+    "END_GRACE_SECONDS",
+    "NODE_SILENCE_SECONDS",
+    "AttemptResult",
+    "ClusterAttempt",
+    "nodes_per_host",
+]
+
+NODE_SILENCE_SECONDS = 15.0  # no event from a node this long: it is lost
+_WORKER_CHECK_SECONDS = 0.5  # how often the scheduler's worker list is read
+END_GRACE_SECONDS = 8.0  # after an abort, the nodes get this long to report
+
+
+@dataclass
+class AttemptResult:
+    """How an attempt ended."""
+
+    value: Any = None
+    weights: dict[int, Any] = field(default_factory=dict)
+    failures: list[WorkerFailure] = field(default_factory=list)
+    lost_nodes: tuple[int, ...] = ()
+    timed_out: bool = False
+    stopped: bool = False
+    interrupted: bool = False
+
+
+class ClusterAttempt:
+    """Start the nodes, run the kernel's loop until every node has ended, clean up."""
+
+    def __init__(
+        self,
+        client: Any,
+        reports: list[ProbeReport],
+        payload: bytes,
+        settings: dict[str, Any],
+        observer: LaunchObserver,
+        stop_flag: StopFlag,
+        pool: bool = False,
+    ) -> None:
+        self.client, self.reports, self.payload = client, reports, payload
+        self.pool = pool  # the nodes keep their ranks and serve commands (a cluster pool)
+        self.ready: dict[int, tuple[int, ...]] = {}  # a pool's nodes: their ranks' pids
+        self.answers: dict[int, tuple[int, dict[str, Any]]] = {}  # node: (seq, its answer)
+        self.settings, self.observer, self.stop_flag = settings, observer, stop_flag
+        self.names = RunNames(uuid.uuid4().hex)
+        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.futures: list[Any] = []
+        self.heard = [time.monotonic()] * len(reports)
+        self.ended: dict[int, NodeReport] = {}
+        self.result = AttemptResult()
+        self.abort = ""
+        self.failed_nodes: set[int] = set()
+        self._lease = 0
+        self._lease_done = threading.Event()
+        self._lease_thread = threading.Thread(target=self._renew, daemon=True)
+        self.wake, self._ring = socket.socketpair()  # readable once an event has arrived
+        self.wake.setblocking(False)
+        self._ring.setblocking(False)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.reports)
+
+    def start(self) -> None:
+        """Publish the control variable, subscribe to the events, submit every node task."""
+        from distributed import Variable
+
+        self._control = Variable(self.names.control, client=self.client)
+        self._publish()
+        # Set before any task runs, so a task only ever reads a variable that exists: empty
+        # means node 0 has not published yet, or this node has not started yet.
+        Variable(self.names.address, client=self.client).set([])
+        for node in range(self.num_nodes):
+            Variable(self.names.started(node), client=self.client).set("")
+        self.client.subscribe_topic(self.names.events, self._arrived)
+        prefix = f"notebook_kit/{secrets.token_hex(16)}/"
+        sharing = nodes_per_host(self.reports)
+        for node, report in enumerate(self.reports):
+            order = NodeOrder(
+                run_id=self.names.run_id,
+                node_rank=node,
+                num_nodes=self.num_nodes,
+                host=report.local_address or report.host,
+                interface=report.interface,
+                payload=self.payload,
+                settings=self.settings,
+                store_prefix=prefix,
+                host_nodes=sharing[node],
+                pool=self.pool,
+            )
+            self.futures.append(
+                self.client.submit(
+                    run_node,
+                    order,
+                    workers=[report.worker],
+                    allow_other_workers=False,
+                    pure=False,
+                    retries=0,
+                )
+            )
+        self.heard = [time.monotonic()] * self.num_nodes
+        self._lease_thread.start()
+
+    def step(self, timeout: float) -> bool:
+        """One turn of the kernel's loop; False once every node has ended.
+
+        It shows every event that has arrived, waiting up to ``timeout`` for the first (0:
+        only what is there, as when the launcher's steps have waited on ``wake`` already).
+        """
+        with contextlib.suppress(OSError):
+            while self.wake.recv(4096):
+                pass
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                left = deadline - time.monotonic()
+                event = self.events.get(timeout=left) if left > 0 else self.events.get_nowait()
+            except queue.Empty:
+                break
+            self._deliver(event)
+        self.observer.on_tick()
+        if self.stop_flag.is_set() and not self.result.stopped:
+            self.result.stopped = True
+            self._publish()
+        self._collect_ended()
+        self._check_nodes()
+        return len(self.ended) + len(self.result.lost_nodes) < self.num_nodes
+
+    def command(self, *order: Any) -> None:
+        """A pool's order to every node (each node relays it to its node process, in order)."""
+        self.client.log_event(self.names.commands, pickle.dumps(order))
+
+    def end_all(self, why: str) -> None:
+        """Ask every node to end now (Ctrl-C for each node's launcher)."""
+        if not self.abort:
+            self.abort = why
+            self._publish()
+
+    def finish(self, grace: float = END_GRACE_SECONDS) -> None:
+        """Wait (bounded) for the nodes still running to report, then release everything."""
+        deadline = time.monotonic() + grace
+        try:
+            while time.monotonic() < deadline and self.step(0.05):
+                pass
+        finally:
+            self._release()
+
+    # -- events from the nodes ------------------------------------------------------------
+
+    def _arrived(self, event: tuple[float, dict[str, Any]]) -> None:
+        """On the Dask client's thread: queue the event, wake the kernel's loop."""
+        self.events.put(event)
+        with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
+            self._ring.send(b"!")
+
+    def _deliver(self, event: tuple[float, dict[str, Any]]) -> None:
+        message = event[1]
+        node = int(message["node"])
+        self.heard[node] = time.monotonic()
+        for data in message["events"]:
+            self._show(pickle.loads(data))
+
+    def _show(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "output":
+            self.observer.on_output(event[1], event[2], event[3])
+        elif kind == "metrics":
+            self.observer.on_metrics(event[1])
+        elif kind == "ready":
+            self.ready[event[1]] = event[2]
+        elif kind == "answer":
+            self.answers[event[1]] = (event[2], event[3])
+        elif kind == "finish" and event[3]:  # a node's ranks failed: end the others now,
+            self._node_failed(event[1], event[3])  # before its task has even returned
+
+    def _node_failed(self, node: int, failures: tuple[WorkerFailure, ...]) -> None:
+        """Record a node's failures once (its event and its outcome both carry them)."""
+        if node not in self.failed_nodes:
+            self.failed_nodes.add(node)
+            self.result.failures += on_kernel_clock(failures, time.monotonic())
+        self.end_all(f"node {node} failed")
+
+    def _collect_ended(self) -> None:
+        for node, future in enumerate(self.futures):
+            if node in self.ended or node in self.result.lost_nodes or not future.done():
+                continue
+            if future.status != "finished":
+                self._lose(node, f"its node task ended with {future.status}")
+                continue
+            report: NodeReport = future.result()
+            self.ended[node] = report
+            self._take_outcome(node, report)
+
+    def _take_outcome(self, node: int, report: NodeReport) -> None:
+        if report.ended_by == "refused":
+            self._lose(node, "Dask ran its node task again after a worker died; refused")
+            return
+        if report.outcome is None:
+            self._lose(node, f"its node process exited with code {report.exit_code}")
+            return
+        outcome = pickle.loads(report.outcome)
+        if outcome[0] == "value":
+            if node == 0:
+                self.result.value, self.result.weights = outcome[1], outcome[2]
+        elif outcome[0] == "failed":
+            self._node_failed(node, outcome[1])
+        elif outcome[0] == "error":
+            rank = node * self._ranks_per_node()
+            failure = WorkerFailure(
+                rank, None, outcome[1], outcome[2], outcome[3], time.monotonic()
+            )
+            self.result.failures.append(failure)
+            self.end_all(f"node {node} failed")
+        elif not self.abort:  # interrupted although nobody asked: treat as lost
+            self._lose(node, "its node process was interrupted from outside")
+
+    def _check_nodes(self) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_workers_read", 0.0) >= _WORKER_CHECK_SECONDS:
+            self._workers_read = now
+            try:
+                present = set(current_workers(self.client))
+            except Exception:
+                present = None
+            for node, report in enumerate(self.reports):
+                running = node not in self.ended and node not in self.result.lost_nodes
+                if running and present is not None and report.worker not in present:
+                    self._lose(node, "its Dask worker left the cluster")
+        for node, heard in enumerate(self.heard):
+            running = node not in self.ended and node not in self.result.lost_nodes
+            if running and now - heard > NODE_SILENCE_SECONDS:
+                self._lose(node, f"no word from it for {NODE_SILENCE_SECONDS:g} s")
+
+    def _lose(self, node: int, why: str) -> None:
+        self.result.lost_nodes = (*self.result.lost_nodes, node)
+        worker = self.reports[node].worker
+        rank = node * self._ranks_per_node()
+        self.result.failures.append(node_lost(node, rank, worker, why))
+        self.end_all(f"node {node} lost")
+
+    def _ranks_per_node(self) -> int:
+        return int(self.settings["num_processes"])
+
+    # -- control and cleanup --------------------------------------------------------------
+
+    def _publish(self) -> None:
+        value = control_value(self._lease, self.result.stopped, self.abort)
+        self._control.set(value)
+
+    def _renew(self) -> None:
+        """The lease: a counter the nodes watch; it stops moving when this kernel dies."""
+        while not self._lease_done.wait(CONTROL_PERIOD_SECONDS):
+            self._lease += 1
+            try:
+                self._publish()
+            except Exception:
+                continue
+
+    def _release(self) -> None:
+        """Nothing of this attempt stays on the scheduler: tasks, variables, events."""
+        self._lease_done.set()
+        if self._lease_thread.is_alive():
+            self._lease_thread.join(timeout=5)
+        self.end_all("finished")  # a node that never got to start must not start late
+        self.client.unsubscribe_topic(self.names.events)
+        self.client.cancel(self.futures, force=True)
+        names = self.names.all_variables(self.num_nodes)
+        topics = [self.names.events, self.names.commands]
+        topics += [f"variable-{name}" for name in names]
+        try:
+            self.client.run_on_scheduler(_forget, names, topics)
+        finally:
+            self.wake.close()
+            self._ring.close()
+
+
+def nodes_per_host(reports: list[ProbeReport]) -> list[int]:
+    """For each node, how many nodes of the run are on its host (they share its cores).
+
+    A host is the address of its Dask workers, as when choosing one worker per host.
+    """
+    return [sum(other.host == report.host for other in reports) for report in reports]
+
+
+async def _forget(names: list[str], topics: list[str], dask_scheduler: Any = None) -> None:
+    """On the scheduler: delete the run's variables, then drop the run's event logs.
+
+    One call, so nothing is logged after the logs are dropped: deleting a variable itself
+    logs to a topic named after it. The scheduler keeps up to
+    ``distributed.admin.low-level-log-length`` events per topic and has no call to forget a
+    topic; its event broker is asked directly, if it is there.
+    """
+    variables = dask_scheduler.extensions.get("variables")
+    for name in names:
+        if variables is not None:
+            await variables.delete(name=name)
+    broker = getattr(dask_scheduler, "_broker", None)
+    known = getattr(broker, "_topics", None)
+    if isinstance(known, dict):
+        for topic in topics:
+            known.pop(topic, None)

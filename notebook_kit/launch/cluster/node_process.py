@@ -1,0 +1,125 @@
+"""The node process: one node of a cluster run, started fresh by its Dask task.
+
+``python -m notebook_kit.launch.cluster.node_process ORDERS_FD EVENTS_FD`` reads its
+:class:`~notebook_kit.node.protocol.NodeOrder` from the first pipe, runs today's launcher for
+this node's ranks (guardian, forked ranks, thread budget, fork-safety checks and GPU choice as
+on one machine), and writes its events and outcome to the second. Node 0 binds its rendezvous
+port itself, on its own address, and tells the task, which publishes it: no fixed port, and
+no gap between choosing the port and listening on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+import cloudpickle
+
+from notebook_kit.config.launch_plan import auto_threads
+from notebook_kit.errors import WorkerError
+from notebook_kit.launch.cluster.node_relay import RelayObserver
+from notebook_kit.launch.forking import NodeSeat
+from notebook_kit.launch.launcher import launch_seated_node, resolve_plan
+from notebook_kit.launch.preflight import open_rendezvous_socket
+from notebook_kit.node.protocol import ADDRESS, OUTCOME, NodeOrder
+
+__all__ = ["main", "node_threads"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def main(argv: list[str]) -> int:
+    """Run the node described on the orders pipe; the exit code is 0 unless the pipe broke."""
+    parent = os.getppid()
+    _die_with_parent(parent)
+    orders, events = Connection(int(argv[0])), Connection(int(argv[1]), readable=False)
+    order = pickle.loads(orders.recv_bytes())
+    outcome = _run(order, orders, events)
+    events.send_bytes(OUTCOME + cloudpickle.dumps(outcome))
+    return 0
+
+
+def _run(order: NodeOrder, orders: Connection, events: Connection) -> tuple:
+    """This node's launch, as an outcome tuple the kernel reads.
+
+    Every node process starts at once; the others import and unpickle while node 0 binds,
+    then read node 0's address from their orders pipe.
+    """
+    try:
+        (function, args, kwargs), models = cloudpickle.loads(order.payload)
+        seat = NodeSeat(order.store_prefix)
+        if order.node_rank == 0:
+            seat.listener = open_rendezvous_socket(order.host, None)
+            master = (order.host, seat.listener.getsockname()[1])
+            events.send_bytes(ADDRESS + pickle.dumps(master))
+        else:
+            master = pickle.loads(orders.recv_bytes())
+        options = {
+            **order.settings,
+            "threads_per_process": node_threads(order),
+            "num_nodes": order.num_nodes,
+            "node_rank": order.node_rank,
+            "master_addr": master[0],
+            "use_port": master[1],
+            "max_restarts": 0,  # the kernel restarts every node together
+        }
+        plan = resolve_plan(options, "notebook_launcher")
+        relay = RelayObserver(order.node_rank, orders, events)
+        if order.pool:
+            from notebook_kit.launch.cluster.node_pool import serve_node_pool
+
+            return serve_node_pool(plan, relay, seat, orders)
+        value = launch_seated_node((function, args, kwargs), plan, relay, seat)
+    except WorkerError as error:
+        return ("failed", tuple(error.failures))
+    except KeyboardInterrupt:
+        return ("interrupted",)
+    except BaseException as error:
+        return ("error", type(error).__qualname__, str(error), traceback.format_exc())
+    weights = {
+        index: seat.weights[id(model)]
+        for index, model in enumerate(models)
+        if id(model) in seat.weights
+    }
+    return ("value", value if order.node_rank == 0 else None, weights)
+
+
+def node_threads(order: NodeOrder) -> int:
+    """Torch threads per rank on this node: ``threads_per_process`` if given, else this host's
+    cores shared out among the ranks of every node of the run on it.
+
+    A local launch divides the cores between its ranks; several nodes on one host (several
+    Dask workers of one machine) share them the same way, as the ranks of one launch would,
+    instead of each node sizing its ranks as if it had the host to itself.
+
+    Example:
+        >>> from dataclasses import replace
+        >>> order = NodeOrder("run", 0, 2, "h", None, b"", {"num_processes": 1}, "p/")
+        >>> node_threads(replace(order, settings={"num_processes": 1, "threads_per_process": 3}))
+        3
+    """
+    explicit = order.settings.get("threads_per_process")
+    if explicit is not None:
+        return int(explicit)
+    ranks_on_host = int(order.settings["num_processes"]) * max(order.host_nodes, 1)
+    return auto_threads(ranks_on_host)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the task thread that started it ends (the worker died)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

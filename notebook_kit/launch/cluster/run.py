@@ -1,0 +1,180 @@
+"""``notebook_launcher(..., cluster=client)``: one call runs every node of a Dask cluster.
+
+Everything that can be checked is checked before a rank starts: the options, the workers
+(one per node), and each worker itself (versions, network, whether the function can be
+rebuilt there). Then each attempt runs every node at once; ``max_restarts`` starts all nodes
+again after a failure, and every ending leaves the cluster ready for the next launch.
+
+``cluster_plan`` checks the options, :func:`cluster_steps` runs: a launcher's steps (see
+:class:`~notebook_kit.launch.launchers.base.Launcher`), which yield what to wait on, so the
+blocking and the awaited entry points drive a cluster run as they drive a local one
+(``ClusterLauncher`` in :mod:`notebook_kit.launch.launchers.dask_cluster`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any
+
+import cloudpickle
+
+from notebook_kit.launch.cluster.attempt import END_GRACE_SECONDS as _END_GRACE_SECONDS
+from notebook_kit.launch.cluster.attempt import AttemptResult, ClusterAttempt
+from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+from notebook_kit.launch.cluster.connect import choose_workers, current_workers
+from notebook_kit.launch.cluster.failures import ClusterWorkerError
+from notebook_kit.launch.cluster.probing import check_reports, probe_workers
+from notebook_kit.launch.interrupts import interrupt_taken
+from notebook_kit.launch.kernel_models import find_kernel_models
+from notebook_kit.launch.plan import Call
+from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT, SendTooLargeError
+from notebook_kit.live.display import default_observer
+from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
+from notebook_kit.node.protocol import ProbeReport
+from notebook_kit.runtime.context import StopFlag
+
+__all__ = ["cluster_steps"]
+
+_TICK_SECONDS = 0.1
+
+Steps = Generator[tuple[list[Any], float], list[Any], Any]  # as a launcher's steps
+
+
+def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None) -> Steps:
+    """Run ``call`` on every node of the plan's cluster; rank 0's value is the return value.
+
+    Models the function reaches get rank 0's trained weights. Raises ``ClusterWorkerError``
+    (a ``WorkerError``) for a failed rank or a lost node, ``TimeoutError`` after ``timeout``,
+    ``KeyboardInterrupt`` on Ctrl-C (or what else is thrown into the steps).
+    """
+    client, settings = plan.client, dict(plan.settings)
+    workers = choose_workers(current_workers(client), plan.num_nodes)
+    models = list(find_kernel_models(*call).values())
+    payload = _payload(call, models)
+    reports = probe_workers(client, workers, payload)
+    check_reports(reports)
+    if settings["num_processes"] is None:  # one per GPU of node 0, as on one machine
+        settings["num_processes"] = max(reports[0].gpus, 1)
+    observer = observer or default_observer(plan.live)
+    for restart in range(plan.max_restarts + 1):
+        result = yield from _attempt(client, reports, payload, settings, observer, plan.timeout)
+        if not result.failures or restart == plan.max_restarts or result.interrupted:
+            break
+        print(
+            f"{_error(result, reports, settings).failure.summary()}; restarting all "
+            f"{len(reports)} nodes (restart {restart + 1} of {plan.max_restarts}).",
+            flush=True,
+        )
+    return _conclude(result, reports, settings, models, plan.timeout)
+
+
+def _payload(call: Call, models: list[Any]) -> bytes:
+    """The function, its arguments and the models, pickled together (identity kept)."""
+    payload = cloudpickle.dumps((call, models))
+    if len(payload) > DEFAULT_SEND_LIMIT:
+        raise SendTooLargeError(
+            f"The function and its arguments pickle to {len(payload) >> 20} MiB, more than "
+            f"the {DEFAULT_SEND_LIMIT >> 20} MiB sent to every node. Load large data on the "
+            f"nodes inside the function (from a path or URL they can reach) instead."
+        )
+    return payload
+
+
+def _attempt(
+    client: Any,
+    reports: list[ProbeReport],
+    payload: bytes,
+    settings: dict[str, Any],
+    observer: LaunchObserver,
+    timeout: float | None,
+) -> Generator[tuple[list[Any], float], list[Any], AttemptResult]:
+    """Run every node once; tell the observer; return how it ended (never raises for nodes).
+
+    It waits only by yielding: on the attempt's wake-up socket, which the nodes' events ring,
+    for at most a tick, so the view ticks and the Stop button is read while nothing arrives.
+    """
+    stop_flag = StopFlag()
+    attempt = ClusterAttempt(client, reports, payload, settings, observer, stop_flag)
+    processes = int(settings["num_processes"])
+    world = processes * len(reports)
+    banner = (
+        f"Launching {processes} process{'es' if processes > 1 else ''} on each of "
+        f"{len(reports)} Dask workers ({', '.join(r.worker for r in reports)}), world size "
+        f"{world}"
+    )
+    nodes = tuple(rank // processes for rank in range(world))
+    observer.on_start(LaunchInfo(banner, world, world, tuple(range(world)), stop_flag, nodes))
+    started = time.monotonic()
+    error: BaseException | None = None
+    try:
+        attempt.start()
+        while attempt.step(0.0):
+            if timeout is not None and time.monotonic() - started > timeout:
+                attempt.result.timed_out = True
+                attempt.end_all("timeout")
+                break
+            if attempt.abort:
+                break
+            yield [attempt.wake], _TICK_SECONDS
+        grace = time.monotonic() + _END_GRACE_SECONDS  # the others report how they ended
+        while time.monotonic() < grace and attempt.step(0.0):
+            yield [attempt.wake], min(_TICK_SECONDS, grace - time.monotonic())
+    except BaseException as raised:  # Ctrl-C: every node ends, then it is raised again
+        error = raised
+        attempt.result.interrupted = True
+        if isinstance(raised, KeyboardInterrupt):
+            interrupt_taken()  # the launch ends for it: more presses only repeat it
+        attempt.end_all("interrupt")
+    finally:
+        attempt.finish(grace=2.0 if error is not None else 0.0)
+        observer.on_finish(_summary(attempt.result, reports, settings, started, error))
+        stop_flag.close()
+    if error is not None:
+        raise error
+    return attempt.result
+
+
+def _summary(
+    result: AttemptResult,
+    reports: list[ProbeReport],
+    settings: dict[str, Any],
+    started: float,
+    error: BaseException | None,
+) -> LaunchSummary:
+    return LaunchSummary(
+        ranks=(),
+        duration=time.monotonic() - started,
+        failures=tuple(_error(result, reports, settings).failures) if result.failures else (),
+        timed_out=result.timed_out,
+        interrupted=error is not None,
+        stopped=result.stopped,
+        error=error,
+    )
+
+
+def _error(
+    result: AttemptResult, reports: list[ProbeReport], settings: dict[str, Any]
+) -> ClusterWorkerError:
+    world = int(settings["num_processes"]) * len(reports)
+    workers = [report.worker for report in reports]
+    return ClusterWorkerError(result.failures, world, workers, result.lost_nodes)
+
+
+def _conclude(
+    result: AttemptResult,
+    reports: list[ProbeReport],
+    settings: dict[str, Any],
+    models: list[Any],
+    timeout: float | None,
+) -> Any:
+    if result.timed_out:
+        raise TimeoutError(
+            f"The cluster run did not finish within timeout={timeout} s; every node was "
+            f"stopped. Raise timeout or pass None."
+        )
+    if result.failures:
+        raise _error(result, reports, settings)
+    for index, state in result.weights.items():
+        models[index].load_state_dict(state)
+    return result.value

@@ -1,0 +1,37 @@
+"""A Dask cluster: one node process per chosen Dask worker, each forking its node's ranks.
+
+The kernel's side of the run is :mod:`notebook_kit.launch.cluster`; this class puts it behind
+the interface every way to run shares, so ``notebook_launcher(cluster=...)`` and ``await
+notebook_launcher_async(cluster=...)`` drive the same steps, with the same live view.
+"""
+
+from __future__ import annotations
+
+from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+from notebook_kit.launch.launchers.base import Launcher, Steps
+from notebook_kit.launch.plan import Call
+from notebook_kit.live.display import default_observer
+from notebook_kit.live.observer import LaunchObserver
+
+__all__ = ["ClusterLauncher"]
+
+
+class ClusterLauncher(Launcher):
+    """``num_processes`` ranks on each of ``num_nodes`` Dask workers (docs/cluster.md).
+
+    Example::
+
+        value = run_blocking(ClusterLauncher(resolve_cluster_plan(client, options)).run(
+            call, observer=None))
+    """
+
+    def __init__(self, plan: ClusterPlan) -> None:  # a cluster run resolves no LaunchPlan
+        self.cluster_plan = plan
+
+    def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
+        from notebook_kit.launch.cluster.run import cluster_steps  # it imports the pool
+
+        return (yield from cluster_steps(call, self.cluster_plan, observer))
+
+    def view(self, observer: LaunchObserver | None) -> LaunchObserver:
+        return observer if observer is not None else default_observer(self.cluster_plan.live)

@@ -1,0 +1,134 @@
+"""What a cluster run checks before anything starts: no cluster, no worker and no rank needed."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+
+from notebook_kit import notebook_launcher
+from notebook_kit.config.environment import usable_cpu_count
+from notebook_kit.launch.cluster.attempt import nodes_per_host
+from notebook_kit.launch.cluster.cluster_plan import _settings
+from notebook_kit.launch.cluster.connect import choose_workers, dask_client
+from notebook_kit.launch.cluster.node_process import node_threads
+from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
+from notebook_kit.launch.cluster.run import _payload
+from notebook_kit.launch.pool.shipping import SendTooLargeError
+from notebook_kit.node.probe import interface_for, probe_version
+from notebook_kit.node.protocol import NodeOrder, ProbeReport
+
+
+def _report(**changes) -> ProbeReport:
+    here = ProbeReport(
+        worker="tcp://10.0.0.2:4000",
+        host="10.0.0.2",
+        hostname="gpu-7",
+        python=".".join(map(str, sys.version_info[:3])),
+        torch=probe_version("torch"),
+        notebook_kit=probe_version("notebook_kit"),
+        gpus=0,
+        interface="eth0",
+        local_address="10.0.0.2",
+        rebuild_error=None,
+    )
+    return replace(here, **changes)
+
+
+def test_without_dask_cluster_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(ImportError, match=r"pip install 'notebook_kit\[cluster\]'"):
+        notebook_launcher(print, cluster=object(), num_processes=1)
+
+
+def test_a_cluster_that_is_not_one_is_named():
+    pytest.importorskip("distributed")
+    with pytest.raises(TypeError, match=r"cluster must be a distributed\.Client .* got str"):
+        dask_client("tcp://scheduler:8786")
+
+
+@pytest.mark.parametrize("name", ["use_port", "master_addr", "node_rank"])
+def test_what_the_cluster_chooses_cannot_be_given(name):
+    with pytest.raises(ValueError, match=f"{name} is chosen by the cluster"):
+        _settings({name: 1 if name != "master_addr" else "10.0.0.1"})
+
+
+def test_bad_settings_are_refused_before_any_worker_is_asked():
+    with pytest.raises(ValueError, match="num_processes"):
+        _settings({"num_processes": 0})
+    with pytest.raises(ValueError, match="num_nodes"):
+        _settings({"num_nodes": 0})
+
+
+def test_one_worker_per_host_unless_num_nodes_asks_for_more():
+    workers = {
+        "tcp://a:2": {"host": "a"},
+        "tcp://a:1": {"host": "a"},
+        "tcp://b:1": {"host": "b"},
+    }
+    assert choose_workers(workers, None) == ["tcp://a:1", "tcp://b:1"]
+    assert choose_workers(workers, 3) == ["tcp://a:1", "tcp://b:1", "tcp://a:2"]
+    with pytest.raises(ValueError, match=r"num_nodes=4 needs 4 Dask workers .* has 3"):
+        choose_workers(workers, 4)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"torch": "2.0.0"}, r"has torch 2.0.0, the kernel .* install torch=="),
+        ({"notebook_kit": "0.0.1"}, "has notebook_kit 0.0.1"),
+        ({"rebuild_error": "ModuleNotFoundError: No module named 'mylib'"}, "cannot be rebuilt"),
+        ({"interface": None}, "no network interface that reaches node 0"),
+    ],
+)
+def test_a_worker_that_differs_is_named_with_the_fix(changes, message):
+    reports = [_report(), _report(worker="tcp://10.0.0.3:4000", **changes)]
+    with pytest.raises(ClusterSetupError, match=message) as caught:
+        check_reports(reports)
+    assert "node 1 (Dask worker tcp://10.0.0.3:4000, host gpu-7)" in str(caught.value)
+
+
+def test_matching_workers_pass():
+    check_reports([_report(), _report(worker="tcp://10.0.0.3:4000")])
+
+
+def test_the_interface_to_loopback_is_found_without_resolving_the_host_name():
+    name, address = interface_for("127.0.0.1")
+    assert address == "127.0.0.1" and name == "lo"
+
+
+def test_a_payload_over_the_pools_limit_is_refused(monkeypatch):
+    monkeypatch.setattr("notebook_kit.launch.cluster.run.DEFAULT_SEND_LIMIT", 1000)
+    with pytest.raises(SendTooLargeError, match="more than"):
+        _payload((print, (b"x" * 2000,), {}), [])
+
+
+def _order(host_nodes: int, **settings) -> NodeOrder:
+    return NodeOrder(
+        "run", 0, 3, "10.0.0.2", "eth0", b"", {"num_processes": 1, **settings}, "p/",
+        host_nodes=host_nodes,
+    )  # fmt: skip
+
+
+def test_nodes_that_share_a_host_share_its_cores_as_ranks_of_one_launch_would():
+    reports = [_report(), _report(worker="tcp://10.0.0.2:4001"), _report(host="10.0.0.3")]
+    assert nodes_per_host(reports) == [2, 2, 1]
+    cores = usable_cpu_count()
+    assert node_threads(_order(1)) == cores
+    assert node_threads(_order(2)) == max(1, cores // 2)
+    assert node_threads(_order(2, num_processes=2)) == max(1, cores // 4)
+    assert node_threads(_order(2, threads_per_process=3)) == 3  # given: it wins
+
+
+def test_a_node_process_starts_without_what_the_nanny_tuned_for_its_worker(monkeypatch):
+    pytest.importorskip("distributed")
+    from notebook_kit.node.task import _node_environment
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as the nanny sets it
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    env = _node_environment("eth0")
+    assert "MALLOC_TRIM_THRESHOLD_" not in env and "OMP_NUM_THREADS" not in env
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")  # the user's own value stays
+    assert _node_environment(None)["MALLOC_TRIM_THRESHOLD_"] == "1048576"

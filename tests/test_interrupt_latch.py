@@ -1,0 +1,77 @@
+"""The interrupt latch with real SIGINTs sent to this process: one press raises, repeats do not.
+
+The kernel-level timing of quick presses is covered in a real kernel
+(``test_interrupt_presses_integration.py``); here each rule of the latch is pinned down on its
+own, with no timing left to chance.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from notebook_kit.launch.interrupts import (
+    REPEAT_SECONDS,
+    interrupt_latch,
+    interrupt_taken,
+    interrupts_deferred,
+)
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint_handler():
+    """The latch only stands in for a Python handler, as the kernel's is."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _press() -> bool:
+    """Send SIGINT to this process; True when it raised KeyboardInterrupt here."""
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100):  # the handler runs at one of the next bytecodes
+            time.sleep(0.001)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def test_a_press_raises_once_and_its_quick_repeats_are_absorbed():
+    with interrupt_latch():
+        presses = [_press() for _ in range(3)]
+    assert presses == [True, False, False]
+
+
+def test_a_press_after_the_repeat_window_raises_again():
+    with interrupt_latch():
+        first = _press()
+        time.sleep(REPEAT_SECONDS + 0.1)
+        second = _press()
+    assert (first, second) == (True, True)
+
+
+def test_once_the_interrupt_is_taken_every_later_press_is_absorbed():
+    with interrupt_latch():
+        assert _press()
+        interrupt_taken()
+        time.sleep(REPEAT_SECONDS + 0.1)
+        assert not _press()
+
+
+def test_a_press_during_a_clean_up_is_delivered_once_when_it_ends():
+    with interrupt_latch():
+        with pytest.raises(KeyboardInterrupt), interrupts_deferred():
+            held = [_press(), _press()]
+        assert held == [False, False]
+        assert not _press()  # a repeat of the press just delivered
+
+
+def test_the_handler_is_the_kernels_again_after_the_block():
+    with interrupt_latch():
+        pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert _press()

@@ -9,14 +9,17 @@ Writes ``gpu.md`` (and ``gpu.json``) with, all measured in this one run:
 * step time in one process (the kernel's case), bf16 autocast, fused AdamW, two MLP sizes:
   a plain hand-written autocast loop (the baseline), notebook_kit's Accelerator and, where
   installed, Hugging Face Accelerate's — interleaved blocks, median per step;
-* ``accelerator.log({"loss": loss})`` every step inside a launch vs the same loop without it;
-* trivial-launch latency (2 workers, one all_reduce) vs torch's own fork launcher;
-* time to the first optimizer step of a forked worker on the GPU (``isolate=True``), with the
-  worker's CUDA initialisation measured on its own;
-* an fp16 run with GradScaler: steps skipped for overflow and the final loss.
+* ``accelerator.log({"loss": loss})`` every step in a forked worker on the GPU, against the
+  same loop without it, blocks interleaved in the same worker (goal: at most x1.02);
+* launch latency on the GPU (every GPU, nccl, one all_reduce of a GPU tensor) against torch's
+  own fork launcher doing the same;
+* time to the first optimizer step of a forked worker on the GPU (``isolate=True``), and CUDA
+  initialisation on its own, timed in a fresh forked worker that has not touched CUDA yet;
+* fp16 runs with GradScaler (SGD and fused AdamW): steps skipped for overflow, final loss.
 
 The CUDA measurements run in child processes, so this process stays free of CUDA and can
-fork launches the way a notebook kernel does.
+fork launches the way a notebook kernel does. Without a GPU it says so and exits 0, so
+``python -m pytest tests/gpu && python -m benchmarks.gpu`` is a dry run on a CPU machine.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -119,7 +121,8 @@ def measure_steps() -> dict[str, Any]:
     return {label: _interleaved(_loops(*size)) for label, size in SIZES.items()}
 
 
-def _logging_loop(log_every_step: bool) -> float:
+def _logging_blocks() -> dict[str, float]:
+    """In one worker: blocks with and without ``accelerator.log`` every step, interleaved."""
     import torch
 
     from notebook_kit import Accelerator
@@ -128,41 +131,46 @@ def _logging_loop(log_every_step: bool) -> float:
     model, x, y = _model_and_data(256, 64)
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)
     model, optimizer = accelerator.prepare(model, optimizer)
-    times = []
-    for block in range(BLOCKS):
+    times: dict[str, list[float]] = {"without log": [], "log every step": []}
+    step = 0
+    for block in range(2 * BLOCKS + 2):
+        logging = block % 2 == 1
         torch.cuda.synchronize()
         started = time.perf_counter()
-        for step in range(STEPS_PER_BLOCK):
+        for _ in range(STEPS_PER_BLOCK):
             loss = (model(x) - y).pow(2).mean()
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-            if log_every_step:
-                accelerator.log({"loss": loss}, step=block * STEPS_PER_BLOCK + step)
+            if logging:
+                accelerator.log({"loss": loss}, step=step)
+            step += 1
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - started) / STEPS_PER_BLOCK)
-    return statistics.median(times[1:])
+        if block >= 2:  # the first pair warms up
+            times["log every step" if logging else "without log"].append(
+                (time.perf_counter() - started) / STEPS_PER_BLOCK
+            )
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def measure_logging() -> dict[str, float]:
+    """In a forked worker on the GPU, where the metrics go out through the sender thread."""
     from notebook_kit import notebook_launcher
 
-    # Inside a launch (one process, in this process) so that every log call really sends.
-    results: dict[str, list[float]] = {"without log": [], "log every step": []}
-    for _ in range(3):
-        results["without log"].append(notebook_launcher(_logging_loop, args=(False,), live=False))
-        results["log every step"].append(notebook_launcher(_logging_loop, args=(True,), live=False))
-    return {name: statistics.median(values) for name, values in results.items()}
+    return notebook_launcher(_logging_blocks, isolate=True, live=False)
 
 
-def measure_fp16() -> dict[str, Any]:
+def _fp16_run(fused: bool) -> dict[str, Any]:
     import torch
 
     from notebook_kit import Accelerator
 
     accelerator = Accelerator(mixed_precision="fp16")
     model, x, y = _model_and_data(256, 64)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if fused:
+        optimizer: Any = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)
     skipped, loss = 0, None
     for step in range(200):
@@ -175,8 +183,12 @@ def measure_fp16() -> dict[str, Any]:
     return {"steps": 200, "skipped": skipped, "final loss": final}
 
 
+def measure_fp16() -> dict[str, Any]:
+    return {"SGD": _fp16_run(fused=False), "fused AdamW": _fp16_run(fused=True)}
+
+
 def _child(section: str) -> None:
-    measure = {"steps": measure_steps, "logging": measure_logging, "fp16": measure_fp16}
+    measure = {"steps": measure_steps, "fp16": measure_fp16}
     print(json.dumps(measure[section]()))
 
 
@@ -191,20 +203,56 @@ def _in_child(section: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_launch(repeats: int = 15) -> dict[str, float]:
-    from benchmarks._tools import TOOLS
-    from benchmarks._workloads import Task
+def _all_reduce_on_gpu() -> float:
+    """The trivial launch's work: one all_reduce of a GPU tensor in the nccl group."""
+    import torch
+    import torch.distributed as dist
 
+    total = torch.ones(1, device="cuda")
+    dist.all_reduce(total)
+    return float(total.item())
+
+
+def _torch_fork_worker(rank: int, world_size: int, port: int) -> None:
+    """torch's own fork launcher, hand-written the usual way: nccl, one all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device)
+    total = torch.ones(1, device="cuda")
+    dist.all_reduce(total)
+    total.item()
+    dist.destroy_process_group()
+
+
+def _launch_once(tool: str, gpus: int) -> float:
+    import torch.multiprocessing as mp
+
+    from benchmarks._harness import free_port
+    from notebook_kit import notebook_launcher
+
+    started = time.perf_counter()
+    if tool == "notebook_kit":
+        # One GPU: a forked worker (isolate) all the same, so both sides fork and use nccl.
+        notebook_launcher(_all_reduce_on_gpu, num_processes=gpus, isolate=True, live=False)
+    else:
+        mp.start_processes(
+            _torch_fork_worker, args=(gpus, free_port()), nprocs=gpus, start_method="fork"
+        )
+    return time.perf_counter() - started
+
+
+def measure_launch(gpus: int, repeats: int = 10) -> dict[str, float]:
+    """Launch latency on the GPU: fork, nccl group, one all_reduce, end; interleaved."""
     times: dict[str, list[float]] = {"notebook_kit": [], "torch-fork": []}
-    with tempfile.TemporaryDirectory() as run_dir:
-        for tool in times:
-            TOOLS[tool].load()
-            TOOLS[tool].launch(Task("allreduce", run_dir))  # warm-up
-        for _ in range(repeats):
-            for tool in times:
-                started = time.perf_counter()
-                TOOLS[tool].launch(Task("allreduce", run_dir))
-                times[tool].append(time.perf_counter() - started)
+    for tool in times:
+        _launch_once(tool, gpus)  # warm-up
+    for repeat in range(repeats):
+        for tool in list(times)[repeat % 2 :] + list(times)[: repeat % 2]:
+            times[tool].append(_launch_once(tool, gpus))
     return {tool: statistics.median(values) for tool, values in times.items()}
 
 
@@ -213,10 +261,6 @@ def _first_gpu_step() -> dict[str, float]:
 
     from notebook_kit import Accelerator
 
-    started = time.perf_counter()
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
-    cuda_init = time.perf_counter() - started
     accelerator = Accelerator(mixed_precision="bf16")
     model, x, y = _model_and_data(256, 64)
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)
@@ -224,22 +268,34 @@ def _first_gpu_step() -> dict[str, float]:
     accelerator.backward((model(x) - y).pow(2).mean())
     optimizer.step()
     torch.cuda.synchronize()
-    return {"cuda init": cuda_init}
+    return {}
+
+
+def _cuda_init_here() -> float:
+    """CUDA initialisation in this worker, which has not touched CUDA (a gloo launch)."""
+    import torch
+
+    assert not torch.cuda.is_initialized(), "the worker had initialised CUDA already"
+    started = time.perf_counter()
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
 
 
 def measure_first_step(repeats: int = 3) -> dict[str, float]:
     from notebook_kit import notebook_launcher
 
-    rows: dict[str, list[float]] = {"launch to first step": [], "cuda init": []}
+    steps, inits = [], []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        inner = notebook_launcher(_first_gpu_step, isolate=True, live=False)
-        rows["launch to first step"].append(time.perf_counter() - started)
-        rows["cuda init"].append(inner["cuda init"])
+        notebook_launcher(_first_gpu_step, isolate=True, live=False)
+        steps.append(time.perf_counter() - started)
+        inits.append(notebook_launcher(_cuda_init_here, isolate=True, backend="gloo", live=False))
     return {
-        "first": rows["launch to first step"][0],
-        "repeat": statistics.median(rows["launch to first step"][1:]),
-        "cuda init (repeat)": statistics.median(rows["cuda init"][1:]),
+        "first": steps[0],
+        "repeat": statistics.median(steps[1:]),
+        "cuda init (repeat)": statistics.median(inits[1:]),
     }
 
 
@@ -251,26 +307,32 @@ def _report(results: dict[str, Any]) -> str:
         lines.append(f"- {label}: " + ", ".join(cells))
     logging = results["logging"]
     ratio = logging["log every step"] / logging["without log"]
-    lines += ["", f"## accelerator.log every step: x{ratio:.3f} the loop without logging", ""]
-    launch = results["launch"]
     lines += [
-        f"## Trivial launch (2 workers, one all_reduce): notebook_kit "
-        f"{1000 * launch['notebook_kit']:.1f} ms vs torch fork {1000 * launch['torch-fork']:.1f}"
-        f" ms (x{launch['notebook_kit'] / launch['torch-fork']:.2f})",
+        "",
+        f"## accelerator.log every step, forked worker: x{ratio:.3f} the loop without logging "
+        f"({1000 * logging['log every step']:.3f} vs {1000 * logging['without log']:.3f} ms)",
+        "",
+    ]
+    launch, gpus = results["launch"], results["gpus"]
+    launch_ratio = launch["notebook_kit"] / launch["torch-fork"]
+    lines += [
+        f"## Launch on the GPU ({gpus} worker{'s' if gpus > 1 else ''}, nccl, one all_reduce): "
+        f"notebook_kit {1000 * launch['notebook_kit']:.1f} ms vs torch fork "
+        f"{1000 * launch['torch-fork']:.1f} ms (x{launch_ratio:.2f})",
         "",
     ]
     first = results["first step"]
     lines += [
         f"## Forked worker on the GPU, launch to first optimizer step: first "
-        f"{first['first']:.2f} s, repeat {first['repeat']:.2f} s, of which CUDA "
-        f"initialisation {first['cuda init (repeat)']:.2f} s",
+        f"{first['first']:.2f} s, repeat {first['repeat']:.2f} s; CUDA initialisation in a "
+        f"fresh forked worker {first['cuda init (repeat)']:.2f} s",
         "",
     ]
-    fp16 = results["fp16"]
-    lines.append(
-        f"## fp16 with GradScaler: {fp16['skipped']} of {fp16['steps']} steps skipped for "
-        f"overflow, final loss {fp16['final loss']:.4f}"
-    )
+    for name, fp16 in results["fp16"].items():
+        lines.append(
+            f"## fp16 with GradScaler, {name}: {fp16['skipped']} of {fp16['steps']} steps "
+            f"skipped for overflow, final loss {fp16['final loss']:.4f}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -282,11 +344,18 @@ def main() -> None:
     if arguments.child:
         _child(arguments.child)
         return
+    from notebook_kit.config.environment import gpu_count  # counts without initialising CUDA
+
+    gpus = gpu_count()
+    if gpus == 0:
+        print("benchmarks.gpu: no CUDA GPU visible here, so nothing to measure (exit 0).")
+        return
     results = {
-        "launch": measure_launch(),
+        "gpus": gpus,
+        "launch": measure_launch(gpus),
         "first step": measure_first_step(),
+        "logging": measure_logging(),
         "steps": _in_child("steps"),
-        "logging": _in_child("logging"),
         "fp16": _in_child("fp16"),
     }
     arguments.out.mkdir(parents=True, exist_ok=True)

@@ -132,3 +132,25 @@ def test_trainer_benchmark_measures_all_three_launches(tmp_path: Path) -> None:
     )
     assert all(len(values) == 1 and values[0] > 0 for values in rates.values())
     assert "live / Accelerate notebook_launcher:" in completed.stdout
+
+
+def test_live_view_report_says_whether_each_goal_is_met() -> None:
+    from benchmarks.live_view import report
+
+    quiet = {"trivial_quiet": [0.080, 0.090], "first_quiet": [1.0, 1.0]}
+    met = {**quiet, "trivial_live": [0.100, 0.110], "first_live": [1.05, 1.05]}
+    missed = {**quiet, "trivial_live": [0.300, 0.330], "first_live": [1.3, 1.3]}
+    lines = report({"new": met, "old": missed}).splitlines()
+    assert "+20 ms (ok)" in lines[2] and "1.05x (ok)" in lines[2]
+    assert "+230 ms (over 30 ms)" in lines[3] and "1.30x (over 1.1x)" in lines[3]
+
+
+def test_versions_reads_the_step_overhead_ratios() -> None:
+    from benchmarks.versions import STEP_RATIO
+
+    line = (
+        "2 processes, DDP: median step hand-written 1.000 ms, Accelerator 1.020 ms; "
+        "ratio Accelerator/hand-written: wall 1.020, CPU time 1.010"
+    )
+    match = STEP_RATIO.match(line)
+    assert match is not None and (match["label"], match["wall"]) == ("2 processes, DDP", "1.020")

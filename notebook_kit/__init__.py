@@ -10,14 +10,16 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-# torch.cuda.is_available() otherwise initialises the CUDA driver, after which forked workers
-# cannot use the GPU; through NVML it asks without doing so. An explicit setting is kept.
+# The one change importing the package makes to the process, on purpose: the launcher forks
+# workers from the kernel, and a process that has initialised the CUDA driver cannot fork
+# children that use the GPU. torch.cuda.is_available() initialises the driver unless this
+# variable (read at each call) makes it ask NVML instead, and notebook code calls it freely
+# between `import notebook_kit` and the launch, so the launch itself would be too late to set
+# it. A value the user set is kept. tests/test_import.py checks that importing changes nothing
+# else in os.environ or sys.meta_path.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-from notebook_kit import _moved
 from notebook_kit.config.environment import environment
-
-_moved.install()  # old documented module paths stay importable
 
 if TYPE_CHECKING:
     from notebook_kit.accelerator.accelerator import Accelerator
@@ -49,11 +51,12 @@ if TYPE_CHECKING:
         DistributedType,
         PartialState,
     )
+    from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
     from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
     from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
     from notebook_kit.launch.panel import ConfigPanel
-    from notebook_kit.launch.pool import WorkerPool
+    from notebook_kit.launch.pool.worker_pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import log, progress, should_stop
@@ -71,6 +74,7 @@ __all__ = [
     "DistributedOperationException",
     "DistributedType",
     "ForkSafetyError",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -117,6 +121,7 @@ _LAZY: dict[str, str] = {
     "DistributedOperationException": "accelerator.operations",
     "DistributedType": "accelerator.partial_state",
     "ForkSafetyError": "launch.preflight",
+    "FullyShardedDataParallelPlugin": "accelerator.strategies.fsdp_plugin",
     "GradScalerKwargs": "accelerator.configuration",
     "GradientAccumulationPlugin": "accelerator.configuration",
     "InitProcessGroupKwargs": "accelerator.configuration",
@@ -127,7 +132,7 @@ _LAZY: dict[str, str] = {
     "ProjectConfiguration": "accelerator.configuration",
     "RunRecord": "live.record",
     "WorkerError": "errors",
-    "WorkerPool": "launch.pool",
+    "WorkerPool": "launch.pool.worker_pool",
     "broadcast": "accelerator.operations",
     "broadcast_object_list": "accelerator.operations",
     "gather": "accelerator.operations",

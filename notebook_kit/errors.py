@@ -89,11 +89,12 @@ class WorkerError(RuntimeError):
         failures: Every failure seen, root cause first.
         world_size: Number of processes in the launch.
 
-    Example:
-        >>> try:
-        ...     notebook_launcher(train, num_processes=2)
-        ... except WorkerError as error:
-        ...     print(error.failure.rank)
+    Example::
+
+        try:
+            notebook_launcher(train, num_processes=2)
+        except WorkerError as error:
+            print(error.failure.rank)
     """
 
     def __init__(self, failures: list[WorkerFailure], world_size: int) -> None:

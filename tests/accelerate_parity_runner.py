@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
 from typing import Any, Literal
 
-Implementation = Literal["accelerate", "ours"]
+# "one-import": ours, but the script keeps Accelerate's configuration objects and
+# DistributedType, as a script that only changed ``from accelerate import Accelerator`` does.
+Implementation = Literal["accelerate", "ours", "one-import"]
 Status = Literal["pass", "fail", "skip"]
 
 
@@ -111,6 +113,15 @@ def api(implementation: Implementation) -> SimpleNamespace:
             DistributedType=DistributedType,
             # The state Accelerate's own CPU launchers give the scripts (``--cpu``).
             state=lambda: accelerate.PartialState(cpu=True),
+        )
+    if implementation == "one-import":
+        from accelerate.utils import DataLoaderConfiguration, DistributedType
+
+        return SimpleNamespace(
+            Accelerator=_ours("Accelerator"),
+            DataLoaderConfiguration=DataLoaderConfiguration,
+            DistributedType=DistributedType,
+            state=_ours("PartialState"),
         )
     return SimpleNamespace(
         Accelerator=_ours("Accelerator"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -94,6 +95,18 @@ _WORST_FIRST = ("failed", "error", "xpassed", "skipped", "xfailed", "passed")
 
 
 _kind_of: dict[str, str] = {}  # node id -> kind, from each collected test's markers
+
+
+def pytest_collection_finish(session):
+    """Let the import warm-up finish before the first test.
+
+    Importing the launcher starts a thread that imports what workers need, creating loggers
+    as it goes; pytest's logging plugin walks the loggers as the run starts, and a dictionary
+    changing under it is an internal error of the whole run.
+    """
+    warmup = sys.modules.get("notebook_kit.launch.warmup")
+    if warmup is not None:
+        warmup.wait_for_warmup()
 
 
 def pytest_collection_modifyitems(config, items):

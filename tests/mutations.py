@@ -21,7 +21,7 @@ class Edit:
 
 @dataclass(frozen=True)
 class Mutation:
-    """One named breakage of a README promise and the tests that must notice it."""
+    """One named breakage of a documented promise and the tests that must notice it."""
 
     name: str
     promise: str
@@ -31,6 +31,15 @@ class Mutation:
 
 _LAUNCHER = "tests/test_launcher_integration.py::"
 _PROMISES = "tests/test_promises_integration.py::"
+_FSDP = "tests/test_fsdp_integration.py::"
+_CLUSTER = "tests/test_cluster_integration.py::"
+_MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
+_GPU_PATHS = "tests/test_gpu_paths.py::"
+_GPU_POOL = "tests/test_gpu_paths_pool_integration.py::"
+_FRONT_END_IDLE = (
+    "tests/test_live_kernel_integration.py::"
+    "test_an_idle_the_front_end_caused_before_the_live_view_is_undone_as_it_shows"
+)
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -61,11 +70,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a failed or interrupted run leaves the kernel's model untouched",
         (
             Edit(
-                "launch/launcher.py",
+                "launch/launchers/forked.py",
                 """        outcome = self.supervisor.outcome()
 """,
                 """        outcome = self.supervisor.outcome()
-        load_home_weights(self.kernel_models, (outcome.result or {}).get("weights", {}))
+        if outcome.result is not None:
+            load_home_weights(self.kernel_models, outcome.result.weights)
 """,
             ),
         ),
@@ -98,7 +108,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "max_restarts= starts the workers again after a failure, that many times",
         (
             Edit(
-                "launch/launcher.py",
+                "launch/launchers/forked.py",
                 "if error is not None or self.restart_count >= self.plan.max_restarts:",
                 "if True:",
             ),
@@ -112,7 +122,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a failure beyond max_restarts is raised",
         (
             Edit(
-                "launch/launcher.py",
+                "launch/launchers/forked.py",
                 "if error is not None or self.restart_count >= self.plan.max_restarts:",
                 "if error is not None or self.restart_count > self.plan.max_restarts:",
             ),
@@ -180,9 +190,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "on one process prepare(model) returns your own module",
         (
             Edit(
-                "accelerator/accelerator.py",
-                "        else:\n            wrapped = model\n",
-                "        else:\n            wrapped = nn.Sequential(model)\n",
+                "accelerator/strategies/single.py",
+                "        self.patch_precision(model)\n        return model\n",
+                "        self.patch_precision(model)\n        return nn.Sequential(model)\n",
             ),
         ),
         (
@@ -195,12 +205,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "tensors in a result arrive on the CPU wherever the workers had them",
         (
             Edit(
-                "worker/homeward.py",
+                "worker/host_pickling.py",
                 'if not isinstance(obj, torch.Tensor) or obj.device.type in ("cpu", "meta"):',
                 "if True:",
             ),
         ),
-        ("tests/test_homeward.py",),
+        ("tests/test_host_pickling.py",),
     ),
     Mutation(
         "warmup-not-started",
@@ -250,8 +260,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "config/arguments.py",
-                "    if value < minimum or (maximum is not None and value > maximum):",
-                "    if False:",
+                "    if value < minimum:\n",
+                "    if False:\n",
+            ),
+            Edit(
+                "config/arguments.py",
+                "    if maximum is not None and value > maximum:\n",
+                "    if False:\n",
             ),
         ),
         ("tests/test_arguments.py::test_bad_arguments_are_refused_before_forking",),
@@ -291,7 +306,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "dropped-count-lost",
         "metrics dropped under back-pressure are counted",
-        (Edit("runtime/metrics.py", '"dropped": state[0],', '"dropped": 0,'),),
+        (Edit("runtime/metrics.py", "dropped=state[0],", "dropped=0,"),),
         ("tests/test_metrics.py::test_a_blocked_kernel_never_blocks_log_and_drops_are_counted",),
     ),
     Mutation(
@@ -311,9 +326,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "no_sync skips the gradient all-reduce",
         (
             Edit(
-                "accelerator/accelerator.py",
-                "context = model.no_sync() if isinstance(model, DistributedDataParallel) else None",
-                "context = None",
+                "accelerator/strategies/ddp.py",
+                "            return model.no_sync()\n",
+                "            return contextlib.nullcontext()\n",
             ),
         ),
         (f"{_PROMISES}test_no_sync_skips_the_all_reduce_and_a_synced_step_averages",),
@@ -323,7 +338,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "clip_grad_norm_ clips the gradients' total norm",
         (
             Edit(
-                "accelerator/accelerator.py",
+                "accelerator/strategies/strategy.py",
                 "return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)",
                 "return torch.nn.utils.get_total_norm([p.grad for p in parameters], norm_type)",
             ),
@@ -380,5 +395,1226 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         ("tests/test_metrics.py::test_outside_a_launch_logging_does_nothing",),
+    ),
+    Mutation(
+        "view-built-before-fork",
+        "the live view is built while the workers start, and gets all they sent meanwhile",
+        (
+            Edit(
+                "launch/launchers/forked.py",
+                """            self.observer = self.supervisor.observer = self.view()
+            self.observer.on_start(info)
+""",
+                "",
+            ),
+            Edit(
+                "launch/launchers/forked.py",
+                """            started = time.monotonic()
+""",
+                """            self.observer = self.supervisor.observer = self.view()
+            self.observer.on_start(info)
+            started = time.monotonic()
+""",
+            ),
+        ),
+        (
+            "tests/test_launchers.py::"
+            "test_the_view_is_built_after_the_fork_and_gets_everything_sent_meanwhile_once",
+        ),
+    ),
+    Mutation(
+        "failure-decoded-without-traceback",
+        "a rank's traceback reaches the kernel whole, from a launch or a pool",
+        (
+            Edit(
+                "runtime/messages.py",
+                '    trace = payload["traceback"]\n',
+                '    trace = ""\n',
+            ),
+        ),
+        (
+            "tests/test_messages.py::"
+            "test_every_kind_decodes_to_what_was_sent_through_a_pickle_of_plain_data",
+            f"{_LAUNCHER}test_raising_rank_is_reported_with_traceback",
+        ),
+    ),
+    Mutation(
+        "import-adds-a-meta-path-finder",
+        "importing notebook_kit changes only the documented environment variable",
+        (
+            Edit(
+                "__init__.py",
+                "from notebook_kit.config.environment import environment\n",
+                "from notebook_kit.config.environment import environment\n"
+                "import sys; sys.meta_path.append(importlib.machinery.PathFinder())\n",
+            ),
+        ),
+        (
+            "tests/test_import.py::"
+            "test_importing_the_package_changes_only_the_documented_environment_variable",
+        ),
+    ),
+    Mutation(
+        "cluster-weights-stay-on-the-node",
+        "a cluster run brings rank 0's weights home into the kernel's model",
+        (
+            Edit(
+                "launch/cluster/run.py",
+                "        models[index].load_state_dict(state)\n",
+                "        pass\n",
+            ),
+        ),
+        (f"{_CLUSTER}test_all_reduce_metrics_result_and_weights_come_home",),
+    ),
+    Mutation(
+        "cluster-failure-not-sent-to-other-nodes",
+        "a rank failing on one node ends every node of a cluster run",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                """on_kernel_clock(failures, time.monotonic())
+        self.end_all(f"node {node} failed")""",
+                """on_kernel_clock(failures, time.monotonic())""",
+            ),
+        ),
+        (f"{_CLUSTER}test_a_failing_rank_is_named_with_its_node_and_every_node_ends",),
+    ),
+    Mutation(
+        "cluster-dead-worker-unnoticed",
+        "a Dask worker that dies is named as its node lost, at once",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                """                    self._lose(node, "its Dask worker left the cluster")""",
+                """                    pass""",
+            ),
+        ),
+        (f"{_CLUSTER}test_a_killed_dask_worker_is_node_lost_and_never_retrains",),
+    ),
+    Mutation(
+        "cluster-node-outlives-its-worker",
+        "a node process dies with its Dask worker",
+        (
+            Edit(
+                "launch/cluster/node_process.py",
+                "    _die_with_parent(parent)\n",
+                "",
+            ),
+        ),
+        (f"{_CLUSTER}test_a_killed_dask_worker_is_node_lost_and_never_retrains",),
+    ),
+    Mutation(
+        "cluster-lease-ignored",
+        "the nodes of a cluster run end when the kernel that started them dies",
+        (
+            Edit(
+                "node/task.py",
+                "        return time.monotonic() - self._renewed > self._lease_seconds\n",
+                "        return False\n",
+            ),
+        ),
+        (f"{_CLUSTER}test_a_dead_kernel_ends_every_node_through_its_lease",),
+    ),
+    Mutation(
+        "cluster-rerun-trains-again",
+        "Dask running a node task again never trains twice",
+        (
+            Edit(
+                "node/task.py",
+                "    if started.get(callback_timeout=_RPC_SECONDS):",
+                "    if False:",
+            ),
+        ),
+        (f"{_CLUSTER}test_a_node_task_run_again_refuses_to_train",),
+    ),
+    Mutation(
+        "newest-step-merged-away",
+        "the newest logged step is its own point, exactly as logged",
+        (
+            Edit(
+                "live/metrics.py",
+                """        if len(self.pending) <= at:
+            self.pending.extend([0.0] * (at + _FIELDS - len(self.pending)))
+        _add_value(self.pending, at, step, value)
+""",
+                """        point = self.points.get(step // self.width)
+        if point is None or len(point) <= at:
+            point = self._point_for(step // self.width, rank)
+        _add_value(point, at, step, value)
+""",
+            ),
+        ),
+        ("tests/test_metrics.py::test_the_newest_logged_step_is_its_own_point_exactly_as_logged",),
+    ),
+    Mutation(
+        "route-idles-shown-mid-run",
+        "the kernel shows Busy for the whole launch, with no Idle between two messages",
+        (
+            Edit(
+                "live/kernel_status.py",
+                'elif parent.get("header", {}).get("session") in self._held_sessions:',
+                "elif False:",
+            ),
+        ),
+        (
+            "tests/test_live_kernel_integration.py::"
+            "test_the_launchs_own_requests_never_show_idle_while_the_cell_runs",
+        ),
+    ),
+    Mutation(
+        "epoch-drawn-as-a-metric",
+        "a logged epoch is a table column, not a plotted line",
+        (
+            Edit(
+                "live/panels.py",
+                "        if not is_axis_name(name):\n            groups.setdefault(",
+                "        if True:\n            groups.setdefault(",
+            ),
+        ),
+        (
+            "tests/test_live_panels.py::test_a_logged_epoch_is_a_table_column_and_never_a_plotted_line",
+        ),
+    ),
+    Mutation(
+        "flat-line-drawn-as-noise",
+        "a flat learning rate shows as a flat line with a sensible y range",
+        (Edit("live/panels.py", "        low = high  # a constant", "        pass  # a constant"),),
+        (
+            "tests/test_live_panels.py::test_a_flat_learning_rate_is_a_flat_line_in_a_readable_range",
+        ),
+    ),
+    Mutation(
+        "legend-and-summary-uncapped",
+        "many metrics give a capped legend and summary",
+        (
+            Edit(
+                "live/panels.py",
+                "tuple(members[:LINES_PER_PANEL]), max(0, len(members) - LINES_PER_PANEL)",
+                "tuple(members), 0",
+            ),
+            Edit("live/metric_names.py", "        if len(shown) < limit:", "        if True:"),
+        ),
+        (
+            "tests/test_live_panels.py::"
+            "test_thousands_of_metrics_and_huge_names_give_a_capped_legend_and_summary",
+        ),
+    ),
+    Mutation(
+        "execute-saves-only-a-success",
+        "a failing notebook is still saved up to its failing cell",
+        (
+            Edit(
+                "cli/notebook_runner.py",
+                "            _save(notebook, Path(output), finished, echo)",
+                "            _save(notebook, Path(output), finished, echo) if finished else None",
+            ),
+        ),
+        (
+            "tests/test_notebook_runner.py::"
+            "test_a_failing_notebook_is_saved_up_to_its_failing_cell_and_exits_1",
+        ),
+    ),
+    Mutation(
+        "execute-checks-the-output-late",
+        "the output path is checked before the first cell",
+        (Edit("cli/notebook_runner.py", "        check_writable(output)\n", "        pass\n"),),
+        (
+            "tests/test_notebook_runner.py::test_an_unwritable_output_fails_before_the_first_cell_runs",
+        ),
+    ),
+    Mutation(
+        "accelerates-config-objects-refused",
+        "Accelerate's own configuration objects are accepted, read field by field",
+        (
+            Edit(
+                "accelerator/accelerate_objects.py",
+                "    if isinstance(value, ours) or not is_accelerates(value, ours.__name__):",
+                "    if True:",
+            ),
+        ),
+        (
+            "tests/test_accelerator_configuration.py::"
+            "test_accelerates_own_configuration_objects_are_read_field_by_field",
+        ),
+    ),
+    Mutation(
+        "accelerate-field-silently-dropped",
+        "an Accelerate field notebook_kit does not support is an error naming it",
+        (
+            Edit(
+                "accelerator/accelerate_objects.py",
+                "        if default is dataclasses.MISSING or given != default:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/test_accelerator_configuration.py::"
+            "test_an_accelerate_field_notebook_kit_lacks_is_an_error_naming_it",
+        ),
+    ),
+    Mutation(
+        "files-written-in-place",
+        "a checkpoint or config file is replaced atomically: a crash mid-write leaves the old one",
+        (
+            Edit(
+                "atomic_file.py",
+                'with open(temporary, "wb") as handle:',
+                'with open(path, "wb") as handle:',
+            ),
+        ),
+        (
+            "tests/test_atomic_files.py::test_a_crash_while_saving_the_config_leaves_the_old_file_whole",
+            "tests/test_atomic_files.py::"
+            "test_a_crash_while_saving_a_checkpoint_leaves_the_old_file_whole",
+        ),
+    ),
+    Mutation(
+        "stop-without-a-vote",
+        "Stop ends every rank at the same step, even when they see it at different steps",
+        (Edit("runtime/stopping.py", "    return _vote(votes, local)\n", "    return local\n"),),
+        (
+            f"{_PROMISES}"
+            "test_stop_ends_every_rank_at_the_same_step_when_they_see_it_at_different_steps",
+        ),
+    ),
+    Mutation(
+        "store-prefix-guessable",
+        "the one-node rendezvous prefix is secret and new at every launch",
+        (
+            Edit(
+                "launch/forking.py",
+                'return f"notebook_kit/{secrets.token_hex(16)}/"',
+                'return f"notebook_kit/{plan.num_processes}/"',
+            ),
+        ),
+        (
+            "tests/test_rendezvous_integration.py::"
+            "test_the_one_node_store_prefix_is_random_and_new_at_every_launch",
+        ),
+    ),
+    Mutation(
+        "mlflow-tracker-never-started",
+        'log_with="mlflow" writes an MLflow run on the main process',
+        (
+            Edit(
+                "integrations/trackers.py",
+                "            trackers.append(MLflowTracker(project_name, **options))",
+                "            pass",
+            ),
+        ),
+        (
+            "tests/test_trackers_integration.py::"
+            "test_wandb_and_mlflow_keep_what_the_main_process_logged_and_the_plot_gets_it",
+        ),
+    ),
+    Mutation(
+        "docstring-example-no-longer-true",
+        "a docstring's >>> example shows what the code does",
+        (
+            Edit(
+                "live/progress.py",
+                'return f"{hours}:{minutes:02d}:{secs:02d}" if hours else',
+                'return f"{hours}:{minutes:02d}:{secs:02d}" if hours > 1 else',
+            ),
+        ),
+        (
+            "tests/test_docstring_examples.py::test_every_docstring_example_runs_and_shows_its_output",
+        ),
+    ),
+    Mutation(
+        "launcher-ignores-the-schema-range",
+        "the launcher and LaunchConfig accept the same range for each setting",
+        (
+            Edit(
+                "launch/plan.py",
+                "        name: check_argument(SETTINGS[name], value)\n",
+                "        name: value\n",
+            ),
+        ),
+        ("tests/test_schema.py::test_the_launcher_and_the_config_refuse_the_same_range",),
+    ),
+    Mutation(
+        "panel-keeps-its-own-range",
+        "the panel's number boxes take the schema's range",
+        (
+            Edit(
+                "launch/panel.py",
+                "BoundedIntText(min=setting.minimum, max=setting.upper,",
+                "BoundedIntText(min=setting.minimum, max=100,",
+            ),
+        ),
+        ("tests/test_schema.py::test_a_setting_added_to_the_schema_reaches_the_panel",),
+    ),
+    Mutation(
+        "environment-variables-ignored",
+        "NOTEBOOK_KIT_<NAME> variables set a launch setting over the saved default",
+        (
+            Edit(
+                "config/launch_config.py",
+                "        {} if config else settings_from_environ(os.environ if environ",
+                "        {} if True else settings_from_environ(os.environ if environ",
+            ),
+        ),
+        ("tests/test_schema.py::test_a_setting_added_to_the_schema_reaches_the_environment",),
+    ),
+    Mutation(
+        "worker-count-unchecked",
+        "a worker count beyond the machine's limits is refused first, naming the limit",
+        (
+            Edit(
+                "launch/plan.py",
+                "        check_process_count(config.num_processes)\n",
+                "        pass\n",
+            ),
+        ),
+        (
+            "tests/test_launch_limits.py::"
+            "test_more_workers_than_the_cores_allow_is_refused_naming_the_cores",
+        ),
+    ),
+    Mutation(
+        "oversubscription-unsaid",
+        "the banner warns when processes outnumber the cores",
+        (
+            Edit(
+                "config/launch_plan.py",
+                "if not self.cores or self.num_processes <= self.cores:",
+                "if True:",
+            ),
+        ),
+        ("tests/test_launch_limits.py::test_the_banner_warns_when_processes_outnumber_the_cores",),
+    ),
+    Mutation(
+        "config-directory-ignored",
+        "a saved-default path that is a directory is an error naming it",
+        (
+            Edit(
+                "config/launch_config.py",
+                "    if path.is_dir():\n",
+                "    if False:\n",
+            ),
+        ),
+        (
+            "tests/test_launch_limits.py::test_a_config_path_that_is_a_directory_is_an_error_naming_it",
+        ),
+    ),
+    Mutation(
+        "worker-launch-worded-for-the-kernel",
+        "a launch from inside a worker is refused in words for a worker",
+        (
+            Edit(
+                "launch/preflight.py",
+                "    if context is None or context.send is None:\n        return\n    raise",
+                "    if True:\n        return\n    raise",
+            ),
+        ),
+        (
+            "tests/test_launch_limits.py::"
+            "test_a_launch_from_inside_a_worker_is_refused_in_words_for_a_worker",
+        ),
+    ),
+    Mutation(
+        "repeated-presses-delivered",
+        "Ctrl-C pressed two or three times ends a launching cell with one KeyboardInterrupt",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "    def handle(self, signum: int, frame: FrameType | None) -> None:\n"
+                "        if self.repeated():\n            return\n",
+                "    def handle(self, signum: int, frame: FrameType | None) -> None:\n",
+            ),
+        ),
+        (
+            "tests/test_interrupt_latch.py::"
+            "test_a_press_raises_once_and_its_quick_repeats_are_absorbed",
+            "tests/test_interrupt_presses_integration.py::"
+            "test_two_or_three_quick_presses_end_a_launch_with_one_keyboard_interrupt",
+        ),
+    ),
+    Mutation(
+        "no-shield-while-the-error-is-shown",
+        "a press while IPython shows the launch's KeyboardInterrupt is absorbed",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "        _active = None\n        _afterglow(previous)\n",
+                "        _active = None\n        signal.signal(signal.SIGINT, previous)\n",
+            ),
+        ),
+        (
+            "tests/test_interrupt_presses_integration.py::"
+            "test_two_or_three_quick_presses_end_a_launch_with_one_keyboard_interrupt",
+        ),
+    ),
+    Mutation(
+        "stall-never-reported",
+        "a run in which no rank makes progress shows where each rank waits",
+        (
+            Edit(
+                "launch/stall_watch.py",
+                "            if now - self._last >= self.seconds:\n",
+                "            if False:\n",
+            ),
+        ),
+        (
+            "tests/test_stall_integration.py::test_a_stalled_run_shows_where_each_rank_waits_and_goes_on",
+        ),
+    ),
+    Mutation(
+        "output-is-not-progress",
+        "no stall report while the ranks keep printing",
+        (
+            Edit(
+                "launch/supervisor.py",
+                "                    self.stall.progress()\n                    reader.read(",
+                "                    reader.read(",
+            ),
+        ),
+        ("tests/test_stall_integration.py::test_a_run_that_keeps_printing_is_never_reported",),
+    ),
+    Mutation(
+        "stop-vote-not-named",
+        "the collective a rank waits in names should_stop()'s vote as such",
+        (
+            Edit(
+                "runtime/waiting.py",
+                '    if any(PurePath(file) == _STOPPING and name == "_vote"'
+                " for file, name in frames):",
+                "    if not frames:",
+            ),
+        ),
+        (
+            "tests/test_stall_integration.py::"
+            "test_a_rank_that_returns_during_the_stop_vote_is_blamed_and_the_vote_named",
+        ),
+    ),
+    Mutation(
+        "pool-commands-interleave",
+        "a pool serves one command at a time; callers of other threads wait in order",
+        (
+            Edit(
+                "launch/pool/turns.py",
+                "        with interrupt_latch(), self._turns.take(what):\n",
+                "        with interrupt_latch():\n",
+            ),
+        ),
+        (
+            "tests/test_pool_turns_integration.py::test_commands_from_threads_never_interleave",
+            "tests/test_pool_turns_integration.py::test_waiting_callers_are_served_in_the_order_they_called",
+        ),
+    ),
+    Mutation(
+        "pool-timeout-said-as-a-stop",
+        "a pool run past its timeout raises TimeoutError naming it, also when workers are stopped",
+        (
+            Edit(
+                "launch/pool/results.py",
+                "    if outcome.timed_out:\n        raise TimeoutError(\n"
+                '            f"The run did not finish within timeout={timeout} s. It was',
+                "    if False:\n        raise TimeoutError(\n"
+                '            f"The run did not finish within timeout={timeout} s. It was',
+            ),
+        ),
+        (
+            "tests/test_pool_turns_integration.py::"
+            "test_a_timeout_the_workers_cannot_stop_for_is_a_timeout_error_that_says_they_were_stopped",
+        ),
+    ),
+    Mutation(
+        "interrupted-send-unsaid",
+        "an interrupted push says in its own cell that the workers were stopped",
+        (
+            Edit(
+                "launch/pool/results.py",
+                "    if isinstance(error, KeyboardInterrupt):\n        print(",
+                "    if False:\n        print(",
+            ),
+        ),
+        (
+            "tests/test_pool_turns_integration.py::test_an_interrupted_push_says_in_its_own_call_that_the_workers_were_stopped",
+        ),
+    ),
+    Mutation(
+        "group-check-blind-to-pending-collectives",
+        "the pool's group check finds a collective one rank left pending, every time",
+        (
+            Edit(
+                "worker/pool/command_loop.py",
+                "        calls = _default_group_calls()\n",
+                "        calls = 0\n",
+            ),
+        ),
+        (
+            "tests/test_pool_integration.py::"
+            "test_a_group_left_out_of_step_is_found_and_the_workers_restarted",
+        ),
+    ),
+    # -- the GPU paths (tests/test_gpu_paths*.py) ----------------------------------------------
+    Mutation(
+        "log-reads-tensors-on-the-training-thread",
+        "accelerator.log never waits for the device",
+        (
+            Edit(
+                "runtime/metrics.py",
+                "        return value.detach().clone()\n    return value\n",
+                "        return value.detach().item()\n    return value\n",
+            ),
+        ),
+        (f"{_GPU_PATHS}test_accelerator_log_of_tensors_never_reads_them_on_the_training_thread",),
+    ),
+    Mutation(
+        "accelerator-history-unbounded",
+        "an Accelerator keeps a bounded history of what it logged",
+        (
+            Edit(
+                "runtime/log_values.py",
+                "            maxlen=capacity\n",
+                "            maxlen=None\n",
+            ),
+        ),
+        (f"{_GPU_PATHS}test_the_history_an_accelerator_keeps_is_bounded",),
+    ),
+    Mutation(
+        "sender-dies-on-a-bad-value",
+        "nothing a user logs can stop the metrics sender",
+        (
+            Edit(
+                "runtime/messages.py",
+                "        except Exception:  # a sender that raised",
+                "        except (TypeError, ValueError):  # a sender that raised",
+            ),
+        ),
+        (f"{_GPU_PATHS}test_nothing_logged_can_stop_the_sender_or_fail_the_end_of_the_run",),
+    ),
+    Mutation(
+        "log-takes-a-number-no-float-can-hold",
+        "a value log cannot send is refused where log is called, naming its key",
+        (Edit("runtime/log_values.py", "        return float(value)\n", "        return value\n"),),
+        (f"{_GPU_PATHS}test_both_log_calls_refuse_the_same_values_naming_the_key",),
+    ),
+    Mutation(
+        "fused-overflow-not-a-skip",
+        "an fp16 overflow with a fused optimizer is a skipped step",
+        (Edit("accelerator/optimizer.py", 'getattr(optimizer, "found_inf", None)', "None"),),
+        (
+            f"{_GPU_PATHS}test_fp16_overflow_with_a_fused_optimizer_is_a_skipped_step_and_holds"
+            "_the_scheduler",
+        ),
+    ),
+    Mutation(
+        "driver-error-not-said",
+        "a run on the CPU of a GPU machine says why",
+        (
+            Edit(
+                "config/forked_probe.py",
+                "    meaning = _CUDA_ERRORS.get(",
+                "    return None\n    meaning = _CUDA_ERRORS.get(",
+            ),
+        ),
+        (f"{_GPU_PATHS}test_a_driver_that_fails_to_start_is_named_in_the_banner_of_the_cpu_run",),
+    ),
+    Mutation(
+        "probe-child-waited-for-ever",
+        "no wait for a probe child is unbounded",
+        (
+            Edit(
+                "config/forked_probe.py",
+                "    if _exited_within(pid, _EXIT_GRACE_S):\n        return\n",
+                "    os.waitpid(pid, 0)\n    return\n",
+            ),
+        ),
+        (f"{_GPU_PATHS}test_a_probe_child_that_survives_sigkill_is_given_up_after_a_deadline",),
+    ),
+    Mutation(
+        "report-misses-a-foreign-context",
+        "environment() and the launch agree on fork safety",
+        (
+            Edit(
+                "config/environment.py",
+                "cuda_context_elsewhere=kernel.cuda_bad_fork and not torch.cuda.is_initialized(),",
+                "cuda_context_elsewhere=False,",
+            ),
+        ),
+        (
+            f"{_GPU_PATHS}test_the_report_and_the_launch_agree_after_a_cuda_context_made_behind_torch",
+        ),
+    ),
+    Mutation(
+        "gpu-generator-pickled-as-is",
+        "nothing that comes home initialises CUDA in the kernel",
+        (
+            Edit(
+                "worker/host_pickling.py",
+                "        return _generator_on_host(obj)\n",
+                "        return NotImplemented\n",
+            ),
+        ),
+        (f"{_GPU_PATHS}test_a_returned_gpu_generator_comes_home_as_a_cpu_generator_with_its_seed",),
+    ),
+    Mutation(
+        "torchrun-group-before-device",
+        "under torchrun the GPU is current and bound before the nccl group",
+        (
+            Edit(
+                "runtime/process_group.py",
+                '        bound["device_id"] = device\n',
+                "        pass\n",
+            ),
+        ),
+        (
+            f"{_GPU_PATHS}test_under_torchrun_the_gpu_is_made_current_before_the_nccl_group_is_created",
+        ),
+    ),
+    Mutation(
+        "cpu-group-per-cell",
+        "a pool under nccl does not pile up a gloo group per cell",
+        (Edit("runtime/process_group.py", " and known[1] in _live_groups():", " and False:"),),
+        (f"{_GPU_POOL}test_the_group_count_stays_flat_over_fifty_pool_cells",),
+    ),
+    Mutation(
+        "orphaned-collective-unseen",
+        "a collective issued on some ranks only stops the pool's workers",
+        (
+            Edit(
+                "worker/pool/command_loop.py",
+                "        if int(ballot[2]) != -int(ballot[3]):",
+                "        if False:",
+            ),
+        ),
+        (
+            f"{_GPU_POOL}test_a_collective_one_rank_left_unmatched_is_found_and_the_workers_restarted",
+        ),
+    ),
+    Mutation(
+        "restart-skips-fork-safety",
+        "WorkerPool.restart() refuses a kernel that can no longer fork",
+        (
+            Edit(
+                "launch/pool/worker_pool.py",
+                "        check_fork_safety()  # before stopping",
+                "        pass  #",
+            ),
+        ),
+        (
+            f"{_GPU_POOL}test_restart_refuses_a_kernel_that_can_no_longer_fork_and_keeps_the_workers",
+        ),
+    ),
+    Mutation(
+        "fsdp-optimizer-not-remapped",
+        "an optimizer built before sharding is pointed at the sharded parameters, so it trains",
+        (
+            Edit(
+                "accelerator/strategies/fsdp_wrap.py",
+                '        group["params"] = renamed\n',
+                "",
+            ),
+        ),
+        (f"{_FSDP}test_sharded_training_equals_the_unsharded_loop_and_the_weights_come_home[2]",),
+    ),
+    Mutation(
+        "fsdp-accumulation-syncs",
+        "under FSDP, accumulating micro-steps do not reduce their gradients",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                "        model.set_requires_gradient_sync(requires)\n",
+                "",
+            ),
+        ),
+        (f"{_FSDP}test_sharded_training_equals_the_unsharded_loop_and_the_weights_come_home[2]",),
+    ),
+    Mutation(
+        "fsdp-weights-not-gathered-home",
+        "after an FSDP run the kernel's model holds the full trained weights",
+        (
+            Edit(
+                "worker/entry.py",
+                "                context.gather_weights(spec.home_model_ids)",
+                "                pass",
+            ),
+        ),
+        (f"{_FSDP}test_sharded_training_equals_the_unsharded_loop_and_the_weights_come_home[2]",),
+    ),
+    Mutation(
+        "one-rank-collective-hangs",
+        "a collective only some ranks enter fails within seconds, naming the call and ranks",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                "        self.guard.enter(call)\n        return full_model_state(model)",
+                "        return full_model_state(model)",
+            ),
+        ),
+        (f"{_FSDP}test_a_collective_entered_by_one_rank_fails_within_seconds",),
+    ),
+    Mutation(
+        "sharded-checkpoint-skips-optimizer",
+        "save_state under FSDP resumes exactly (model and optimizer shards)",
+        (
+            Edit(
+                "accelerator/strategies/fsdp_state.py",
+                '            dcp.save({"optimizer": state}, '
+                'checkpoint_id=folder / f"optimizer_{index}")',
+                "            pass",
+            ),
+        ),
+        (f"{_FSDP}test_checkpoints_resume_exactly_and_save_model_output_reloads",),
+    ),
+    Mutation(
+        "trainer-fsdp-silently-unsharded",
+        "a Trainer asked for FSDP trains sharded or refuses, never silently unsharded",
+        (Edit("integrations/trainer_launch.py", "        _check_sharded(trainer)\n", ""),),
+        (f"{_FSDP}test_a_trainer_asked_for_fsdp_on_cpu_refuses_instead_of_training_unsharded",),
+    ),
+    Mutation(
+        "taken-interrupt-raises-again",
+        "once the launch has taken Ctrl-C, a later press never raises a second KeyboardInterrupt",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "        if self.taken:\n            return True\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_interrupt_latch.py::"
+            "test_once_the_interrupt_is_taken_every_later_press_is_absorbed",
+        ),
+    ),
+    Mutation(
+        "press-during-clean-up-lost",
+        "Ctrl-C during the workers' clean-up is delivered when it ends, never lost",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "    finally:\n        latch.holding -= 1\n    latch.deliver_pending()\n",
+                "    finally:\n        latch.holding -= 1\n",
+            ),
+        ),
+        (
+            "tests/test_interrupt_latch.py::"
+            "test_a_press_during_a_clean_up_is_delivered_once_when_it_ends",
+        ),
+    ),
+    Mutation(
+        "kernel-queues-not-reset-in-workers",
+        "a multiprocessing.Queue made in the kernel takes a worker's put, even locked at the fork",
+        (
+            Edit(
+                "worker/entry.py",
+                "    _die_with_parent(parent_pid)\n    _reset_multiprocessing()\n",
+                "    _die_with_parent(parent_pid)\n",
+            ),
+        ),
+        (f"{_MP_OBJECTS}test_a_queue_locked_at_the_fork_takes_each_ranks_put_and_delivers_it",),
+    ),
+    Mutation(
+        "worker-queues-not-flushed",
+        "what a worker put on a multiprocessing.Queue reaches the kernel, even as the worker ends",
+        (Edit("worker/entry.py", "            _finish_multiprocessing()\n", "            pass\n"),),
+        (f"{_MP_OBJECTS}test_a_queue_locked_at_the_fork_takes_each_ranks_put_and_delivers_it",),
+    ),
+    Mutation(
+        "cluster-node-keeps-the-nannys-malloc-trim",
+        "a cluster run's ranks start without what Dask's nanny tuned for its worker process",
+        (
+            Edit(
+                "node/task.py",
+                """        if env.get(name) == value:
+            del env[name]""",
+                """        pass""",
+            ),
+        ),
+        (
+            f"{_CLUSTER}test_all_reduce_metrics_result_and_weights_come_home",
+            "tests/test_cluster_checks.py::"
+            "test_a_node_process_starts_without_what_the_nanny_tuned_for_its_worker",
+        ),
+    ),
+    Mutation(
+        "cluster-nodes-on-one-host-each-take-all-cores",
+        "nodes that share a host share its cores as the ranks of one launch would",
+        (
+            Edit(
+                "launch/cluster/node_process.py",
+                " * max(order.host_nodes, 1)\n",
+                "\n",
+            ),
+        ),
+        (
+            "tests/test_cluster_checks.py::"
+            "test_nodes_that_share_a_host_share_its_cores_as_ranks_of_one_launch_would",
+        ),
+    ),
+    Mutation(
+        "workers-terminate-the-kernels-children",
+        "a local launch leaves the kernel's own multiprocessing children (a LocalCluster) running",
+        (Edit("worker/entry.py", "    process._children = set()\n", ""),),
+        (f"{_CLUSTER}test_a_local_launch_in_the_kernel_leaves_its_local_clusters_workers_running",),
+    ),
+    Mutation(
+        "cluster-run-blocks-the-event-loop",
+        "awaiting a cluster run leaves the kernel's event loop free: Stop is served during it",
+        (
+            Edit(
+                "launch/cluster/run.py",
+                "            yield [attempt.wake], _TICK_SECONDS\n",
+                "            attempt.step(_TICK_SECONDS)\n",
+            ),
+        ),
+        (f"{_CLUSTER}test_the_await_form_runs_on_the_cluster_and_its_event_loop_serves_stop",),
+    ),
+    Mutation(
+        "cluster-pool-node-runs-once",
+        "a cluster pool's node processes stay and serve every run (pids unchanged)",
+        (
+            Edit(
+                "launch/cluster/node_process.py", "        if order.pool:\n", "        if False:\n"
+            ),
+        ),
+        (
+            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
+        ),
+    ),
+    Mutation(
+        "cluster-pool-forgets-rank-globals",
+        "a global a cluster pool's run sets on a rank is there for the next run",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                '        body = self._holdings.dumps(request, "pool.run")\n',
+                "        body = cloudpickle.dumps(request)\n",
+            ),
+        ),
+        (
+            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
+        ),
+    ),
+    Mutation(
+        "cluster-pool-failure-leaves-other-nodes-running",
+        "a rank failing on one node interrupts the other nodes' ranks; the pool stays usable",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                '                    self._attempt.command("interrupt", seq)\n',
+                "",
+            ),
+        ),
+        (
+            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
+        ),
+    ),
+    Mutation(
+        "cluster-pool-close-leaves-nodes",
+        "closing a cluster pool leaves nothing on any Dask worker",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                '                self._attempt.command("close")\n',
+                "                pass\n",
+            ),
+            Edit(
+                "launch/cluster/pool.py",
+                "            self._attempt.finish(grace=_CLOSE_SECONDS)\n",
+                "",
+            ),
+        ),
+        (
+            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
+        ),
+    ),
+    Mutation(
+        "cluster-pool-run-cell-not-refused",
+        "run_cell, push and pull on a cluster pool say they are not supported there yet",
+        (
+            Edit(
+                "launch/pool/worker_pool.py",
+                "        if self._cluster is not None:\n"
+                "            from notebook_kit.launch.cluster.pool import unsupported\n",
+                "        if False:\n"
+                "            from notebook_kit.launch.cluster.pool import unsupported\n",
+            ),
+        ),
+        (
+            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
+        ),
+    ),
+    Mutation(
+        "cluster-pool-accepts-timeout",
+        "a cluster pool refuses a setting it cannot honour before any node starts",
+        (
+            Edit(
+                "launch/pool/worker_pool.py",
+                '"timeout": options.get("timeout") is not None,',
+                '"timeout": False,',
+            ),
+        ),
+        (f"{_CLUSTER}test_a_cluster_pool_refuses_what_it_cannot_honour_before_anything_starts",),
+    ),
+    Mutation(
+        "fsdp-ignored-modules-sharded",
+        "FSDP leaves ignored_modules whole: plain parameters, not DTensor shards",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                '            "ignored_params": ignored or None,',
+                '            "ignored_params": None,',
+            ),
+        ),
+        (f"{_FSDP}test_ignored_modules_stay_whole_and_still_train_like_the_unsharded_loop",),
+    ),
+    Mutation(
+        "fsdp-ignored-gradients-not-averaged",
+        "ignored_modules still train like the unsharded loop: their gradients are averaged",
+        (
+            Edit(
+                "accelerator/strategies/fsdp_wrap.py",
+                "            dist.all_reduce(parameter.grad, group=self.group)",
+                "            pass",
+            ),
+        ),
+        (f"{_FSDP}test_ignored_modules_stay_whole_and_still_train_like_the_unsharded_loop",),
+    ),
+    Mutation(
+        "fsdp-rank0-weights-not-broadcast",
+        "with cpu_ram_efficient_loading every rank holds rank 0's weights after prepare",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                "                load_full_model_state(model, full, from_rank0=True)",
+                "                pass",
+            ),
+        ),
+        (f"{_FSDP}test_cpu_ram_efficient_loading_gives_every_rank_rank_0s_weights",),
+    ),
+    Mutation(
+        "fsdp-fp16-unscaled",
+        "under FSDP, fp16 losses are scaled and an overflow in one rank's shard skips every rank",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                '        if self.mixed_precision != "fp16":\n            return None\n',
+                "        return None\n",
+            ),
+        ),
+        (
+            f"{_FSDP}test_fp16_and_bf16_follow_the_unsharded_half_precision_loop"
+            "_and_an_overflow_skips_everywhere",
+        ),
+    ),
+    Mutation(
+        "fsdp-half-precision-without-autocast",
+        "Accelerator(mixed_precision='fp16'/'bf16') with FSDP trains like the unsharded loop",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                "            patch_forward(model, self.mixed_precision, self.device, **autocast)",
+                "            pass",
+            ),
+        ),
+        (
+            f"{_FSDP}test_fp16_and_bf16_follow_the_unsharded_half_precision_loop"
+            "_and_an_overflow_skips_everywhere",
+        ),
+    ),
+    Mutation(
+        "fsdp-fp16-ignored-modules-unscaled",
+        "under FSDP, fp16 also scales and checks the whole gradients of ignored_modules",
+        (
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                "        if not (sharded and whole):\n            return super()._unscale_grads_(",
+                "        if True:\n            return super()._unscale_grads_(",
+            ),
+        ),
+        (
+            f"{_FSDP}test_fp16_and_bf16_follow_the_unsharded_half_precision_loop"
+            "_and_an_overflow_skips_everywhere",
+        ),
+    ),
+    Mutation(
+        "launch-use-fsdp-takes-a-value",
+        "notebook-kit launch --use-fsdp is a plain flag, as accelerate launch --use_fsdp",
+        (
+            Edit(
+                "config/schema.py",
+                '        bool, alias="fsdp", widget="choice", switch=True,',
+                '        bool, alias="fsdp", widget="choice",',
+            ),
+        ),
+        (
+            "tests/test_fsdp_plugin.py::"
+            "test_launch_use_fsdp_is_a_plain_flag_that_reaches_the_scripts_workers",
+        ),
+    ),
+    Mutation(
+        "fsdp-benchmark-measures-unsharded",
+        "the FSDP benchmark runs and measures sharded models (half the bytes at 2 ranks)",
+        (
+            Edit("accelerator/strategies/fsdp.py", "        fully_shard(model, **options)\n", ""),
+            Edit(
+                "accelerator/strategies/fsdp.py",
+                "            fully_shard(module, **options)\n",
+                "            pass\n",
+            ),
+        ),
+        (
+            "tests/test_fsdp_benchmark.py::"
+            "test_the_fsdp_benchmark_runs_quickly_and_writes_every_section",
+        ),
+    ),
+    Mutation(
+        "launch-use-fsdp-value-unexplained",
+        "notebook-kit launch --use-fsdp yes says the flag takes no value and how to write it",
+        (
+            Edit(
+                "cli/script_launch.py",
+                "        _check_switch_value(script, script_args, given)\n",
+                "",
+            ),
+        ),
+        ("tests/test_fsdp_plugin.py::test_launch_use_fsdp_with_a_value_says_it_takes_none",),
+    ),
+    Mutation(
+        "x-axis-switch-ignored",
+        "the plot is drawn against the logged epoch when the user or the code chooses it",
+        (
+            Edit(
+                "live/plot_widget.py",
+                'epoch = self.controls_widget.x_axis == "epoch" and self.x_metric is not None',
+                "epoch = False",
+            ),
+        ),
+        (
+            "tests/test_live.py::"
+            "test_a_logged_epoch_offers_an_x_axis_switch_and_the_plot_follows_it",
+            "tests/test_live.py::test_the_x_axis_is_chosen_in_code_and_is_the_step_by_default",
+        ),
+    ),
+    Mutation(
+        "x-axis-switch-never-offered",
+        "a logged epoch offers an x-axis switch in the view",
+        (Edit("live/plot_widget.py", "    if x_metric is not None:\n", "    if False:\n"),),
+        (
+            "tests/test_live.py::"
+            "test_a_logged_epoch_offers_an_x_axis_switch_and_the_plot_follows_it",
+        ),
+    ),
+    Mutation(
+        "plot-controls-published-mid-run",
+        "the plot's controls are served while the cell runs: never published from the main thread",
+        (
+            Edit(
+                "live/plot_widget.py",
+                "        points = self.feed.take()\n",
+                "        self.controls_widget.send_state()\n        points = self.feed.take()\n",
+            ),
+        ),
+        (
+            "tests/test_live.py::"
+            "test_a_logged_epoch_offers_an_x_axis_switch_and_the_plot_follows_it",
+        ),
+    ),
+    Mutation(
+        "epoch-axis-drawn-by-step",
+        "against the epoch, each point is drawn at the epoch its step fell on",
+        (
+            Edit(
+                "live/plot.py",
+                "                xs = epoch_positions(xs, along)\n",
+                "                pass\n",
+            ),
+        ),
+        (
+            "tests/test_live.py::"
+            "test_a_logged_epoch_offers_an_x_axis_switch_and_the_plot_follows_it",
+        ),
+    ),
+    Mutation(
+        "view-models-not-shared",
+        "the live view's widgets share their layout and style: few models per launch",
+        (
+            Edit(
+                "live/shared_models.py",
+                "layout=self.layout if layout is None else layout,\n            style=",
+                "layout=widgets.Layout() if layout is None else layout,\n            style=",
+            ),
+        ),
+        ("tests/test_live.py::test_the_live_view_opens_few_widget_models_and_closes_them_all",),
+    ),
+    Mutation(
+        "route-made-every-launch",
+        "the Stop button's subshell is made once per kernel, not in every launch",
+        (Edit("live/stop_button.py", "        route = _KEPT\n", "        route = None\n"),),
+        (
+            "tests/test_live_kernel_integration.py::"
+            "test_the_launchs_own_requests_never_show_idle_while_the_cell_runs",
+        ),
+    ),
+    Mutation(
+        "import-cell-loads-fsdp",
+        "the import cell does not pay for torch.distributed.fsdp, which only FSDP runs use",
+        (
+            Edit(
+                "accelerator/strategies/fsdp_plugin.py",
+                "\nif TYPE_CHECKING:  # torch.distributed.fsdp costs",
+                "\nfrom torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy\n\n"
+                "if TYPE_CHECKING:  # torch.distributed.fsdp costs",
+            ),
+        ),
+        (
+            "tests/test_import.py::"
+            "test_the_import_cell_leaves_fsdp_and_dask_to_the_runs_that_use_them",
+        ),
+    ),
+    Mutation(
+        "busy-keeper-trusts-the-last-status",
+        "an idle published before the busy keeper started is undone by the cell's busy",
+        (
+            Edit(
+                "live/kernel_status.py",
+                "            keeper._publish_busy()  # an idle published before",
+                "            pass  # an idle published before",
+            ),
+        ),
+        (_FRONT_END_IDLE,),
+    ),
+    Mutation(
+        "busy-keeper-starts-with-the-route",
+        "the kernel reads Busy from the live view's display, not from the Stop button's route",
+        (
+            Edit(
+                "live/notebook_view.py",
+                "        self._keeper = BusyKeeper.start()\n\n",
+                "\n",
+            ),
+            Edit(
+                "live/notebook_view.py",
+                "        self._shown_at = None\n        hold",
+                "        self._shown_at = None\n"
+                "        self._keeper = BusyKeeper.start()\n        hold",
+            ),
+        ),
+        (_FRONT_END_IDLE,),
+    ),
+    Mutation(
+        "press-inside-a-fork-raised-there",
+        "Ctrl-C that arrives inside a fork's at-fork hooks stops the launch after the fork",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "    global _forks_under_way\n    _forks_under_way += 1\n",
+                "    global _forks_under_way\n    _forks_under_way += 0\n",
+            ),
+            Edit(
+                "launch/launchers/forked.py",
+                "        with interrupts_deferred():\n            started = time.monotonic()\n",
+                "        if True:\n            started = time.monotonic()\n",
+            ),
+        ),
+        (
+            "tests/test_interrupts_integration.py::"
+            "test_an_interrupt_inside_the_fork_stops_the_launch",
+        ),
     ),
 )

@@ -10,6 +10,8 @@ _INSTALL = {
     "transformers": "pip install notebook_kit[transformers]",
     "accelerate": "pip install accelerate",
     "tensorboard": "pip install tensorboard",
+    "wandb": "pip install notebook_kit[wandb]",
+    "mlflow": "pip install notebook_kit[mlflow]",
 }
 
 
@@ -25,3 +27,5 @@ def needs(*packages: str, what: str = "this test") -> pytest.MarkDecorator:
 needs_transformers = needs("transformers")
 needs_accelerate = needs("accelerate")
 needs_tensorboard = needs("tensorboard")
+needs_wandb = needs("wandb")
+needs_mlflow = needs("mlflow")

@@ -26,7 +26,7 @@ from notebook_kit.runtime.context import LaunchContext, active_launch
         ({"split_batches": "yes"}, "split_batches must be True or False"),
         ({"even_batches": "no"}, "even_batches must be True or False"),
         ({"cpu": 1}, "cpu must be True or False"),
-        ({"log_with": "wandb"}, "log_with='wandb' is not a tracker .* 'all', 'tensorboard'"),
+        ({"log_with": "comet_ml"}, "log_with='comet_ml' is not a tracker .* 'all', 'tensorboard'"),
         ({"log_with": "tensorboard"}, 'log_with="tensorboard" writes files: give .* project_dir'),
     ],
 )

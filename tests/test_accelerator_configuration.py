@@ -221,3 +221,67 @@ def test_autocast_kwargs_reach_the_prepared_models_forward() -> None:
     prepared = accelerator.prepare(model)
     prepared(torch.randn(1, 2))
     assert prepared is model and seen == [torch.float32], "autocast was turned off by the handler"
+
+
+def test_accelerates_own_configuration_objects_are_read_field_by_field(tmp_path):
+    theirs = pytest.importorskip("accelerate.utils", reason="compares with Accelerate's classes")
+    hook = theirs.DDPCommunicationHookType.FP16
+    accelerator = Accelerator(
+        dataloader_config=theirs.DataLoaderConfiguration(
+            even_batches=False, use_seedable_sampler=True, data_seed=3
+        ),
+        gradient_accumulation_plugin=theirs.GradientAccumulationPlugin(
+            num_steps=2, sync_each_batch=True
+        ),
+        project_config=theirs.ProjectConfiguration(project_dir=str(tmp_path), total_limit=2),
+        kwargs_handlers=[
+            theirs.DistributedDataParallelKwargs(find_unused_parameters=True, comm_hook=hook),
+            theirs.GradScalerKwargs(init_scale=1024.0),
+            theirs.AutocastKwargs(cache_enabled=True),
+        ],
+    )
+    assert accelerator.dataloader_config == DataLoaderConfiguration(
+        even_batches=False, use_seedable_sampler=True, data_seed=3
+    )
+    assert accelerator.gradient_accumulation_steps == 2
+    assert accelerator.gradient_state.sync_each_batch
+    assert (accelerator.project_dir, accelerator.total_limit) == (tmp_path, 2)
+    assert accelerator.handlers.ddp_options() == {"find_unused_parameters": True}
+    assert accelerator.handlers.ddp is not None and accelerator.handlers.ddp.comm_hook == "fp16"
+    assert accelerator.handlers.scaler_options() == {"init_scale": 1024.0}
+    assert accelerator.handlers.autocast_options() == {"cache_enabled": True}
+
+
+@pytest.mark.parametrize(
+    ("argument", "make", "message"),
+    [
+        (
+            "project_config",
+            lambda u: u.ProjectConfiguration(project_dir="runs", save_on_each_node=True),
+            r"project_config: notebook_kit does not support ProjectConfiguration"
+            r"\.save_on_each_node \(got True\)",
+        ),
+        (
+            "project_config",
+            lambda u: u.ProjectConfiguration(project_dir="runs", iteration=3),
+            r"ProjectConfiguration\.iteration \(got 3\); leave it at Accelerate's default \(0\)",
+        ),
+        (
+            "kwargs_handlers",
+            lambda u: [u.ProfileKwargs()],
+            r"no equivalent of Accelerate's ProfileKwargs",
+        ),
+    ],
+)
+def test_an_accelerate_field_notebook_kit_lacks_is_an_error_naming_it(argument, make, message):
+    theirs = pytest.importorskip("accelerate.utils", reason="compares with Accelerate's classes")
+    with pytest.raises((ValueError, TypeError), match=message):
+        Accelerator(**{argument: make(theirs)})
+
+
+def test_distributed_type_is_accelerates_own_member_where_accelerate_is_imported():
+    theirs = pytest.importorskip("accelerate.utils", reason="compares with Accelerate's enum")
+    kind = Accelerator(cpu=True).distributed_type
+    assert kind is theirs.DistributedType.NO and isinstance(kind, theirs.DistributedType)
+    assert kind == DistributedType.NO and kind in {theirs.DistributedType.NO}
+    assert PartialState(cpu=True).distributed_type is theirs.DistributedType.NO

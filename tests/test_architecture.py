@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "accelerator": {"integrations", "runtime", "config"},
     "worker": {"runtime", "config"},
     "live": {"runtime", "config"},
-    "launch": {"worker", "live", "accelerator", "integrations", "runtime", "config"},
+    "node": {"runtime", "config"},
+    "launch": {"node", "worker", "live", "accelerator", "integrations", "runtime", "config"},
     "cli": {"launch", "worker", "live", "accelerator", "integrations", "runtime", "config"},
 }
 
@@ -34,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
 def _part(module: str) -> str:
     """The part of the package a dotted module name belongs to."""
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in {"__init__", "__main__", "_moved"}:
+    if len(parts) == 1 or parts[1] in {"__init__", "__main__"}:
         return "root"
     return "leaf" if parts[1] in LEAVES else parts[1]
 
@@ -64,7 +65,12 @@ def test_every_module_belongs_to_a_known_part() -> None:
     for path in _modules():
         relative = path.relative_to(PACKAGE)
         name = relative.parts[0].removesuffix(".py")
-        assert name in {*ALLOWED, *LEAVES, "__init__", "__main__", "_moved"}, relative
+        assert name in {
+            *ALLOWED,
+            *LEAVES,
+            "__init__",
+            "__main__",
+        }, relative
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -87,3 +93,21 @@ def test_each_subpackage_says_what_it_holds_and_may_import() -> None:
         assert docstring and "import" in docstring.lower(), (
             f"{name}/__init__.py lacks its docstring"
         )
+
+
+def test_modules_sharing_a_name_say_which_side_they_are() -> None:
+    """Two ``metrics.py`` read as one thing unless each first line says its side and place."""
+    by_name: dict[str, list[Path]] = {}
+    for path in _modules():
+        if path.name not in {"__init__.py", "__main__.py"}:
+            by_name.setdefault(path.name, []).append(path)
+    unclear = []
+    for paths in (paths for paths in by_name.values() if len(paths) > 1):
+        for path in paths:
+            first = (ast.get_docstring(ast.parse(path.read_text())) or "").split("\n")[0]
+            side = first.startswith(("Kernel side", "Worker side")) and " run in " in first
+            if not side:
+                unclear.append(f"{path.relative_to(PACKAGE)}: {first!r}")
+    assert not unclear, (
+        f"first docstring line must say 'Kernel/Worker side ..., run in ...': {unclear}"
+    )

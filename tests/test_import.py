@@ -27,16 +27,13 @@ def test_import_initialises_neither_cuda_nor_a_process_group():
     assert done.stdout.split("\n")[:3] == ["False", "['PYTORCH_NVML_BASED_CUDA_CHECK']", "False"]
 
 
-def test_module_paths_shown_in_earlier_documentation_still_import(tmp_path):
+def test_the_documented_module_paths_import_and_the_script_entry_runs(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import sys\nprint('ran', sys.argv[1:])\n")
     probe = (
-        "from notebook_kit.accelerator_checkpoints import ProjectConfiguration\n"
-        "from notebook_kit.export import export_notebook\n"
+        "from notebook_kit.accelerator.configuration import ProjectConfiguration\n"
+        "from notebook_kit.cli.export import export_notebook\n"
         "from notebook_kit.runtime import current_launch\n"
-        "import notebook_kit.cli.export, notebook_kit.export\n"
-        "assert notebook_kit.export is notebook_kit.cli.export\n"
-        "assert notebook_kit.cli.export.__spec__.name == 'notebook_kit.cli.export'\n"
         "print(ProjectConfiguration.__module__, export_notebook.__module__, current_launch())\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -46,7 +43,44 @@ def test_module_paths_shown_in_earlier_documentation_still_import(tmp_path):
         "notebook_kit.cli.export",
         "None",
     ]
-    command = [sys.executable, "-m", "notebook_kit.script_entry", str(script), "--lr", "0.1"]
+    command = [sys.executable, "-m", "notebook_kit.cli.script_entry", str(script), "--lr", "0.1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran ['--lr', '0.1']\n"
+
+
+SIDE_EFFECTS_PROBE = """
+import os, sys
+environ, meta_path = dict(os.environ), list(sys.meta_path)
+import notebook_kit
+changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+gone = sorted(set(environ) - set(os.environ))
+print(repr((changed, gone, [type(f).__qualname__ for f in sys.meta_path if f not in meta_path])))
+"""
+
+
+def test_importing_the_package_changes_only_the_documented_environment_variable():
+    """The NVML guard (its reason is in ``notebook_kit/__init__.py``) and nothing else."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    command = [sys.executable, "-c", SIDE_EFFECTS_PROBE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, [], []))
+    environment["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"  # the user's own choice is kept
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+    assert done.stdout.strip() == repr(({}, [], [])), done.stderr
+
+
+HEAVY = """
+import sys, torch
+from notebook_kit import Accelerator, FullyShardedDataParallelPlugin, notebook_launcher
+heavy = ("torch.distributed.fsdp", "distributed", "dask")
+print(sorted(name for name in heavy if name in sys.modules))
+"""
+
+
+def test_the_import_cell_leaves_fsdp_and_dask_to_the_runs_that_use_them():
+    """Half a second of torch.distributed.fsdp (and Dask) would be every notebook's to pay."""
+    done = subprocess.run([sys.executable, "-c", HEAVY], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

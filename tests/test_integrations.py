@@ -233,8 +233,8 @@ def test_accelerator_writes_to_tracker_objects_and_finishes_them() -> None:
 def test_log_with_names_are_checked_before_anything_starts() -> None:
     assert check_log_with(None, None) == []
     assert check_log_with(["all", "TensorBoard"], "runs") == ["all", "tensorboard"]
-    with pytest.raises(ValueError, match=r"log_with='wandb' is not a tracker .*WandBTracker"):
-        check_log_with(["all", "wandb"], "runs")
+    with pytest.raises(ValueError, match=r"log_with='comet_ml' is not a tracker .*WandBTracker"):
+        check_log_with(["all", "comet_ml"], "runs")
 
 
 @needs_tensorboard
@@ -261,7 +261,7 @@ _BLOCK_FRAMEWORKS = """
 import sys
 class Absent:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {"transformers", "accelerate", "tensorboard"}:
+        if name.split(".")[0] in {"transformers", "accelerate", "tensorboard", "wandb", "mlflow"}:
             raise ModuleNotFoundError(f"No module named {name!r}")
 sys.meta_path.insert(0, Absent())
 """
@@ -278,7 +278,8 @@ def train():
 
 result = notebook_launcher(train, num_processes=2, live=False)
 print(result, sorted(notebook_kit.last_run().metrics))
-print([name for name in ("transformers", "accelerate", "tensorboard") if name in sys.modules])
+print([name for name in ("transformers", "accelerate", "tensorboard", "wandb", "mlflow")
+       if name in sys.modules])
 try:
     notebook_kit.integrations.LiveViewCallback
 except ModuleNotFoundError as error:

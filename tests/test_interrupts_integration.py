@@ -25,11 +25,16 @@ LAUNCHES = textwrap.dedent(
     import json, os, random, signal, threading, time
 
     armed = []
+    sent_at = []  # when the last interrupt was sent: the launch must end soon after it
+
+    def interrupt():
+        sent_at.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
 
     def interrupt_inside_the_fork():
         if armed:
             armed.clear()
-            os.kill(os.getpid(), signal.SIGINT)
+            interrupt()
 
     os.register_at_fork(before=interrupt_inside_the_fork)
 
@@ -42,17 +47,16 @@ LAUNCHES = textwrap.dedent(
     def interrupted_launches(runs, when):
         outcomes = []
         for _ in range(runs):
-            started = time.monotonic()
+            sent_at.clear()
             try:  # a timer that fires at once may interrupt its own start: count it too
                 if when == "in-fork":
                     armed.append(True)
                 else:
-                    delay = random.uniform(0, 0.08)
-                    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+                    threading.Timer(random.uniform(0, 0.08), interrupt).start()
                 notebook_launcher(train, num_processes=2, live=False)
                 outcomes.append("finished")
             except KeyboardInterrupt:
-                outcomes.append(round(time.monotonic() - started, 3))
+                outcomes.append(round(time.monotonic() - sent_at[-1], 3))
             time.sleep(0.1)  # a timer that fired late must not hit the next launch
         return outcomes
     """
@@ -75,7 +79,9 @@ def _check(outcomes: list, runs: int) -> None:
     assert len(outcomes) == runs
     finished = outcomes.count("finished")
     assert finished == 0, f"{finished} of {runs} interrupts were lost: {outcomes}"
-    assert max(outcomes) < 2.0  # every interrupted launch ended well before the function
+    # Seconds from each interrupt to the launch's end: all well short of the 3 s function (a
+    # first launch's warm-up import before the fork does not count: it precedes the interrupt).
+    assert max(outcomes) < 2.0, outcomes
 
 
 def test_an_interrupt_inside_the_fork_stops_the_launch():

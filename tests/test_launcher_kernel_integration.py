@@ -85,7 +85,7 @@ def test_kernel_interrupt_stops_workers_and_next_launch_works():
                 errors.append(message["content"])
             if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
                 break
-        # The README's promise: every worker ended and the cell done within 2 seconds.
+        # The promise (docs/guarantees.md): every worker ended and the cell done within 2 seconds.
         took = time.monotonic() - interrupted
         assert took < 2.0, f"the interrupted cell took {took:.2f} s to end"
         while _running_below(kernel_pid) and time.monotonic() - interrupted < 2:

@@ -116,11 +116,13 @@ def test_live_observer_sends_only_new_points_and_shows_progress_without_an_empty
     observer.on_start(_info(flag))
     assert "widget-view+json" in next(iter(shown[0])) and "live view" in shown[0]["text/plain"]
     progress = observer.progress
-    assert progress is not None and progress.bar.layout.display == "none"  # no total: no bar
+    assert progress is not None and progress.fraction is None  # no total: no bar
+    assert "progress-bar" not in progress.widget.value
     observer.on_message(0, BATCH_KIND, _batch(30))
     observer.on_message(1, BATCH_KIND, {**_batch(30), "dropped": 7})
     observer.on_tick()
-    assert progress.bar.layout.display == "none" and progress.text.value.startswith("30 steps")
+    assert "progress-bar" not in progress.widget.value and progress.text.startswith("30 steps")
+    assert ">30 steps" in progress.widget.value  # the text, in the one widget
     assert sent[-1]["points"]["loss"][0] == list(range(30))
     assert "7 metric records" in observer.status.value
     observer._last_refresh = 0.0
@@ -128,8 +130,8 @@ def test_live_observer_sends_only_new_points_and_shows_progress_without_an_empty
     observer.on_message(0, BATCH_KIND, batch)
     observer.on_tick()
     assert sent[-1] == {"points": {"loss": [[30], [0.1]]}}  # only the new step travels
-    assert (progress.bar.max, progress.bar.value) == (100, 31)
-    assert progress.bar.layout.display is None  # a total: the bar shows
+    assert progress.fraction == 0.31 and 'class="progress-bar"' in progress.widget.value
+    assert "width:31%" in progress.widget.value  # a total: the bar shows
     assert observer.plot.plot.spec["panels"] == [{"label": "loss", "names": ["loss"]}]
     flag.close()
 
@@ -190,4 +192,95 @@ def test_a_restarted_launch_gets_a_fresh_live_view(shown: list[dict[str, Any]]) 
         observer.on_finish(summary)
     endings = [b["text/plain"] for b in shown if b.get("text/plain", "").startswith("Finished")]
     assert len(endings) == 2 and endings[-1].startswith("Finished in 1.0 s · 20 steps")
+    flag.close()
+
+
+def _trainer_batch(steps: int) -> dict[str, Any]:
+    """Records as the Trainer logs them: an ``epoch`` and a flat learning rate with each."""
+    records = [
+        (0, step, {"loss": 1.0 / (step + 1), "learning_rate": 5e-5, "epoch": (step + 1) / 10})
+        for step in range(steps)
+    ]
+    return {"records": records, "dropped": 0, "steps": steps, "total": None}
+
+
+def _finish(observer: LiveObserver) -> Any:
+    observer.on_finish(LaunchSummary((RankSummary(0, 0, 1.0), RankSummary(1, 0, 1.0)), 1.0))
+    record = last_run()
+    assert record is not None and isinstance(record.figure, Figure)
+    return record.figure
+
+
+def test_a_logged_epoch_offers_an_x_axis_switch_and_the_plot_follows_it(
+    shown: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flag = StopFlag()
+    observer = LiveObserver()
+    observer.on_start(_info(flag))
+    controls = observer.plot.controls_widget
+    assert observer.plot.controls == [controls] and controls in observer.box.children
+    assert controls.plot == observer.plot.plot.model_id  # the switch shows from the plot's spec
+    assert controls.x_axis == "step" and "x_metric" not in observer.plot.plot.spec  # no epoch
+    # Published from the main thread, the controls' events would wait for the busy main shell.
+    published: list[Any] = []
+    monkeypatch.setattr(controls, "_send", lambda message, buffers=None: published.append(message))
+    observer.on_message(0, BATCH_KIND, _trainer_batch(30))
+    observer.on_tick()
+    spec = observer.plot.plot.spec
+    assert spec["x_metric"] == "epoch" and published == []
+    assert [panel["names"] for panel in spec["panels"]] == [["loss"], ["learning_rate"]]
+    controls.set_state({"x_axis": "epoch", "smoothing": 0.5})  # the user's pick, as it arrives
+    figure = _finish(observer)
+    axes = figure.axes[0]
+    assert axes.get_xlabel() == "epoch" and len(figure.axes) == 2
+    drawn = [line for line in axes.lines if line.get_label() == "loss"]
+    assert list(drawn[0].get_xdata()) == pytest.approx([(step + 1) / 10 for step in range(30)])
+    assert shown[2]["text/plain"].endswith("by epoch>")
+    low, high = figure.axes[1].get_ylim()  # the flat learning rate: a flat line, ±10%
+    assert (low, high) == pytest.approx((4.5e-5, 5.5e-5))
+    flag.close()
+
+
+def test_the_x_axis_is_chosen_in_code_and_is_the_step_by_default(
+    shown: list[dict[str, Any]],
+) -> None:
+    with pytest.raises(ValueError, match="x_axis must be 'step' or 'epoch', got 'time'"):
+        LiveObserver(x_axis="time")  # type: ignore[arg-type]
+    for x_axis, logged, label in (
+        ("step", _trainer_batch(20), "step"),
+        ("epoch", _trainer_batch(20), "epoch"),
+        ("epoch", _batch(20), "step"),  # no epoch logged: the step it is
+    ):
+        flag = StopFlag()
+        observer = LiveObserver(x_axis=x_axis)
+        observer.on_start(_info(flag))
+        assert observer.plot.controls_widget.x_axis == x_axis  # the view starts with it
+        observer.on_message(0, BATCH_KIND, logged)
+        observer.on_tick()
+        assert _finish(observer).axes[0].get_xlabel() == label, (x_axis, label)
+        flag.close()
+
+
+def test_the_live_view_opens_few_widget_models_and_closes_them_all(
+    shown: list[dict[str, Any]],
+) -> None:
+    """Every widget model is a comm opened and closed in each launch: the view's widgets share
+    their default layout and style and make the evaluation table only with an evaluation."""
+    import ipywidgets
+    from ipywidgets.widgets.widget import _instances as models  # every open model, by id
+
+    before = set(models)
+    flag = StopFlag()
+    observer = LiveObserver()
+    observer.on_start(_info(flag))
+    opened = [w for key, w in models.items() if key not in before]
+    assert len(opened) <= 20, len(opened)  # 46 when each widget had its own layout and style
+    layouts = {w.layout.model_id for w in opened if isinstance(w, ipywidgets.DOMWidget)}
+    assert len(layouts) <= 7, len(layouts)  # the shared one, and those of fixed size
+    observer.on_message(0, BATCH_KIND, _batch(30, total=30))
+    observer.on_message(0, "log", {"rank": 0, "step": 29, "values": {"val_loss": 0.5}})
+    observer.on_tick()
+    assert observer.table is not None and len(set(models) - before) <= 21
+    _finish(observer)
+    assert set(models) <= before, "every model of the view is closed"
     flag.close()

@@ -128,7 +128,7 @@ def test_kernel_shows_busy_for_the_whole_launch_also_across_a_click(kernel: Any)
     messages = _run_all(kernel, cell, timeout=120, on_message=clicker)
     assert clicker.clicked, "the run never showed its Stop button"
     spells, foreign = _idle_spells(messages, cell)
-    assert foreign >= 3, "the route set-up, the click and the route's end each publish idle"
+    assert foreign >= 3, "the route's comm, the clicker's subshell and the click publish idle"
     assert all(spell < _IDLE_GAP_LIMIT for spell in spells), f"idle while running: {spells}"
     printed = [m for m in messages if m["msg_type"] == "error"]
     assert printed == []
@@ -172,3 +172,86 @@ def test_new_points_reach_the_front_end_while_training_and_only_once(kernel: Any
         ("display_data", ["image/png", "text/plain"]),
     ]
     assert shown[1]["content"]["data"]["text/plain"].startswith("Finished in")
+
+
+def test_the_launchs_own_requests_never_show_idle_while_the_cell_runs(kernel: Any) -> None:
+    """The route's requests end with ``idle`` too; it is published only once the run's outputs
+    are in place, right before the cell's own: a front end polling between two messages
+    (``GET /api/kernels``) never reads Idle mid-run. The route's subshell is made once per
+    kernel: a later launch only opens its one comm on it."""
+    run_cell(kernel, "notebook_launcher(train, args=(30,), num_processes=2)")  # routes once
+    cell = kernel.execute("result = notebook_launcher(train, args=(100,), num_processes=2)")
+    messages = _run_all(kernel, cell, timeout=120)
+    statuses = [m for m in messages if m["msg_type"] == "status"]
+    foreign = [
+        m["parent_header"]["msg_type"] for m in statuses if m["parent_header"].get("msg_id") != cell
+    ]
+    assert "comm_open" in foreign, foreign  # the route claims the Stop button and controls
+    assert not {"create_subshell_request", "delete_subshell_request"} & set(foreign), foreign
+    last_output = max(
+        i
+        for i, m in enumerate(messages)
+        if m["msg_type"] in ("display_data", "update_display_data")
+    )
+    idle_at = [
+        i
+        for i, m in enumerate(messages)
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+    ]
+    assert idle_at and min(idle_at) > last_output, "an idle came while the cell was drawing"
+    assert messages[-2]["content"].get("execution_state") == "busy"  # answers the held idles
+
+
+def test_an_idle_the_front_end_caused_before_the_live_view_is_undone_as_it_shows(
+    kernel: Any,
+) -> None:
+    """JupyterLab creates a subshell for its comms when the first widget shows, on the control
+    channel: that request's ``idle`` may come after the next cell began a launch. The kernel
+    reads Busy again from the moment the live view is displayed."""
+    state: dict[str, Any] = {}
+
+    def front_end(message: dict) -> None:
+        mine = message["parent_header"].get("msg_id") == state.get("cell")
+        if mine and message["msg_type"] == "status" and "sent" not in state:
+            state["sent"] = True
+            request = kernel.session.msg("create_subshell_request", {})
+            kernel.control_channel.send(request)
+            kernel.control_channel.get_msg(timeout=10)
+
+    # The Stop button's route opens late (at the first progress, a second in): the busy keeper
+    # must not wait for it.
+    state["cell"] = cell = kernel.execute(
+        "import notebook_kit.live.notebook_view as view\n"
+        "def train_later():\n"
+        "    print('started', flush=True)\n"
+        "    time.sleep(1.0)\n"
+        "    return train(50)\n"
+        "time.sleep(1.0)\n"
+        "route_after, view.ROUTE_AFTER = view.ROUTE_AFTER, 60.0\n"
+        "try:\n"
+        "    result = notebook_launcher(train_later, num_processes=2)\n"
+        "finally:\n"
+        "    view.ROUTE_AFTER = route_after\n"
+    )
+    messages = _run_all(kernel, cell, timeout=120, on_message=front_end)
+    tracked = [
+        (i, m)
+        for i, m in enumerate(messages)
+        if m["msg_type"] == "status" and m["parent_header"].get("msg_type") not in _UNTRACKED
+    ]
+    foreign_idle = next(
+        i
+        for i, m in tracked
+        if m["parent_header"].get("msg_type") == "create_subshell_request"
+        and m["content"]["execution_state"] == "idle"
+    )
+    shown = next(i for i, m in enumerate(messages) if m["msg_type"] == "display_data")
+    assert foreign_idle < shown, "the front end's request ended before the launch showed"
+    after = next((i, m) for i, m in tracked if i > foreign_idle)
+    assert after[1]["content"]["execution_state"] == "busy"
+    assert after[1]["parent_header"]["msg_id"] == cell, after[1]["parent_header"]
+    assert after[0] == shown + 1, "Busy again right as the live view shows"
+    printed = next(  # the line shown in rank 0's tab
+        i for i, m in enumerate(messages) if m["msg_type"] == "comm_msg" and "started" in str(m)
+    )
+    assert after[0] < printed, "Busy before the workers' first output"

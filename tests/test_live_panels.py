@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.live.eval_table import build_table
+from notebook_kit.live.headless import progress_line
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.live.panels import (
     axis_limits,
@@ -21,6 +22,7 @@ from notebook_kit.live.panels import (
 from notebook_kit.live.plot import draw_metrics, new_figure
 from notebook_kit.live.plot_feed import PointFeed
 from notebook_kit.live.progress import RateClock, progress_text
+from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.summary import summary_line
 from notebook_kit.runtime.metrics import BATCH_KIND
 
@@ -145,3 +147,64 @@ def test_final_figure_has_labelled_axes_legends_markers_and_sane_single_points()
     assert val_line.get_marker() == "o"
     assert len(loss_axes.lines) == 3  # raw loss (faded), smoothed loss, val_loss
     assert acc_axes.get_ylim() == pytest.approx((0.81, 0.99)) and acc_axes.get_xlim() == (98, 100)
+
+
+def _trainer_histories(steps: int = 40) -> dict[str, list[tuple[int, float]]]:
+    """What a Trainer logs every 10 steps (an evaluation each 20): its epoch rides along."""
+    logged = range(9, steps, 10)
+    return {
+        "loss": [(s, 1.0 / (s + 1)) for s in logged],
+        "grad_norm": [(s, 2.0 + s / 100) for s in logged],
+        "learning_rate": [(s, 5e-05 if s % 20 == 9 else 5.000000000000001e-05) for s in logged],
+        "epoch": [(s, (s + 1) / 20) for s in logged],
+        "eval_loss": [(s, 0.5) for s in logged if (s + 1) % 20 == 0],
+    }
+
+
+def test_a_logged_epoch_is_a_table_column_and_never_a_plotted_line() -> None:
+    histories = _trainer_histories()
+    names = [name for panel in plan_panels(histories) for name in panel.names]
+    assert "epoch" not in names and {"loss", "grad_norm", "learning_rate", "eval_loss"} <= set(
+        names
+    )
+    assert "epoch" not in eval_metrics({name: len(h) for name, h in histories.items()})
+    figure = new_figure(4)
+    draw_metrics(figure, histories, evals={"eval_loss"})
+    legends = [t.get_text() for axes in figure.axes for t in axes.get_legend().get_texts()]
+    assert "epoch" not in legends and "grad_norm" in legends
+    train = {n: h for n, h in histories.items() if n != "eval_loss"}
+    table = build_table(train, {"eval_loss": histories["eval_loss"]})
+    assert table.columns[:2] == ("step", "epoch") and "epoch (avg)" not in table.columns
+    assert [row[:2] for row in table.rows] == [(19, 1.0), (39, 2.0)]
+
+
+def test_a_flat_learning_rate_is_a_flat_line_in_a_readable_range() -> None:
+    histories = {"learning_rate": _trainer_histories()["learning_rate"]}
+    assert axis_limits(v for _, v in histories["learning_rate"]) == pytest.approx((4.5e-5, 5.5e-5))
+    figure = new_figure(1)
+    draw_metrics(figure, histories)
+    assert figure.axes[0].get_ylim() == pytest.approx((4.5e-5, 5.5e-5))
+
+
+def test_thousands_of_metrics_and_huge_names_give_a_capped_legend_and_summary() -> None:
+    long_name = "layer." + "x" * 10_000 + ".loss"
+    latest = {long_name: 1.0, **{f"metric_{i}": float(i) for i in range(4_999)}}
+    histories = {name: [(0, value), (1, value)] for name, value in latest.items()}
+    panels = plan_panels(histories)
+    drawn = sum(len(panel.names) for panel in panels)
+    assert drawn + sum(panel.more for panel in panels) == 5_000 and drawn <= 10 * len(panels)
+    figure = new_figure(len(panels))
+    draw_metrics(figure, histories, panels=panels)
+    for axes, panel in zip(figure.axes, panels, strict=True):
+        labels = [t.get_text() for t in axes.get_legend().get_texts()]
+        assert len(labels) <= 11 and max(len(label) for label in labels) <= 40
+        assert labels[-1] == f"+{panel.more:,} more" if panel.more else True
+    other = figure.axes[[panel.label for panel in panels].index("other")]
+    assert other.get_legend().get_texts()[-1].get_text() == "+4,989 more"  # 4,999 in "other"
+    done = LaunchSummary((RankSummary(0, 0, 1.0),), 1.0)
+    line = summary_line(done, 2, None, latest)
+    assert len(line) < 200 and line.endswith(" · +4,997 more"), line
+    assert progress_line(2, None, 1.0, latest).endswith(" · +4,995 more")
+    recorder = RunRecorder()  # what last_run() keeps: every name exactly as logged
+    recorder.on_message(0, "log", {"rank": 0, "step": 0, "values": latest})
+    assert set(recorder.finish(done).metrics) == set(latest)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from notebook_kit.live import metrics as live_metrics
 from notebook_kit.live.headless import progress_line
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchSummary, RankSummary
@@ -164,14 +165,24 @@ def _feed(aggregator: MetricsAggregator, start: int, stop: int, ranks: int = 2) 
             aggregator.add_message(rank, BATCH_KIND, {"rank": rank, "records": records})
 
 
+def _held_by_the_aggregator() -> int:
+    """Bytes still allocated by code of the aggregator's module: what it keeps, and only that.
+
+    Threads other tests of the session left running allocate meanwhile too; the whole
+    process's traced memory counted them."""
+    snapshot = tracemalloc.take_snapshot()
+    mine = snapshot.filter_traces([tracemalloc.Filter(True, live_metrics.__file__)])
+    return sum(stat.size for stat in mine.statistics("filename"))
+
+
 def test_memory_stays_bounded_however_many_records_arrive() -> None:
     aggregator = MetricsAggregator()
     tracemalloc.start()
     try:
         _feed(aggregator, 0, 50_000)
-        after_50k = tracemalloc.get_traced_memory()[0]
+        after_50k = _held_by_the_aggregator()
         _feed(aggregator, 50_000, 250_000)
-        after_250k, peak = tracemalloc.get_traced_memory()
+        after_250k, peak = _held_by_the_aggregator(), tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 50e6
@@ -200,4 +211,20 @@ def test_a_long_history_stays_truthful() -> None:
     assert aggregator.stats("loss", rank=0).count == 100_000
     spike = max(aggregator.envelope("loss"), key=lambda point: point[2])
     assert abs(spike[0] - 54_321) <= 64 and spike[2] == 1e6
-    assert aggregator.rank_history("loss", 0)[-1] == (99_984, 99_983.5)  # steps 99,968-99,999
+    # The newest step is its own point, exactly as logged; the one before holds 99,968-99,998.
+    assert aggregator.rank_history("loss", 0)[-2:] == [(99_983, 99_983.0), (99_999, 99_999.0)]
+
+
+def test_the_newest_logged_step_is_its_own_point_exactly_as_logged() -> None:
+    aggregator = MetricsAggregator()
+    _feed(aggregator, 0, 20_000)
+    history, envelope = aggregator.history("loss"), aggregator.envelope("loss")
+    assert len(history) <= live_metrics.MAX_POINTS and aggregator.stats("loss").steps_per_point > 1
+    assert history[-1] == (19_999, 19_999.5)  # the mean over ranks of step 299,999 alone
+    assert envelope[-1] == (19_999, 19_999.0, 20_000.0)
+    assert history[-2][0] < 19_999 and aggregator.latest()["loss"] == history[-1][1]
+    # A later step takes its place; the step before joins the merged points, nothing lost.
+    aggregator.add(0, 20_000, {"loss": -1.0})
+    assert aggregator.history("loss")[-1] == (20_000, -1.0)
+    assert aggregator.stats("loss").count == 40_001
+    assert aggregator.envelope("loss")[-2][2] == 20_000.0

@@ -8,6 +8,7 @@ import sys
 import nbformat
 import pytest
 
+from notebook_kit.cli.main import main as cli_main
 from notebook_kit.cli.notebook_runner import _widget_lines
 from tests.processes import kernel_environment
 
@@ -85,3 +86,50 @@ def test_a_failing_cell_stops_the_run_with_status_1(tmp_path):
     done = _run(tmp_path / "bad.ipynb")
     assert done.returncode == 1
     assert "ZeroDivisionError" in done.stderr and "x" not in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.kernel
+def test_a_failing_notebook_is_saved_up_to_its_failing_cell_and_exits_1(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("print('before')"),
+        nbformat.v4.new_code_cell("1 / 0"),
+        nbformat.v4.new_code_cell("print('after')"),
+    ]
+    nbformat.write(notebook, tmp_path / "bad.ipynb")
+    done = _run(tmp_path / "bad.ipynb", "-o", str(tmp_path / "out" / "bad-run.ipynb"))
+    assert done.returncode == 1 and "ZeroDivisionError" in done.stderr
+    saved = nbformat.read(tmp_path / "out" / "bad-run.ipynb", as_version=4)
+    first, failing, after = saved.cells
+    assert first.outputs[0]["text"] == "before\n"
+    assert failing.outputs[-1]["output_type"] == "error"
+    assert failing.outputs[-1]["ename"] == "ZeroDivisionError"
+    assert after.outputs == [] and after.execution_count is None
+    assert "up to the cell that failed" in done.stdout
+
+
+def test_an_unwritable_output_fails_before_the_first_cell_runs(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(f"open({str(marker)!r}, 'w').write('x')")]
+    nbformat.write(notebook, tmp_path / "nb.ipynb")
+    (tmp_path / "a-file").write_text("")
+    output = tmp_path / "a-file" / "out.ipynb"  # its folder is a file: even root cannot
+    assert cli_main(["execute", str(tmp_path / "nb.ipynb"), "-o", str(output)]) == 2
+    assert not marker.exists(), "a cell ran before the output was checked"
+    error = capsys.readouterr().err
+    assert error.startswith("notebook-kit execute: error: cannot save") and "-o" in error
+    assert len(error.strip().splitlines()) == 1, error
+
+
+@pytest.mark.parametrize(
+    ("text", "command"), [("not json", "execute"), ("[1, 2]", "execute"), ("[1, 2]", "export")]
+)
+def test_a_file_that_is_not_a_notebook_gets_one_line(tmp_path, capsys, text, command):
+    path = tmp_path / "broken.ipynb"
+    path.write_text(text)
+    assert cli_main([command, str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"notebook-kit {command}: error: {path} is not a readable")
+    assert len(error.strip().splitlines()) == 1, error

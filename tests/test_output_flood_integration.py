@@ -14,7 +14,7 @@ from notebook_kit import WorkerError, notebook_launcher
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
 MIB = 1 << 20
-MAX_LINE_BYTES = 16 * 1024  # the README: longer lines arrive in pieces of 16 KiB
+MAX_LINE_BYTES = 16 * 1024  # docs/guarantees.md: longer lines arrive in pieces of 16 KiB
 
 
 class _Counter:

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.launch.pool_results import STILL_RUNNING, PoolRunError, decode_value
-from notebook_kit.launch.pool_shipping import (
+from notebook_kit.launch.pool.results import STILL_RUNNING, PoolRunError, decode_value
+from notebook_kit.launch.pool.shipping import (
     SendTooLargeError,
-    Shipping,
+    WorkerHoldings,
     code_names,
     stored_names,
 )
-from notebook_kit.launch.pool_view import GroupedText
-from notebook_kit.worker.pool_interrupt import INTERRUPTED, Guard
+from notebook_kit.launch.pool.view import GroupedText
+from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
 
 
 def _kernel(code: str) -> dict:
@@ -35,7 +35,7 @@ def test_only_what_changed_since_the_workers_got_it_is_sent() -> None:
     space = _kernel(
         "scale = 3\ndef helper(x):\n    return x * scale\ndef f(x):\n    return helper(x)"
     )
-    shipping = Shipping(space)
+    shipping = WorkerHoldings(space)
     shipping.remember_all()  # the fork: the workers hold all of it
     assert shipping.needed({"f"}) == {}
     exec("def helper(x):\n    return x + scale", space)  # redefined in a later cell
@@ -49,7 +49,7 @@ def test_only_what_changed_since_the_workers_got_it_is_sent() -> None:
 
 def test_names_a_cell_defined_on_the_workers_are_never_sent() -> None:
     space = _kernel("model = 'kernel model'\nclass Net:\n    def forward(self):\n        return lr")
-    shipping = Shipping(space, hidden={"In"})
+    shipping = WorkerHoldings(space, hidden={"In"})
     space["lr"], space["In"], space["_private"] = 0.1, [], 1
     assert set(shipping.needed({"Net", "In", "_private", "print"})) == {"Net", "lr"}
     shipping.mark_owned({"Net", "lr"})
@@ -66,7 +66,7 @@ def test_objects_the_workers_hold_travel_as_their_name() -> None:
     data = torch.zeros(1 << 20)  # 4 MiB
     space = _kernel("")
     space["data"] = data
-    shipping = Shipping(space)
+    shipping = WorkerHoldings(space)
     shipping.remember_all()
     by_name = shipping.dumps({"call": (len, (data,), {})}, "pool.run")
     assert len(by_name) < 1000 and b"named" in by_name
@@ -77,7 +77,7 @@ def test_objects_the_workers_hold_travel_as_their_name() -> None:
 def test_a_large_array_is_refused_with_a_hint_to_push_it() -> None:
     space = _kernel("")
     space["big"] = torch.zeros(2 << 20, dtype=torch.uint8)
-    shipping = Shipping(space, send_limit=1 << 20)
+    shipping = WorkerHoldings(space, send_limit=1 << 20)
     with pytest.raises(SendTooLargeError) as raised:
         shipping.dumps({"shipped": {"big": space["big"]}}, "This cell")
     message = str(raised.value)
@@ -88,7 +88,7 @@ def test_a_large_array_is_refused_with_a_hint_to_push_it() -> None:
 
 def test_kernel_functions_are_rebuilt_on_the_namespace_they_land_in() -> None:
     space = _kernel("def double(x):\n    return x * factor")
-    shipping = Shipping(space)
+    shipping = WorkerHoldings(space)
     function = pickle.loads(shipping.dumps({"f": space["double"]}, "pool.run"))["f"]
     main = sys.modules["__main__"].__dict__  # what a worker's namespace is
     assert function.__globals__ is main and function.__name__ == "double"

@@ -1,4 +1,4 @@
-"""README promises, each checked with real forked workers in a way that fails when it breaks.
+"""Promises of docs/guarantees.md, checked with real forked workers in a way that fails when broken.
 
 Output (warnings and C-level writes), SIGTERM then SIGKILL, the child-process sweep, the port
 held from binding to forking, the seed, and the Accelerator's no_sync, autocast and
@@ -144,7 +144,7 @@ def test_a_worker_ignoring_sigterm_is_killed_after_the_grace(tmp_path):
     assert not watchdog_fired.is_set(), "the worker ignoring SIGTERM was never killed"
     assert caught.value.rank == 0
     assert not _running(int(pid_file.read_text()))
-    # The README: a failure ends the launch within a fraction of a second, SIGTERM's grace
+    # docs/guarantees.md: a failure ends the launch within a fraction of a second, SIGTERM's grace
     # (0.5 s) included.
     assert took < 1.0, f"took {took:.2f} s"
 
@@ -333,6 +333,44 @@ def _loop_until_stopped() -> list[int]:
 def test_stop_reaches_every_rank_at_the_same_step():
     steps = notebook_launcher(_loop_until_stopped, num_processes=2, observer=_StopPressedAtOnce())
     assert steps[0] == steps[1] > 0, steps
+
+
+class _StopPressedMidRun(HeadlessObserver):
+    """Presses Stop once rank 0 says it is at step 30, while rank 1 is far behind."""
+
+    def on_metrics(self, batch: Any) -> None:
+        super().on_metrics(batch)
+        if self.recorder.metrics.values.get("at_step") and self.info is not None:
+            self.info.stop_flag.set()  # only rank 0 logs it
+
+    def on_start(self, info: Any) -> None:
+        super().on_start(info)
+        self.info = info
+
+
+def _loop_at_different_speeds() -> list[int]:
+    """Rank 1 steps twenty times slower: the ranks read the flag at different steps, and
+    only the vote makes them stop together."""
+    import notebook_kit
+
+    accelerator = Accelerator()
+    stopped_at = -1
+    for step in range(1, 1001):
+        if accelerator.process_index == 0 and step == 30:
+            notebook_kit.log({"at_step": step}, step=step)
+        if accelerator.should_stop:
+            stopped_at = step
+            break
+        time.sleep(0.001 if accelerator.process_index == 0 else 0.02)
+    steps = [0, 0]
+    dist.all_gather_object(steps, stopped_at)
+    return steps
+
+
+def test_stop_ends_every_rank_at_the_same_step_when_they_see_it_at_different_steps():
+    observer = _StopPressedMidRun()
+    steps = notebook_launcher(_loop_at_different_speeds, num_processes=2, observer=observer)
+    assert steps[0] == steps[1] >= 30, steps
 
 
 INTERRUPT_AT_ONCE = """

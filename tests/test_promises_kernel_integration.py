@@ -1,5 +1,5 @@
-"""README promises that only a real Jupyter kernel can show: ``%debug`` after a launch in the
-kernel, and the quickstart notebook through ``notebook-kit execute``."""
+"""Promises only a real Jupyter kernel can show: ``%debug`` after a launch in the kernel
+(docs/guarantees.md), and the README's quickstart notebook through ``notebook-kit execute``."""
 
 from __future__ import annotations
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -138,3 +140,25 @@ def _listening_on(pid: int, port: int, wait: float) -> set[str]:
             return found
         time.sleep(0.05)
     return set()
+
+
+def _launch_secrets() -> dict[str, object]:
+    """Rank 0 reads the store's keys through a plain client and names their launch prefix."""
+    if dist.get_rank() != 0:
+        return {}
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
+    prefixes = {key.split("/")[1] for key in client.list_keys() if key.startswith("notebook_kit/")}
+    seen = " ".join([*os.environ.values(), Path("/proc/self/cmdline").read_text()])
+    return {"prefixes": prefixes, "in_environment_or_argv": any(p in seen for p in prefixes)}
+
+
+def test_the_one_node_store_prefix_is_random_and_new_at_every_launch():
+    first = notebook_launcher(_launch_secrets, num_processes=2, live=False)
+    second = notebook_launcher(_launch_secrets, num_processes=2, live=False)
+    (one,), (two,) = first["prefixes"], second["prefixes"]
+    for prefix in (one, two):
+        assert re.fullmatch(r"[0-9a-f]{32}", prefix), prefix  # 128 random bits
+    assert one != two
+    assert not first["in_environment_or_argv"] and not second["in_environment_or_argv"]

@@ -19,6 +19,7 @@ from notebook_kit.accelerator.configuration import (
     ProjectConfiguration,
 )
 from notebook_kit.accelerator.partial_state import AcceleratorState, DistributedType, PartialState
+from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = [
     "Accelerator",
@@ -27,6 +28,7 @@ __all__ = [
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from notebook_kit.accelerator.accelerate_objects import adopt
 from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods
 from notebook_kit.accelerator.configuration import (
     AutocastKwargs,
@@ -28,23 +28,17 @@ from notebook_kit.accelerator.configuration import (
 )
 from notebook_kit.accelerator.data_loader import PreparedDataLoader, prepare_data_loader
 from notebook_kit.accelerator.distributed_methods import DistributedMethods
-from notebook_kit.accelerator.handlers import (
-    apply_process_group_options,
-    register_comm_hook,
-    sort_handlers,
-)
+from notebook_kit.accelerator.handlers import apply_process_group_options, sort_handlers
 from notebook_kit.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     GradientState,
 )
-from notebook_kit.accelerator.partial_state import AcceleratorState
+from notebook_kit.accelerator.partial_state import AcceleratorState, as_accelerates
 from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
     MixedPrecision,
     autocast_context,
-    make_grad_scaler,
-    patch_forward,
     restore_forward,
 )
 from notebook_kit.accelerator.process_methods import ProcessMethods
@@ -57,8 +51,10 @@ from notebook_kit.accelerator.settings import (
     loader_configuration,
 )
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
+from notebook_kit.accelerator.strategies import Strategy, fsdp_from_settings, select_strategy
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.log_values import LoggedHistory
 
 __all__ = ["Accelerator"]
 
@@ -100,15 +96,19 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
             live plot (always fed): ``"tensorboard"`` (event files under ``project_dir``), a
             tracker object with Accelerate's ``GeneralTracker`` interface, or a list of them;
             None or ``"all"``: the live plot only. Trackers start at ``init_trackers``.
+        fsdp_plugin: A ``FullyShardedDataParallelPlugin`` (ours or Accelerate's): shard the
+            model with FSDP2 over the launch's processes (``ACCELERATE_USE_FSDP=true`` makes
+            one from the ``FSDP_*`` variables).
 
-    Example:
-        >>> accelerator = Accelerator(mixed_precision="bf16",
-        ...     dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
-        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-        >>> for inputs, targets in loader:
-        ...     loss = loss_fn(model(inputs), targets)
-        ...     accelerator.backward(loss)
-        ...     optimizer.step(); optimizer.zero_grad()
+    Example::
+
+        accelerator = Accelerator(mixed_precision="bf16",
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for inputs, targets in loader:
+            loss = loss_fn(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step(); optimizer.zero_grad()
     """
 
     def __init__(
@@ -128,6 +128,7 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[Any] | None = None,
         log_with: str | Any | list[Any] | None = None,
+        fsdp_plugin: Any = None,
     ) -> None:
         self.device_placement = check_flag("device_placement", device_placement)
         self.dataloader_config = loader_configuration(
@@ -154,7 +155,8 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
             "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
         )  # fmt: skip
         check_steps(steps)
-        project = project_config or ProjectConfiguration()
+        project = adopt(project_config, ProjectConfiguration, "project_config")
+        project = project or ProjectConfiguration()
         project_dir = project_dir if project_dir is not None else project.project_dir
         self.project_dir = Path(project_dir) if project_dir is not None else None
         self.total_limit = project.total_limit
@@ -162,17 +164,22 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         self.logging_dir = Path(logging_dir) if logging_dir is not None else None
         self.log_with = check_log_with(log_with, self.logging_dir)
         self.trackers: list[Any] = []
+        self.tracker_config: dict[str, Any] = {}
+        self._trigger = False  # set_trigger's flag on this process, read by check_trigger
         self.state = AcceleratorState._from_process(
             resolve_process_state(cpu), mixed_precision=self.mixed_precision
         )
         apply_process_group_options(self.handlers.init)
+        # What DDP, FSDP or one process means for wrapping, syncing, clipping and saving.
+        self.strategy: Strategy = select_strategy(
+            self.state, self.mixed_precision, self.handlers, fsdp_from_settings(fsdp_plugin)
+        )
+        self.state.distributed_type = as_accelerates(self.strategy.distributed_type)
         self.gradient_state = GradientState(
             steps, plugin.adjust_scheduler, plugin.sync_with_dataloader, plugin.sync_each_batch
         )
-        self.scaler = make_grad_scaler(
-            self.mixed_precision, self.state.device, **self.handlers.scaler_options()
-        )
-        self.logged: list[dict[str, Any]] = []
+        self.scaler = self.strategy.grad_scaler(self.handlers.scaler_options())
+        self.logged = LoggedHistory()  # the latest records, read when looked at
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
@@ -186,12 +193,15 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
 
         Returns them in the same order (a single object when given one).
 
-        Example:
-            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        Example::
+
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         """
         placements = device_placement or [self.device_placement] * len(args)
+        # A sharding strategy remaps the parameters of optimizers prepared with their model.
+        optimizers = [obj for obj in args if isinstance(obj, torch.optim.Optimizer)]
         prepared = [
-            obj if _is_scheduler(obj) else self._prepare_one(obj, placement)
+            obj if _is_scheduler(obj) else self._prepare_one(obj, placement, optimizers)
             for obj, placement in zip(args, placements, strict=True)
         ]
         # Schedulers last: they are linked to optimizers prepared in the same call or before.
@@ -201,9 +211,11 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         ]
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+    def _prepare_one(
+        self, obj: Any, placement: bool, optimizers: list[torch.optim.Optimizer]
+    ) -> Any:
         if isinstance(obj, nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
+            return self._prepare_model(obj, placement, optimizers)
         if isinstance(obj, torch.optim.Optimizer):
             return self.prepare_optimizer(obj)
         if isinstance(obj, DataLoader):
@@ -217,33 +229,32 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         under autocast), so its attributes, methods and type stay as they were; under DDP
         ``prepared.module`` is ``model``.
 
-        Example:
-            >>> model = accelerator.prepare_model(model)
+        Example::
+
+            model = accelerator.prepare_model(model)
         """
+        placement = self.device_placement if device_placement is None else device_placement
+        return self._prepare_model(model, placement, [])
+
+    def _prepare_model(
+        self, model: nn.Module, placement: bool, optimizers: list[torch.optim.Optimizer]
+    ) -> nn.Module:
         launch = current_launch()
         if launch is not None:  # the launcher sends rank 0's weights back into this object
             launch.register_prepared_model(model)
         self._models.append(model)
-        if self.device_placement if device_placement is None else device_placement:
+        # A model on `meta` has nothing to move: FSDP's cpu_ram_efficient_loading gives it
+        # memory on the device, then rank 0's weights.
+        if placement and not any(parameter.is_meta for parameter in model.parameters()):
             model.to(self.device)
-        trainable = any(parameter.requires_grad for parameter in model.parameters())
-        if self.use_distributed and trainable:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            ddp_options = self.handlers.ddp_options()
-            wrapped = DistributedDataParallel(model, device_ids=device_ids, **ddp_options)
-            register_comm_hook(self.handlers.ddp, wrapped)
-        else:
-            wrapped = model
-        if self.mixed_precision != "no":
-            autocast = self.handlers.autocast_options()
-            patch_forward(wrapped, self.mixed_precision, self.device, **autocast)
-        return wrapped
+        return self.strategy.wrap(model, optimizers)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it respects accumulation and fp16 loss scaling.
 
-        Example:
-            >>> optimizer = accelerator.prepare_optimizer(optimizer)
+        Example::
+
+            optimizer = accelerator.prepare_optimizer(optimizer)
         """
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
         self._optimizers.append(wrapped)
@@ -252,8 +263,9 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap an LR scheduler so it steps as Accelerate steps it.
 
-        Example:
-            >>> scheduler = accelerator.prepare_scheduler(scheduler)
+        Example::
+
+            scheduler = accelerator.prepare_scheduler(scheduler)
         """
         linked = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer]
         wrapped = AcceleratedScheduler(
@@ -270,8 +282,9 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         """Shard ``data_loader`` for this process.
 
-        Example:
-            >>> loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
+        Example::
+
+            loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
         """
         config = self.dataloader_config
         prepared = prepare_data_loader(
@@ -296,28 +309,32 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
 
         With ``keep_fp32_wrapper=False`` its forward no longer runs under autocast.
 
-        Example:
-            >>> torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+        Example::
+
+            torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
         """
-        while isinstance(model, DistributedDataParallel):
-            model = model.module
+        model = self.strategy.unwrap(model)
         return model if keep_fp32_wrapper else restore_forward(model)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict (of the unwrapped module by default).
 
-        Example:
-            >>> state = accelerator.get_state_dict(model)
+        Example::
+
+            state = accelerator.get_state_dict(model)
         """
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        return (
+            self.strategy.full_state_dict(model, "get_state_dict") if unwrap else model.state_dict()
+        )
 
     # -- training step --------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled for fp16.
 
-        Example:
-            >>> accelerator.backward(loss)
+        Example::
+
+            accelerator.backward(loss)
         """
         if self.gradient_state.num_steps > 1:
             loss = loss / self.gradient_state.num_steps
@@ -329,10 +346,11 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """One micro-step: gradients are all-reduced only on the step that applies them.
 
-        Example:
-            >>> with accelerator.accumulate(model):
-            ...     accelerator.backward(loss_fn(model(x), y))
-            ...     optimizer.step(); optimizer.zero_grad()
+        Example::
+
+            with accelerator.accumulate(model):
+                accelerator.backward(loss_fn(model(x), y))
+                optimizer.step(); optimizer.zero_grad()
         """
         self.gradient_state.advance()
         # sync_each_batch all-reduces every micro-step (the optimizer still waits for the sync).
@@ -347,12 +365,12 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     def no_sync(self, model: nn.Module) -> Iterator[None]:
         """Skip DDP's gradient all-reduce inside the block (no-op on one process).
 
-        Example:
-            >>> with accelerator.no_sync(model):
-            ...     accelerator.backward(loss)
+        Example::
+
+            with accelerator.no_sync(model):
+                accelerator.backward(loss)
         """
-        context = model.no_sync() if isinstance(model, DistributedDataParallel) else None
-        with context or contextlib.nullcontext():
+        with self.strategy.no_sync(model):
             yield
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
@@ -360,9 +378,10 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
 
         ``autocast_handler`` overrides the ``AutocastKwargs`` given to the constructor.
 
-        Example:
-            >>> with accelerator.autocast():
-            ...     loss = loss_fn(model(x), y)
+        Example::
+
+            with accelerator.autocast():
+                loss = loss_fn(model(x), y)
         """
         handler = autocast_handler or self.handlers.autocast
         options = handler.to_kwargs() if handler is not None else {}
@@ -379,18 +398,20 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
     ) -> torch.Tensor:
         """Clip the gradients' total norm (after undoing fp16 scaling); returns the norm.
 
-        Example:
-            >>> if accelerator.sync_gradients:
-            ...     accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        Example::
+
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
         """
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clamp every gradient to ``[-clip_value, clip_value]`` (after undoing fp16 scaling).
 
-        Example:
-            >>> accelerator.clip_grad_value_(model.parameters(), 0.5)
+        Example::
+
+            accelerator.clip_grad_value_(model.parameters(), 0.5)
         """
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)

@@ -48,11 +48,12 @@ class CheckpointSpaceError(OSError):
 
     An ``OSError`` with ``errno`` ENOSPC (or EDQUOT), so existing handlers still catch it.
 
-    Example:
-        >>> try:
-        ...     accelerator.save_state()
-        ... except CheckpointSpaceError as error:
-        ...     print(error)  # No space left on device while saving checkpoint 3 to ...
+    Example::
+
+        try:
+            accelerator.save_state()
+        except CheckpointSpaceError as error:
+            print(error)  # No space left on device while saving checkpoint 3 to ...
     """
 
     def __str__(self) -> str:
@@ -80,9 +81,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         CheckpointError: The manifest is damaged, from another format, or names a folder
             outside the checkpoint.
 
-    Example:
-        >>> read_manifest("ckpt")["world_size"]
-        2
+    Example::
+
+        read_manifest("ckpt")["world_size"]
+        # 2
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -134,9 +136,10 @@ def _check_manifest(manifest: Any, path: Path) -> None:
 def load_file(path: Path) -> Any:
     """``torch.load(weights_only=True)`` of one checkpoint file, failures named and explained.
 
-    Example:
-        >>> load_file(Path("ckpt/state-0a1b/model_0.pt"))["weight"].shape
-        torch.Size([1, 2])
+    Example::
+
+        load_file(Path("ckpt/state-0a1b/model_0.pt"))["weight"].shape
+        # torch.Size([1, 2])
     """
     if not path.is_file():
         raise FileNotFoundError(

@@ -1,8 +1,9 @@
 """The Accelerator's checkpoint methods (a mixin): what goes into ``save_state`` and where.
 
 The file format and the atomic commit live in :mod:`notebook_kit.accelerator.checkpointing`;
-this mixin only collects the Accelerator's prepared objects and resolves numbered checkpoint
-folders.
+how models and optimizers are written (whole, or sharded per rank) is the strategy's
+``checkpoint_parts``; this mixin only collects the Accelerator's prepared objects and resolves
+numbered checkpoint folders.
 
 Numbered checkpoints follow Accelerate's automatic naming: ``save_state()`` without a directory
 writes ``project_dir/checkpoints/checkpoint_<n>`` with ``n`` one past the highest existing
@@ -25,19 +26,20 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
 from notebook_kit.accelerator import operations
 from notebook_kit.accelerator.checkpoint_files import MANIFEST, is_state_folder
 from notebook_kit.accelerator.checkpointing import Stateful, load_checkpoint, save_checkpoint
 from notebook_kit.accelerator.data_loader import skip_first_batches
+from notebook_kit.accelerator.model_files import parse_shard_size, write_model_files
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from notebook_kit.accelerator.data_loader import PreparedDataLoader
     from notebook_kit.accelerator.optimizer import AcceleratedOptimizer, AcceleratedScheduler
     from notebook_kit.accelerator.state import ProcessState
+    from notebook_kit.accelerator.strategies import Strategy
 
 __all__ = ["CheckpointMethods"]
 
@@ -55,16 +57,14 @@ class CheckpointMethods:
     _custom_objects: list[Any]
 
     state: ProcessState
-
-    if TYPE_CHECKING:
-
-        def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module: ...
+    strategy: Strategy
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``.
 
-        Example:
-            >>> accelerator.register_for_checkpointing(ema)
+        Example::
+
+            accelerator.register_for_checkpointing(ema)
         """
         for obj in objects:
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
@@ -72,9 +72,11 @@ class CheckpointMethods:
             self._custom_objects.append(obj)
 
     def _stateful(self) -> Stateful:
+        parts = self.strategy.checkpoint_parts(self._models, self._optimizers)
         return Stateful(
-            models=[self.unwrap_model(model) for model in self._models],
-            optimizers=self._optimizers,
+            models=parts.models,
+            optimizers=parts.optimizers,
+            sharded=parts.sharded,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
             custom=self._custom_objects,
@@ -125,9 +127,11 @@ class CheckpointMethods:
             CheckpointSpaceError: The disk filled up (an ``OSError``); the partial save was
                 removed, earlier checkpoints are intact, and a later call can succeed.
 
-        Example:
-            >>> accelerator.save_state("checkpoints/step_100")
+        Example::
+
+            accelerator.save_state("checkpoints/step_100")
         """
+        self.strategy.enter_collective("save_state")
         if output_dir is not None:
             return save_checkpoint(output_dir, self._stateful(), self.state.process_index)
         rank_zero = self.state.process_index == 0
@@ -152,9 +156,11 @@ class CheckpointMethods:
             CheckpointError: A damaged or edited file (named in the message), or saved with
                 another number of processes or other objects.
 
-        Example:
-            >>> accelerator.load_state("checkpoints/step_100")
+        Example::
+
+            accelerator.load_state("checkpoints/step_100")
         """
+        self.strategy.enter_collective("load_state")
         if input_dir is None:
             existing = self._numbered_checkpoints(committed=True)
             if not existing:
@@ -162,11 +168,35 @@ class CheckpointMethods:
             input_dir = existing[-1][1]
         load_checkpoint(input_dir, self._stateful(), self.state.process_index)
 
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's full weights as Transformers' ``save_pretrained`` does.
+
+        Safetensors files of at most ``max_shard_size`` each (``"10GB"``, ``"500MB"``, bytes)
+        with ``model.safetensors.index.json`` when there are several; ``pytorch_model*.bin``
+        with ``safe_serialization=False``. The main process writes. Under FSDP the weights are
+        gathered first, so every process must call it.
+
+        Example::
+
+            accelerator.save_model(model, "trained", max_shard_size="200MB")
+        """
+        parse_shard_size(max_shard_size)  # a bad size fails before any gathering
+        state = self.strategy.full_state_dict(model, "save_model")
+        if self.state.process_index == 0:
+            write_model_files(state, save_directory, max_shard_size, safe_serialization)
+
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """One pass of ``dataloader`` starting at batch ``num_batches`` of the epoch.
 
-        Example:
-            >>> for batch in accelerator.skip_first_batches(train_dl, 10): ...
+        Example::
+
+            for batch in accelerator.skip_first_batches(train_dl, 10): ...
         """
         return skip_first_batches(dataloader, num_batches)
 

@@ -13,6 +13,8 @@ it needed.
 
 Rank 0 writes models, optimizers, schedulers, the GradScaler and registered objects (they are
 identical on every rank); every rank writes its own RNG states and data-loader positions.
+Sharded models and optimizers (FSDP) are a ``sharded`` part instead: every rank writes its
+share into the same staging folder before the commit, so they are committed atomically too.
 Everything is read back with ``torch.load(weights_only=True)``, and a damaged or edited file
 raises :class:`CheckpointError` naming it (see :mod:`~notebook_kit.accelerator.checkpoint_files`).
 """
@@ -73,6 +75,7 @@ class Stateful:
     dataloaders: Sequence[Any] = ()
     custom: Sequence[Any] = ()
     scaler: Any = None
+    sharded: Any = None  # counts, save(folder), load(folder): each rank writes its share
     counts: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +87,8 @@ class Stateful:
             "custom": len(self.custom),
             "scaler": int(self.scaler is not None),
         }
+        if self.sharded is not None:
+            self.counts |= self.sharded.counts
 
     def shared_files(self) -> dict[str, Any]:
         """File name -> object, for the objects every rank holds identically."""
@@ -147,8 +152,9 @@ def save_checkpoint(
     Raises:
         CheckpointSpaceError: The disk filled up; the partial save was removed.
 
-    Example:
-        >>> save_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
+    Example::
+
+        save_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
     """
     directory = Path(directory)
     created = not directory.exists()
@@ -162,6 +168,8 @@ def save_checkpoint(
             for name, obj in state.shared_files().items():
                 write_file(obj.state_dict(), staging / name)
         write_file(state.own_state(), staging / f"process_{process_index}.pt")
+        if state.sharded is not None:
+            state.sharded.save(staging)
         _barrier()  # every rank's files are on disk before the commit
         if process_index == 0:
             manifest = {
@@ -275,8 +283,9 @@ def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_
         FileNotFoundError: No checkpoint, or a file of it, at ``directory``.
         CheckpointError: A damaged file (named), or saved with other processes or objects.
 
-    Example:
-        >>> load_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
+    Example::
+
+        load_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -284,4 +293,6 @@ def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_
     staging = directory / manifest["folder"]
     for name, obj in state.shared_files().items():
         _restore(obj, staging / name)
+    if state.sharded is not None:
+        state.sharded.load(staging)
     _restore_own(state, staging / f"process_{process_index}.pt")

@@ -52,9 +52,10 @@ class ProjectConfiguration:
         logging_dir: Where trackers such as ``log_with="tensorboard"`` write (default:
             ``project_dir``).
 
-    Example:
-        >>> config = ProjectConfiguration("runs/a", automatic_checkpoint_naming=True, total_limit=2)
-        >>> accelerator = Accelerator(project_config=config)
+    Example::
+
+        config = ProjectConfiguration("runs/a", automatic_checkpoint_naming=True, total_limit=2)
+        accelerator = Accelerator(project_config=config)
     """
 
     project_dir: str | os.PathLike[str] | None = None
@@ -89,9 +90,10 @@ class DataLoaderConfiguration:
         use_stateful_dataloader: Accepted; every prepared loader here already has
             ``state_dict``/``load_state_dict`` and resumes mid-epoch (no torchdata needed).
 
-    Example:
-        >>> config = DataLoaderConfiguration(even_batches=False, use_seedable_sampler=True)
-        >>> accelerator = Accelerator(dataloader_config=config)
+    Example::
+
+        config = DataLoaderConfiguration(even_batches=False, use_seedable_sampler=True)
+        accelerator = Accelerator(dataloader_config=config)
     """
 
     split_batches: bool = False
@@ -142,9 +144,10 @@ class GradientAccumulationPlugin(KwargsHandler):
         sync_each_batch: All-reduce gradients on every micro-step (less memory under DDP, more
             communication); the optimizer still steps every ``num_steps``.
 
-    Example:
-        >>> plugin = GradientAccumulationPlugin(num_steps=4, sync_each_batch=True)
-        >>> accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+    Example::
+
+        plugin = GradientAccumulationPlugin(num_steps=4, sync_each_batch=True)
+        accelerator = Accelerator(gradient_accumulation_plugin=plugin)
     """
 
     num_steps: int | None = None
@@ -176,9 +179,10 @@ class DistributedDataParallelKwargs(KwargsHandler):
     ``comm_wrapper`` and ``comm_state_option``) registers one of torch's gradient compression
     hooks.
 
-    Example:
-        >>> kwargs = DistributedDataParallelKwargs(find_unused_parameters=True)
-        >>> accelerator = Accelerator(kwargs_handlers=[kwargs])
+    Example::
+
+        kwargs = DistributedDataParallelKwargs(find_unused_parameters=True)
+        accelerator = Accelerator(kwargs_handlers=[kwargs])
     """
 
     dim: int = 0
@@ -201,9 +205,10 @@ class DistributedDataParallelKwargs(KwargsHandler):
 class GradScalerKwargs(KwargsHandler):
     """Options of the ``torch.amp.GradScaler`` used with ``mixed_precision="fp16"``.
 
-    Example:
-        >>> accelerator = Accelerator(mixed_precision="fp16",
-        ...     kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
+    Example::
+
+        accelerator = Accelerator(mixed_precision="fp16",
+            kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
     """
 
     init_scale: float = 65536.0
@@ -221,10 +226,11 @@ class InitProcessGroupKwargs(KwargsHandler):
     notebook launch the group already exists, so ``timeout`` is applied to it and a different
     ``backend`` or an ``init_method`` raises a warning naming the launcher option to use.
 
-    Example:
-        >>> from datetime import timedelta
-        >>> accelerator = Accelerator(
-        ...     kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=5))])
+    Example::
+
+        from datetime import timedelta
+        accelerator = Accelerator(
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=5))])
     """
 
     backend: str | None = "nccl"
@@ -240,9 +246,10 @@ class InitProcessGroupKwargs(KwargsHandler):
 class AutocastKwargs(KwargsHandler):
     """Options of ``torch.autocast`` under mixed precision (``enabled=False`` turns it off).
 
-    Example:
-        >>> accelerator = Accelerator(mixed_precision="bf16",
-        ...     kwargs_handlers=[AutocastKwargs(cache_enabled=True)])
+    Example::
+
+        accelerator = Accelerator(mixed_precision="bf16",
+            kwargs_handlers=[AutocastKwargs(cache_enabled=True)])
     """
 
     enabled: bool = True

@@ -90,9 +90,10 @@ def prepare_data_loader(
     when a process group exists) makes only process 0 read the data. Every prepared loader
     resumes mid-epoch (``use_stateful_dataloader`` is accepted and needs nothing more).
 
-    Example:
-        >>> loader = prepare_data_loader(DataLoader(dataset, batch_size=8, shuffle=True),
-        ...     device, num_processes=2, process_index=rank, put_on_device=True)
+    Example::
+
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=8, shuffle=True),
+            device, num_processes=2, process_index=rank, put_on_device=True)
     """
     if isinstance(dataloader, PreparedDataLoader):
         raise ValueError("This DataLoader was already prepared; prepare the original once.")
@@ -211,9 +212,10 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     The count is absolute within the epoch, so it does not add to a position restored by
     ``load_state``. Later passes use ``dataloader`` itself.
 
-    Example:
-        >>> for batch in skip_first_batches(train_dl, 10):
-        ...     ...
+    Example::
+
+        for batch in skip_first_batches(train_dl, 10):
+            ...
     """
     if num_batches < 0:
         raise ValueError(f"num_batches must be >= 0, got {num_batches}.")

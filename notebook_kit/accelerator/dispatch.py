@@ -108,10 +108,11 @@ def dispatched_batches(
     Give ``sampler`` (map-style data, with the DataLoader's ``dataset`` and ``options``) or
     ``shard`` (an IterableDataset).
 
-    Example:
-        >>> for batch, last, remainder in dispatched_batches(process_index=rank,
-        ...         num_processes=2, start=0, sampler=sharded, dataset=ds, options={}):
-        ...     ...
+    Example::
+
+        for batch, last, remainder in dispatched_batches(process_index=rank,
+                num_processes=2, start=0, sampler=sharded, dataset=ds, options={}):
+            ...
     """
     if process_index != 0:
         return _receive_all()

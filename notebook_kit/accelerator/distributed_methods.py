@@ -1,4 +1,4 @@
-"""The Accelerator's view of the job and its DDP controls (a mixin, no state of its own).
+"""The Accelerator's view of the job and its DDP controls (a mixin; state is the Accelerator's).
 
 Rank, device, accumulation progress, ``distributed_type`` and the data loader settings read as
 on Accelerate's Accelerator;
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
-from torch.nn.parallel import DistributedDataParallel
 
 from notebook_kit.accelerator.partial_state import DistributedType
 from notebook_kit.accelerator.sharding import ShardedBatchSampler
@@ -26,16 +25,16 @@ if TYPE_CHECKING:
     from notebook_kit.accelerator.data_loader import PreparedDataLoader
     from notebook_kit.accelerator.optimizer import AcceleratedOptimizer, GradientState
     from notebook_kit.accelerator.partial_state import AcceleratorState
+    from notebook_kit.accelerator.strategies import Strategy
 
 __all__ = ["DistributedMethods"]
 
-_DDP_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
-
 
 class DistributedMethods:
-    """Properties and DDP context managers; needs ``state``, ``gradient_state``, the config."""
+    """Properties and DDP context managers; reads ``state``, ``strategy`` and the config."""
 
     state: AcceleratorState
+    strategy: Strategy
     gradient_state: GradientState
     dataloader_config: DataLoaderConfiguration
     _dataloaders: list[PreparedDataLoader]
@@ -81,17 +80,25 @@ class DistributedMethods:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """``DistributedType.NO``, ``MULTI_CPU`` or ``MULTI_GPU``.
+        """``DistributedType.NO``, ``MULTI_CPU``, ``MULTI_GPU`` or ``FSDP``.
 
-        Example:
-            >>> if accelerator.distributed_type == DistributedType.MULTI_GPU: ...
+        Example::
+
+            if accelerator.distributed_type == DistributedType.MULTI_GPU: ...
         """
         return self.state.distributed_type
 
     @property
+    def is_fsdp2(self) -> bool:
+        """True when the model is sharded with FSDP2 (``Accelerator(fsdp_plugin=...)``)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
     def multi_device(self) -> bool:
         """True when several processes train with DistributedDataParallel."""
-        return self.state.num_processes > 1 and self.distributed_type in _DDP_TYPES
+        # Accelerate's meaning: a replicated data-parallel job (not FSDP, not DeepSpeed).
+        replicated = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+        return self.state.num_processes > 1 and self.distributed_type in replicated
 
     @property
     def split_batches(self) -> bool:
@@ -134,12 +141,13 @@ class DistributedMethods:
         block; without ``even_batches=False`` every process has the same number of batches and
         the join is not needed.
 
-        Example:
-            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
-            ...     for batch in loader:
-            ...         accelerator.backward(loss_fn(model(batch)))
+        Example::
+
+            with accelerator.join_uneven_inputs([model], even_batches=False):
+                for batch in loader:
+                    accelerator.backward(loss_fn(model(batch)))
         """
-        if not self.multi_device:
+        if not (self.multi_device and self.strategy.can_join):
             if self.distributed_type != DistributedType.NO:
                 warnings.warn(
                     "Joining uneven inputs is only supported for multi-GPU and multi-CPU "
@@ -176,29 +184,16 @@ class DistributedMethods:
             )
         return restore
 
-    @staticmethod
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(model: nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Make the next backward all-reduce gradients after forwards run under ``no_sync``.
 
-        Example:
-            >>> with accelerator.no_sync(model):
-            ...     losses = [loss_fn(model(x)) for x in micro_batches]
-            >>> for loss in losses[:-1]:
-            ...     accelerator.backward(loss)
-            >>> with accelerator.trigger_sync_in_backward(model):
-            ...     accelerator.backward(losses[-1])
+        Example::
+
+            with accelerator.no_sync(model):
+                losses = [loss_fn(model(x)) for x in micro_batches]
+            for loss in losses[:-1]:
+                accelerator.backward(loss)
+            with accelerator.trigger_sync_in_backward(model):
+                accelerator.backward(losses[-1])
         """
-        if not isinstance(model, DistributedDataParallel):
-            yield
-            return
-        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        # A forward under no_sync left DDP's reducer unprepared; preparing it now makes the
-        # coming backward reduce every bucket.
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+        return self.strategy.trigger_sync(model)

@@ -1,9 +1,10 @@
 """What ``Accelerator(kwargs_handlers=[...])`` does with each handler.
 
-One handler of each kind at most, as in Accelerate: ``DistributedDataParallelKwargs`` reaches the
-DDP wrapper, ``GradScalerKwargs`` the fp16 loss scaler, ``AutocastKwargs`` every autocast region,
-and ``InitProcessGroupKwargs`` the process group (its timeout is applied to a group that already
-exists; what cannot be changed afterwards is reported with the launcher option that sets it).
+One handler of each kind at most, notebook_kit's or Accelerate's own, as in Accelerate:
+``DistributedDataParallelKwargs`` reaches the DDP wrapper, ``GradScalerKwargs`` the fp16 loss
+scaler, ``AutocastKwargs`` every autocast region, and ``InitProcessGroupKwargs`` the process
+group (its timeout is applied to a group that already exists; what cannot be changed afterwards
+is reported with the launcher option that sets it).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from notebook_kit.accelerator.accelerate_objects import adopt, is_accelerates
 from notebook_kit.accelerator.configuration import (
     AutocastKwargs,
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
-    KwargsHandler,
 )
 
 __all__ = ["Handlers", "apply_process_group_options", "register_comm_hook", "sort_handlers"]
@@ -63,19 +64,32 @@ def sort_handlers(handlers: Iterable[Any] | None) -> Handlers:
         1024.0
     """
     found: dict[str, Any] = {}
-    for handler in handlers or ():
+    for given in handlers or ():
+        handler = _adopted(given)
         kind = _KINDS.get(type(handler))
         if kind is None:
             known = ", ".join(sorted(cls.__name__ for cls in _KINDS))
-            hint = "" if isinstance(handler, KwargsHandler) else " (is it Accelerate's class?)"
+            if is_accelerates(handler):
+                raise TypeError(
+                    f"kwargs_handlers: notebook_kit has no equivalent of Accelerate's "
+                    f"{type(handler).__name__}; it takes {known} (Accelerate's or its own)."
+                )
             raise TypeError(
-                f"kwargs_handlers takes {known} objects from notebook_kit, got "
-                f"{type(handler).__name__}{hint}."
+                f"kwargs_handlers takes {known} objects, from notebook_kit or Accelerate, got "
+                f"{type(handler).__name__}."
             )
         if kind in found:
             raise ValueError(f"kwargs_handlers has more than one {type(handler).__name__}.")
         found[kind] = handler
     return Handlers(**found)
+
+
+def _adopted(handler: Any) -> Any:
+    """Accelerate's handler of a kind notebook_kit has, as notebook_kit's (field by field)."""
+    for cls in _KINDS:
+        if is_accelerates(handler, cls.__name__):
+            return adopt(handler, cls, "kwargs_handlers")
+    return handler
 
 
 def apply_process_group_options(init: InitProcessGroupKwargs | None) -> None:

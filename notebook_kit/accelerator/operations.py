@@ -43,11 +43,12 @@ _debug_override: bool | None = None  # set through PartialState.debug; None: the
 class DistributedOperationException(ValueError):
     """The processes called a collective with data that cannot work together (debug mode).
 
-    Example:
-        >>> try:
-        ...     reduce({"x": torch.ones(2 + rank)})  # shapes differ across ranks
-        ... except DistributedOperationException as error:
-        ...     print(error)
+    Example::
+
+        try:
+            reduce({"x": torch.ones(2 + rank)})  # shapes differ across ranks
+        except DistributedOperationException as error:
+            print(error)
     """
 
 

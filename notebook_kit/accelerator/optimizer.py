@@ -99,9 +99,10 @@ class GradientState:
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps an optimizer: steps only when gradients are synced, through a GradScaler for fp16.
 
-    Example:
-        >>> optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
-        >>> optimizer.step(); optimizer.zero_grad()
+    Example::
+
+        optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+        optimizer.step(); optimizer.zero_grad()
     """
 
     def __init__(
@@ -114,15 +115,37 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
         self.gradient_state = gradient_state
-        self.step_was_skipped = False
-        self._stepped = False
+        self._stepped = True
+        self._found_inf: torch.Tensor | None = None
+        self._skipped: bool | None = False
         if scaler is not None:
             # GradScaler skips optimizer.step() on inf/nan gradients; a hook sees whether it ran
             # without reading the scale back, which would wait for the GPU on every step.
             optimizer.register_step_post_hook(self._note_step)
 
-    def _note_step(self, *_: Any) -> None:
+    def _note_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._stepped = True
+        # A fused optimizer (``_step_supports_amp_scaling``) is always stepped by GradScaler
+        # and skips inside its kernel on overflow; GradScaler hands it the verdict as
+        # ``found_inf`` for the duration of the step, so it is kept to be read on demand.
+        self._found_inf = getattr(optimizer, "found_inf", None)
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """True when the last step was skipped because fp16 gradients overflowed.
+
+        For a fused optimizer this reads the overflow flag from its device, so it waits for
+        the step to finish: asked only when needed (a prepared scheduler asks each step, as
+        GradScaler itself does for every other optimizer).
+        """
+        if self._skipped is None:
+            found_inf, self._found_inf = self._found_inf, None
+            self._skipped = not self._stepped or bool(found_inf is not None and found_inf.item())
+        return self._skipped
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, skipped: bool) -> None:
+        self._skipped, self._found_inf = bool(skipped), None
 
     @property
     def state(self) -> Any:
@@ -156,10 +179,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.step(closure)
             self.step_was_skipped = False
             return
-        self._stepped = False
+        self._stepped, self._found_inf = False, None
         self.scaler.step(self.optimizer, closure)
         self.scaler.update()
-        self.step_was_skipped = not self._stepped
+        self._skipped = None  # decided when asked: see step_was_skipped
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
@@ -174,9 +197,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 class AcceleratedScheduler:
     """Wraps an LR scheduler so it steps only when its optimizers really stepped.
 
-    Example:
-        >>> scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, 10))
-        >>> scheduler.step()
+    Example::
+
+        scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, 10))
+        scheduler.step()
     """
 
     def __init__(

@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import enum
 import functools
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -33,9 +34,10 @@ class DistributedType(str, enum.Enum):
     notebook_kit runs ``NO`` (one process), ``MULTI_CPU`` and ``MULTI_GPU``; the other members
     exist so that code branching on them keeps working.
 
-    Example:
-        >>> if accelerator.distributed_type == DistributedType.MULTI_GPU:
-        ...     torch.backends.cudnn.benchmark = True
+    Example::
+
+        if accelerator.distributed_type == DistributedType.MULTI_GPU:
+            torch.backends.cudnn.benchmark = True
     """
 
     NO = "NO"
@@ -56,8 +58,22 @@ class DistributedType(str, enum.Enum):
 
 def _distributed_type(process: ProcessState) -> DistributedType:
     if process.num_processes == 1:
-        return DistributedType.NO
-    return DistributedType.MULTI_GPU if process.device.type == "cuda" else DistributedType.MULTI_CPU
+        kind = DistributedType.NO
+    else:
+        cuda = process.device.type == "cuda"
+        kind = DistributedType.MULTI_GPU if cuda else DistributedType.MULTI_CPU
+    return as_accelerates(kind)
+
+
+def as_accelerates(kind: DistributedType) -> DistributedType:
+    """Accelerate's member of the same name where the program imported Accelerate, so that
+    ``is``, ``isinstance`` and ``match`` against ``accelerate.DistributedType`` hold as well as
+    ``==`` (both are ``str`` enums of the same values). Never imports Accelerate itself."""
+    theirs = getattr(sys.modules.get("accelerate.utils.dataclasses"), "DistributedType", None)
+    if isinstance(theirs, type) and issubclass(theirs, enum.Enum):
+        with contextlib.suppress(ValueError):
+            return theirs(kind.value)  # type: ignore[return-value]
+    return kind
 
 
 def split_inputs(inputs: Any, rank: int, size: int, apply_padding: bool) -> Any:
@@ -95,9 +111,10 @@ class PartialState:
         distributed_type: A :class:`DistributedType`.
         backend: The process group's backend (``"gloo"``, ``"nccl"``), None on one process.
 
-    Example:
-        >>> state = PartialState()
-        >>> state.print(f"{state.num_processes} processes on {state.device}")
+    Example::
+
+        state = PartialState()
+        state.print(f"{state.num_processes} processes on {state.device}")
     """
 
     def __init__(self, cpu: bool = False, **_: Any) -> None:

@@ -30,9 +30,10 @@ def autocast_context(mixed_precision: MixedPrecision, device: torch.device, **op
 
     ``options`` are ``AutocastKwargs`` fields (``enabled``, ``cache_enabled``).
 
-    Example:
-        >>> with autocast_context("bf16", torch.device("cpu")):
-        ...     torch.ones(2, 2) @ torch.ones(2, 2)
+    Example::
+
+        with autocast_context("bf16", torch.device("cpu")):
+            torch.ones(2, 2) @ torch.ones(2, 2)
     """
     if mixed_precision == "no":
         return contextlib.nullcontext()
@@ -80,9 +81,10 @@ def patch_forward(
 ) -> None:
     """Run ``module``'s forward under autocast from now on (again: the setting is replaced).
 
-    Example:
-        >>> patch_forward(model, "bf16", torch.device("cpu")); model(x).dtype
-        torch.float32
+    Example::
+
+        patch_forward(model, "bf16", torch.device("cpu")); model(x).dtype
+        # torch.float32
     """
     restore_forward(module)
     module.forward = AutocastForward(module.forward, mixed_precision, device, **options)

@@ -55,11 +55,12 @@ class PreparedDataLoader:
         end_of_dataloader: True while the last batch of a pass is being used.
         remainder: Real samples in the last round of gathered batches (-1: no wrap-around).
 
-    Example:
-        >>> train_dl = accelerator.prepare(DataLoader(dataset, batch_size=16, shuffle=True))
-        >>> for epoch in range(3):
-        ...     for inputs, targets in train_dl:
-        ...         ...
+    Example::
+
+        train_dl = accelerator.prepare(DataLoader(dataset, batch_size=16, shuffle=True))
+        for epoch in range(3):
+            for inputs, targets in train_dl:
+                ...
     """
 
     def __init__(

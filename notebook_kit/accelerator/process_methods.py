@@ -1,4 +1,4 @@
-"""The Accelerator's process helpers, collectives and metric log (a mixin, no state of its own).
+"""The Accelerator's process helpers, collectives and metric log (a mixin over its state).
 
 Kept apart from ``accelerator.py`` so each file has one job: there, preparing and stepping;
 here, talking to the other processes and to the notebook.
@@ -19,6 +19,7 @@ from notebook_kit.atomic_file import replace_atomically
 from notebook_kit.integrations.trackers import make_trackers
 from notebook_kit.runtime import metrics, stopping
 from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.log_values import LoggedHistory, check_log_call
 from notebook_kit.runtime.progress import report_total
 
 if TYPE_CHECKING:
@@ -30,25 +31,21 @@ __all__ = ["ProcessMethods"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _as_float(key: str, value: Any) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.item())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise TypeError(
-        f"log() takes numbers or one-element tensors; {key!r} is {type(value).__name__}."
-    )
-
-
 class ProcessMethods:
-    """Helpers an Accelerator offers about its processes. Needs ``state`` and friends."""
+    """Helpers an Accelerator offers about its processes.
+
+    Every attribute it reads or sets is declared here and created by ``Accelerator.__init__``
+    (``trackers``, ``tracker_config``, the trigger flag), so nothing appears behind its back.
+    """
 
     state: AcceleratorState
     gradient_state: GradientState
-    logged: list[dict[str, Any]]
+    logged: LoggedHistory
     log_with: list[Any]
     logging_dir: Path | None
     trackers: list[Any]
+    tracker_config: dict[str, Any]
+    _trigger: bool
 
     @property
     def is_main_process(self) -> bool:
@@ -67,17 +64,19 @@ class ProcessMethods:
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this line (no-op on one process).
 
-        Example:
-            >>> accelerator.wait_for_everyone()
+        Example::
+
+            accelerator.wait_for_everyone()
         """
         self.state.wait_for_everyone()
 
     def main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Run the block on the main process first, then on the others (e.g. a download).
 
-        Example:
-            >>> with accelerator.main_process_first():
-            ...     dataset = load_or_build_cache()
+        Example::
+
+            with accelerator.main_process_first():
+                dataset = load_or_build_cache()
         """
         return self.state.main_process_first()
 
@@ -90,18 +89,20 @@ class ProcessMethods:
     ) -> contextlib.AbstractContextManager[Any]:
         """Give each process a contiguous share of a list, tensor or dict of them.
 
-        Example:
-            >>> with accelerator.split_between_processes(["a", "b", "c"]) as mine:
-            ...     results = [work(item) for item in mine]
+        Example::
+
+            with accelerator.split_between_processes(["a", "b", "c"]) as mine:
+                results = [work(item) for item in mine]
         """
         return self.state.split_between_processes(inputs, apply_padding)
 
     def on_main_process(self, function: F) -> F:
         """Decorator: run ``function`` only on the main process (None elsewhere).
 
-        Example:
-            >>> @accelerator.on_main_process
-            ... def report(): print("done")
+        Example::
+
+            @accelerator.on_main_process
+            def report(): print("done")
         """
         return self.state.on_main_process(function)
 
@@ -116,9 +117,10 @@ class ProcessMethods:
     def on_process(self, function: F | None = None, process_index: int = 0) -> Any:
         """Decorator: run ``function`` only on ``process_index``.
 
-        Example:
-            >>> @accelerator.on_process(process_index=1)
-            ... def report(): ...
+        Example::
+
+            @accelerator.on_process(process_index=1)
+            def report(): ...
         """
         return self.state.on_process(function, process_index)
 
@@ -129,16 +131,18 @@ class ProcessMethods:
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only.
 
-        Example:
-            >>> accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
+        Example::
+
+            accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
         """
         self.state.print(*args, **kwargs)
 
     def save(self, obj: Any, f: str | os.PathLike[str]) -> None:
         """``torch.save`` on the main process only, atomically (no half-written file).
 
-        Example:
-            >>> accelerator.save(accelerator.get_state_dict(model), "model.pt")
+        Example::
+
+            accelerator.save(accelerator.get_state_dict(model), "model.pt")
         """
         if not self.is_main_process:
             return
@@ -149,16 +153,18 @@ class ProcessMethods:
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (or nested lists/dicts of them) from all processes.
 
-        Example:
-            >>> all_losses = accelerator.gather(loss.detach())
+        Example::
+
+            all_losses = accelerator.gather(loss.detach())
         """
         return operations.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather, then drop the samples ``even_batches`` repeated in the last round.
 
-        Example:
-            >>> predictions = accelerator.gather_for_metrics(logits.argmax(dim=-1))
+        Example::
+
+            predictions = accelerator.gather_for_metrics(logits.argmax(dim=-1))
         """
         as_objects = use_gather_object or not _only_tensors(input_data)
         if as_objects:
@@ -176,8 +182,9 @@ class ProcessMethods:
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce tensors over all processes: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
 
-        Example:
-            >>> total = accelerator.reduce(correct, "sum")
+        Example::
+
+            total = accelerator.reduce(correct, "sum")
         """
         return operations.reduce(tensor, reduction, scale)  # type: ignore[arg-type]
 
@@ -186,8 +193,9 @@ class ProcessMethods:
     ) -> Any:
         """Pad tensors along ``dim`` to the largest size on any process.
 
-        Example:
-            >>> tokens = accelerator.pad_across_processes(tokens, dim=1, pad_index=0)
+        Example::
+
+            tokens = accelerator.pad_across_processes(tokens, dim=1, pad_index=0)
         """
         return operations.pad_across_processes(tensor, dim, pad_index, pad_first)
 
@@ -202,14 +210,19 @@ class ProcessMethods:
         """Record metrics: kept in ``logged``, streamed to the notebook during a launch, and
         written by the trackers of ``log_with`` (on the main process, as in Accelerate).
 
-        Example:
-            >>> accelerator.log({"loss": loss.item()}, step=step)
+        Never waits for the device: a tensor is read later, by the metrics thread (or when
+        ``logged`` is read). Values are checked as ``notebook_kit.log`` checks them.
+
+        Example::
+
+            accelerator.log({"loss": loss}, step=step)
         """
-        floats = {str(key): _as_float(str(key), value) for key, value in values.items()}
-        self.logged.append({"step": step, "values": floats})
-        metrics.log_from_worker(current_launch(), floats, step)  # never waits for the kernel
-        for tracker in self.trackers:
-            tracker.log(floats, step=step, **dict((log_kwargs or {}).get(tracker.name, {})))
+        checked, step = check_log_call(values, step)
+        snapshots = metrics.snapshot_values(checked)
+        self.logged.append(step, snapshots)
+        metrics.log_snapshots(current_launch(), snapshots, step)  # never waits for the kernel
+        for tracker in self.trackers:  # the user's trackers read the values as they see fit
+            tracker.log(checked, step=step, **dict((log_kwargs or {}).get(tracker.name, {})))
 
     @property
     def should_stop(self) -> bool:
@@ -217,11 +230,12 @@ class ProcessMethods:
 
         A collective: call it at the same point of each step on every rank.
 
-        Example:
-            >>> for batch in loader:
-            ...     train_step(batch)
-            ...     if accelerator.should_stop:
-            ...         break
+        Example::
+
+            for batch in loader:
+                train_step(batch)
+                if accelerator.should_stop:
+                    break
         """
         return stopping.should_stop(current_launch())
 
@@ -230,8 +244,9 @@ class ProcessMethods:
 
         Without it the total is the prepared dataloader's length times the epochs begun.
 
-        Example:
-            >>> accelerator.progress(total=len(train_loader) * epochs)
+        Example::
+
+            accelerator.progress(total=len(train_loader) * epochs)
         """
         report_total(current_launch(), total)
 
@@ -247,9 +262,10 @@ class ProcessMethods:
         tracker's name to keyword arguments for it, e.g. ``{"tensorboard": {"flush_secs": 5}}``.
         The live plot needs no initialisation.
 
-        Example:
-            >>> accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
-            >>> accelerator.init_trackers("digits", config={"lr": 0.01})  # runs/digits/
+        Example::
+
+            accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+            accelerator.init_trackers("digits", config={"lr": 0.01})  # runs/digits/
         """
         self.tracker_config = {"project_name": project_name, **dict(config or {})}
         if not self.is_main_process:
@@ -263,8 +279,9 @@ class ProcessMethods:
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The started tracker called ``name`` (its writer or run with ``unwrap=True``).
 
-        Example:
-            >>> writer = accelerator.get_tracker("tensorboard", unwrap=True)
+        Example::
+
+            writer = accelerator.get_tracker("tensorboard", unwrap=True)
         """
         for tracker in self.trackers:
             if tracker.name == name:
@@ -284,8 +301,9 @@ class ProcessMethods:
     def end_training(self) -> None:
         """Finish the trackers, send the last buffered metrics, then wait for every process.
 
-        Example:
-            >>> accelerator.end_training()
+        Example::
+
+            accelerator.end_training()
         """
         self.end_trackers()
         metrics.close_channel(current_launch())
@@ -296,17 +314,16 @@ class ProcessMethods:
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process.
 
-        Example:
-            >>> if loss.item() > 1e6: accelerator.set_trigger()
+        Example::
+
+            if loss.item() > 1e6: accelerator.set_trigger()
         """
         self._trigger = True
 
     def check_trigger(self) -> bool:
         """True on every process if any process called ``set_trigger`` (then reset)."""
         # On the process's device: an nccl group cannot reduce a CPU tensor.
-        flag = torch.tensor(
-            [1.0 if getattr(self, "_trigger", False) else 0.0], device=self.state.device
-        )
+        flag = torch.tensor([1.0 if self._trigger else 0.0], device=self.state.device)
         raised = operations.reduce(flag, "sum").item() > 0
         self._trigger = False
         return raised

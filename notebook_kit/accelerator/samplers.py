@@ -154,10 +154,11 @@ def shuffled_batch_sampler(
     Returns the batch sampler to shard and the shuffle sampler (None when the data is not
     shuffled by a plain RandomSampler: custom samplers are left alone).
 
-    Example:
-        >>> loader = DataLoader(range(10), batch_size=2, shuffle=True)
-        >>> batches, shuffle = shuffled_batch_sampler(loader.batch_sampler, num_processes=1,
-        ...     use_seedable_sampler=False, data_seed=None)
+    Example::
+
+        loader = DataLoader(range(10), batch_size=2, shuffle=True)
+        batches, shuffle = shuffled_batch_sampler(loader.batch_sampler, num_processes=1,
+            use_seedable_sampler=False, data_seed=None)
     """
     if type(batch_sampler) is not BatchSampler or not _plain_shuffle(batch_sampler.sampler):
         return batch_sampler, None

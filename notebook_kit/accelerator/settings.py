@@ -3,13 +3,15 @@
 Accelerate ≥ 1.0 takes data loader and accumulation settings through ``DataLoaderConfiguration``
 and ``GradientAccumulationPlugin``; the older keyword spellings (``split_batches=``,
 ``even_batches=``, ``gradient_accumulation_steps=``) are still accepted here, but not together
-with the object that holds the same setting.
+with the object that holds the same setting. Accelerate's own objects are read field by field
+(:mod:`notebook_kit.accelerator.accelerate_objects`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from notebook_kit.accelerator.accelerate_objects import adopt
 from notebook_kit.accelerator.configuration import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -66,6 +68,7 @@ def loader_configuration(
     }
     if config is None:
         return DataLoaderConfiguration(**given)
+    config = adopt(config, DataLoaderConfiguration, "dataloader_config")
     if not isinstance(config, DataLoaderConfiguration):
         raise TypeError(
             f"dataloader_config must be a notebook_kit DataLoaderConfiguration, got "
@@ -91,6 +94,7 @@ def accumulation_plugin(
     """
     if plugin is None:
         return GradientAccumulationPlugin(num_steps=steps)
+    plugin = adopt(plugin, GradientAccumulationPlugin, "gradient_accumulation_plugin")
     if not isinstance(plugin, GradientAccumulationPlugin):
         raise TypeError(
             f"gradient_accumulation_plugin must be a notebook_kit GradientAccumulationPlugin, "

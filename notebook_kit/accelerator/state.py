@@ -59,8 +59,10 @@ def resolve_process_state(cpu: bool) -> ProcessState:
     if launch is not None:
         rank, local_rank, size = launch.rank, launch.local_rank, launch.world_size
     elif initialised or _torchrun_environment():
-        if not initialised:
-            init_group_from_environment("nccl" if use_cuda else "gloo")
+        if not initialised:  # the device first: nccl binds the group to it
+            env_local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+            device = torch.device("cuda", env_local_rank) if use_cuda else None
+            init_group_from_environment("nccl" if use_cuda else "gloo", device=device)
         rank, size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     else:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import nbformat
 
+from notebook_kit.cli.notebook_file import NotebookFileError, read_notebook
+
 __all__ = ["ExportError", "ExportResult", "export_notebook", "notebook_to_script"]
 
 SKIP_TAG = "skip-export"
@@ -313,15 +315,16 @@ def export_notebook(
         FileNotFoundError: There is no such notebook.
         ExportError: A cell cannot run as a script, or the file is not a notebook.
 
-    Example:
-        >>> export_notebook("notebooks/01_quickstart.ipynb", "train.py").has_main
-        True
+    Example::
+
+        export_notebook("notebooks/01_quickstart.ipynb", "train.py").has_main
+        # True
     """
     source = Path(notebook)
     try:
-        nb = nbformat.read(source, as_version=4)
-    except (ValueError, KeyError, nbformat.reader.NotJSONError) as error:
-        raise ExportError(f"{source} is not a readable notebook: {error}") from error
+        nb = read_notebook(source)
+    except NotebookFileError as error:
+        raise ExportError(str(error)) from error
     target = Path(output) if output is not None else source.with_suffix(".py")
     script, result = notebook_to_script(nb, source.name)
     target.write_text(script, encoding="utf-8")

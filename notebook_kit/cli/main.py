@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from notebook_kit.config.arguments import loopback_master_problem
-from notebook_kit.config.command_line import CONFIG_FIELDS, answer_text, option_name
+from notebook_kit.config.command_line import answer_text
 from notebook_kit.config.launch_config import (
-    FIELD_HELP,
     LaunchConfig,
     choice_words,
     default_config_path,
@@ -27,6 +26,7 @@ from notebook_kit.config.launch_config import (
     parse_field,
     saved_default,
 )
+from notebook_kit.config.schema import SETTINGS
 
 __all__ = [
     "add_launch_config_arguments",
@@ -59,21 +59,28 @@ def add_launch_config_arguments(parser: argparse.ArgumentParser) -> None:
         {'num_processes': 2}
     """
     group = parser.add_argument_group("launch settings (unset ones come from the saved default)")
-    for field in CONFIG_FIELDS:
+    for field, setting in SETTINGS.items():
+        if setting.switch:  # a plain flag, and its --no- form over a saved default
+            group.add_argument(  # BooleanOptionalAction adds the off_flag
+                setting.flag,
+                dest=field,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=setting.help,
+            )
+            continue
         group.add_argument(
-            option_name(field),
+            setting.flag,
             type=_argument_type(field),
             default=argparse.SUPPRESS,
             metavar=field.upper(),
-            help=FIELD_HELP[field],
+            help=setting.help,
         )
 
 
 def _given(namespace: argparse.Namespace) -> dict[str, Any]:
     """The LaunchConfig fields present in ``namespace`` (options given on the command line)."""
-    return {
-        field: getattr(namespace, field) for field in CONFIG_FIELDS if hasattr(namespace, field)
-    }
+    return {field: getattr(namespace, field) for field in SETTINGS if hasattr(namespace, field)}
 
 
 def config_from_arguments(
@@ -94,7 +101,7 @@ def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
     shown = "none" if field == "seed" and current is None else answer_text(current)
     words = choice_words(field)
     choices = f" ({'/'.join(words)})" if words else ""
-    print(f"\n{FIELD_HELP[field]}")
+    print(f"\n{SETTINGS[field].help}")
     while True:
         text = input(f"{field}{choices} [{shown}]: ")
         if not sys.stdin.isatty():
@@ -122,7 +129,7 @@ def _questionnaire(start: LaunchConfig) -> LaunchConfig:
             answers[field] = _ask(field, getattr(start, field), answers)
     else:
         answers["node_rank"] = 0
-    for field in CONFIG_FIELDS:
+    for field in SETTINGS:
         if field not in answers and field not in _MULTI_NODE_FIELDS:
             answers[field] = _ask(field, getattr(start, field), answers)
     return start.replace(**answers)
@@ -265,6 +272,7 @@ def _add_export_command(commands: argparse._SubParsersAction) -> None:
 def _run_execute(args: argparse.Namespace) -> int:
     from nbclient.exceptions import CellExecutionError
 
+    from notebook_kit.cli.notebook_file import NotebookFileError
     from notebook_kit.cli.notebook_runner import execute_notebook
 
     try:
@@ -272,7 +280,7 @@ def _run_execute(args: argparse.Namespace) -> int:
     except CellExecutionError as error:
         print(f"notebook-kit execute: a cell failed:\n{error}", file=sys.stderr)
         return 1
-    except FileNotFoundError as error:
+    except (FileNotFoundError, IsADirectoryError, NotebookFileError) as error:
         print(f"notebook-kit execute: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -290,12 +298,38 @@ def _add_execute_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run_execute)
 
 
+def _run_merge_weights(args: argparse.Namespace) -> int:
+    from notebook_kit.accelerator.model_files import merge_sharded_weights
+
+    try:
+        written = merge_sharded_weights(args.checkpoint, args.output)
+    except FileNotFoundError as error:
+        print(f"notebook-kit merge-weights: error: {error}", file=sys.stderr)
+        return 2
+    print(f"Wrote {written}")
+    return 0
+
+
+def _add_merge_weights_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "merge-weights",
+        help="merge a sharded (FSDP) checkpoint into one model.safetensors",
+        description="Merge the model shards save_state wrote under FSDP into OUTPUT/"
+        "model.safetensors, which load_state_dict and from_pretrained read; no processes "
+        "are started.",
+    )
+    parser.add_argument("checkpoint", type=Path, help="the checkpoint folder save_state wrote")
+    parser.add_argument("output", type=Path, help="the folder to write model.safetensors into")
+    parser.set_defaults(handler=_run_merge_weights)
+
+
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_config_command,
     _add_env_command,
     _add_launch_command,
     _add_export_command,
     _add_execute_command,
+    _add_merge_weights_command,
 ]
 
 
@@ -313,9 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``notebook-kit`` command line and return its exit status.
 
-    Example:
-        >>> main(["config", "--default"])  # doctest: +SKIP
-        0
+    Example::
+
+        main(["config", "--default"])
+        # 0
     """
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -13,6 +13,8 @@ from typing import Any, TextIO
 import nbformat
 from nbclient import NotebookClient
 
+from notebook_kit.cli.notebook_file import check_writable, read_notebook
+
 __all__ = ["execute_notebook"]
 
 
@@ -26,6 +28,8 @@ def execute_notebook(
 ) -> nbformat.NotebookNode:
     """Execute every cell of ``path`` in a new kernel; stop at the first error.
 
+    ``output`` is checked before the first cell runs, and the notebook is saved there however
+    the run ends: a failed run keeps every cell that ran, the failing one with its error.
     The notebook runs in its own folder, with widget state kept, so the saved copy shows
     what a browser would. Each cell's text output is echoed once the cell has run; widgets
     are echoed as a short summary (``description: value`` per control, the text they show).
@@ -40,11 +44,18 @@ def execute_notebook(
     Returns:
         The executed notebook.
 
-    Example:
-        >>> execute_notebook("notebooks/01_quickstart.ipynb", output="/tmp/quickstart.ipynb")
+    Raises:
+        NotebookFileError: ``path`` is not a notebook, or ``output`` cannot be written.
+        nbclient.exceptions.CellExecutionError: A cell raised (the notebook is saved first).
+
+    Example::
+
+        execute_notebook("notebooks/01_quickstart.ipynb", output="/tmp/quickstart.ipynb")
     """
     source = Path(path)
-    notebook = nbformat.read(source, as_version=4)
+    notebook = read_notebook(source)
+    if output is not None:
+        check_writable(output)
     client = _ClosingClient(
         notebook,
         timeout=int(timeout),
@@ -54,15 +65,27 @@ def execute_notebook(
     )
     if echo is not None:
         client.on_cell_executed = lambda cell, **_: _echo_cell(cell, client.widget_state, echo)
-    # The kernel's own log lines (its stderr) are not the notebook's output: keep them out.
-    client.execute(stderr=subprocess.DEVNULL)
-    if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(notebook, output)
-        if echo is not None:
-            echo.write(f"Saved the executed notebook to {output}\n")
-            echo.flush()
+    finished = False
+    try:
+        # The kernel's own log lines (its stderr) are not the notebook's output: keep them out.
+        client.execute(stderr=subprocess.DEVNULL)
+        finished = True
+    finally:
+        if output is not None:
+            _save(notebook, Path(output), finished, echo)
     return notebook
+
+
+def _save(
+    notebook: nbformat.NotebookNode, output: Path, finished: bool, echo: TextIO | None
+) -> None:
+    """Write the notebook as far as it ran; a failed run says so where it is saved."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, output)
+    if echo is not None:
+        how = "the executed notebook" if finished else "the notebook, up to the cell that failed,"
+        echo.write(f"Saved {how} to {output}\n")
+        echo.flush()
 
 
 class _ClosingClient(NotebookClient):

@@ -14,8 +14,8 @@ mixed precision, gradient accumulation, gloo on loopback for one node), so a scr
 ``Accelerator`` behaves as it does in the notebook.
 
 Settings are taken, first found first: options on the command line, the node placement a
-batch scheduler gives (:mod:`notebook_kit.config.cluster`), ``--config FILE`` (or the saved
-default), then the built-in defaults.
+batch scheduler gives (:mod:`notebook_kit.config.cluster`), ``--config FILE`` or else the
+``NOTEBOOK_KIT_<NAME>`` variables over the saved default, then the built-in defaults.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ from notebook_kit.config.cluster import (
     detect_node,
 )
 from notebook_kit.config.command_line import option_name
-from notebook_kit.config.environment import gpu_count, usable_cpu_count
+from notebook_kit.config.environment import gpu_count
 from notebook_kit.config.launch_config import LaunchConfig, field_errors, read_saved_default
+from notebook_kit.config.launch_plan import auto_process_count, auto_threads
+from notebook_kit.config.process_limits import check_process_count
+from notebook_kit.config.schema import SETTINGS, settings_from_environ
 from notebook_kit.errors import is_consequence
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
@@ -78,10 +81,11 @@ class ScriptLaunch:
         instead, the one that can re-form the group after a failure (it numbers the nodes in
         the order they join).
 
-        Example:
-            >>> launch = ScriptLaunch(LaunchConfig(num_processes=2), 2, 1, "train.py")
-            >>> launch.torchrun_arguments()
-            ['--nproc-per-node', '2', '--max-restarts', '0', '--standalone', 'train.py']
+        Example::
+
+            launch = ScriptLaunch(LaunchConfig(num_processes=2), 2, 1, "train.py")
+            launch.torchrun_arguments()
+            # ['--nproc-per-node', '2', '--max-restarts', '0', '--standalone', 'train.py']
         """
         config = self.config
         words = ["--nproc-per-node", str(self.num_processes)]
@@ -112,12 +116,16 @@ class ScriptLaunch:
         config = self.config
         environment = {
             "OMP_NUM_THREADS": str(self.threads),
-            "NOTEBOOK_KIT_MIXED_PRECISION": config.mixed_precision,
-            "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS": str(config.gradient_accumulation_steps),
+            SETTINGS["mixed_precision"].env_var: config.mixed_precision,
+            SETTINGS["gradient_accumulation_steps"].env_var: str(
+                config.gradient_accumulation_steps
+            ),
+            SETTINGS["use_fsdp"].env_var: "yes" if config.use_fsdp else "no",
         }
         if config.num_nodes == 1 and sys.platform.startswith("linux"):
             # One node talks over loopback only; gloo otherwise probes the host's interfaces.
             environment["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+            environment["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
         return environment
 
     def banner(self) -> str:
@@ -171,6 +179,17 @@ def _placement_values(placement: NodePlacement | None) -> dict[str, Any]:
     return {field: value for field, value in values.items() if value is not None}
 
 
+def _check_switch_value(script: str, script_args: Sequence[str], given: Mapping[str, Any]) -> None:
+    """``--use-fsdp yes train.py``: a switch takes no value, so "yes" was read as the script."""
+    switches = [SETTINGS[field] for field in given if SETTINGS[field].switch]
+    if switches and script.strip().lower() in ("yes", "no", "true", "false", "1", "0"):
+        flag, after = switches[0], " ".join(script_args) or "train.py"
+        raise LaunchInputError(
+            f"{flag.flag} takes no value ({script!r} was read as the script): write "
+            f"`notebook-kit launch {flag.flag} {after}`, or {flag.off_flag} to turn it off."
+        )
+
+
 def plan_script_launch(
     script: str,
     script_args: Sequence[str] = (),
@@ -190,9 +209,10 @@ def plan_script_launch(
     Raises:
         LaunchInputError: Names the option, file or variable at fault.
 
-    Example:
-        >>> plan_script_launch("train.py", given={"num_processes": 2}).num_processes
-        2
+    Example::
+
+        plan_script_launch("train.py", given={"num_processes": 2}).num_processes
+        # 2
     """
     given = dict(given or {})
     base, base_origin = _base_config(config_path)
@@ -202,37 +222,46 @@ def plan_script_launch(
     except ClusterError as error:
         raise LaunchInputError(f"{error} (or give --num-nodes and --node-rank)") from error
     from_cluster = {k: v for k, v in _placement_values(placement).items() if k not in given}
-    values = {**base.to_dict(), **from_cluster, **given}
+    from_environ = _environ_settings(environ) if config_path is None else {}
+    values = {**base.to_dict(), **from_environ, **from_cluster, **given}
     origins = {field: f" ({field} from {base_origin})" for field in values}
+    origins.update({field: f" ({field} from ${SETTINGS[field].env_var})" for field in from_environ})
     origins.update({field: f" ({field} from {placement.source})" for field in from_cluster})
     origins.update({field: "" for field in given})
     problems = field_errors(values)
     if problems:
         field, message = next(iter(problems.items()))
         raise LaunchInputError(f"{option_name(field)}: {message.rstrip('.')}{origins[field]}.")
-    config = LaunchConfig(**values)
+    config = LaunchConfig.from_dict(values)
     if "master_addr" not in given and "master_addr" not in from_cluster:
         origin = origins["master_addr"].strip().removeprefix("(master_addr ").removesuffix(")")
         problem = loopback_master_problem(config.num_nodes, config.master_addr, origin, cli=True)
         if problem:
             raise LaunchInputError(f"--master-addr: {problem}")
     if not Path(script).is_file():
+        _check_switch_value(script, script_args, given)
         raise LaunchInputError(f"script: no such file: {script}")
-    num_processes = config.num_processes or _default_process_count()
-    threads = config.threads_per_process or _default_threads(num_processes)
+    num_processes = config.num_processes or auto_process_count(gpu_count())  # no CUDA here
+    try:
+        check_process_count(num_processes)
+    except ValueError as error:
+        raise LaunchInputError(f"{option_name('num_processes')}: {error}") from error
+    threads = config.threads_per_process or _exported_threads() or auto_threads(num_processes)
     return ScriptLaunch(config, num_processes, threads, script, tuple(script_args), placement)
 
 
-def _default_process_count() -> int:
-    return max(gpu_count(), 1)  # never initialises CUDA here
+def _environ_settings(environ: Mapping[str, str] | None) -> dict[str, Any]:
+    """The NOTEBOOK_KIT_<NAME> settings; they apply over the saved default, not --config."""
+    try:
+        return settings_from_environ(os.environ if environ is None else environ)
+    except ValueError as error:
+        raise LaunchInputError(str(error)) from error
 
 
-def _default_threads(num_processes: int) -> int:
-    """An OMP_NUM_THREADS the user exported wins; otherwise the cores are shared out."""
+def _exported_threads() -> int | None:
+    """An OMP_NUM_THREADS the user exported wins over sharing out the cores."""
     exported = os.environ.get("OMP_NUM_THREADS", "")
-    if exported.isdigit() and int(exported) > 0:
-        return int(exported)
-    return max(1, usable_cpu_count() // num_processes)
+    return int(exported) if exported.isdigit() and int(exported) > 0 else None
 
 
 def run_script_launch(launch: ScriptLaunch) -> int:
@@ -241,9 +270,10 @@ def run_script_launch(launch: ScriptLaunch) -> int:
     Returns 0 on success, 1 when a worker failed (after any restarts), 128 + the signal
     number when this process was stopped by a signal.
 
-    Example:
-        >>> run_script_launch(plan_script_launch("train.py", given={"num_processes": 2}))
-        0
+    Example::
+
+        run_script_launch(plan_script_launch("train.py", given={"num_processes": 2}))
+        # 0
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

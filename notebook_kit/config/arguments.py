@@ -20,9 +20,10 @@ def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None
         raise TypeError(
             f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})."
         )
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise ValueError(f"{name} must be >= {minimum}{upper}, got {value}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be >= {minimum} and <= {maximum}, got {value}.")
     return value
 
 

@@ -3,20 +3,18 @@ rendered command and error messages share."""
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from typing import Any
 
 from notebook_kit.config.launch_config import LaunchConfig
+from notebook_kit.config.schema import SETTINGS
 
-__all__ = ["CONFIG_FIELDS", "answer_text", "launch_command_line", "option_name"]
-
-CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchConfig))
+__all__ = ["answer_text", "launch_command_line", "option_name"]
 
 
 def option_name(field: str) -> str:
     """The command-line flag for a LaunchConfig field: ``num_processes`` -> ``--num-processes``."""
-    return "--" + field.replace("_", "-")
+    return SETTINGS[field].flag
 
 
 def launch_command_line(
@@ -34,13 +32,17 @@ def launch_command_line(
     """
     builtin = LaunchConfig()
     words = ["notebook-kit", "launch"]
-    for field in CONFIG_FIELDS:
+    for field in SETTINGS:
         value = getattr(config, field)
         if value == getattr(builtin, field) and (
             baseline is None or value == getattr(baseline, field)
         ):
             continue
-        words += [option_name(field), answer_text(value)]
+        setting = SETTINGS[field]
+        if setting.switch:
+            words.append(setting.flag if value else setting.off_flag)
+        else:
+            words += [option_name(field), answer_text(value)]
     words.append(script)
     return " ".join(shlex.quote(word) for word in words)
 

@@ -12,23 +12,24 @@ importing this module (as ``import notebook_kit`` does) stays cheap.
 from __future__ import annotations
 
 import html
-import json
 import os
 import platform
-import select
-import signal
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from notebook_kit.config import forked_probe
+from notebook_kit.config.forked_probe import describe_gpus_here as _describe_gpus_here
+from notebook_kit.config.forked_probe import nvml_count as _nvml_count
+from notebook_kit.config.forked_probe import run_in_fork as _run_in_fork
 from notebook_kit.config.launch_config import (
     CONFIG_ENV_VAR,
     LaunchConfig,
     default_config_path,
     read_saved_default,
 )
+from notebook_kit.config.schema import SETTINGS, settings_from_environ
 
 __all__ = [
     "EnvironmentReport",
@@ -40,9 +41,6 @@ __all__ = [
     "usable_cpu_count",
 ]
 
-_T = TypeVar("_T")
-_PROBE_TIMEOUT_S = 60.0
-
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -51,75 +49,6 @@ class GpuInfo:
     index: int
     name: str
     memory_bytes: int
-
-
-def _run_in_fork(function: Callable[[], _T], timeout: float = _PROBE_TIMEOUT_S) -> _T:
-    """Run ``function`` in a forked child and return its JSON-able result.
-
-    Whatever the child initialises (CUDA above all) disappears with it, so the caller stays
-    fork-safe. Raises RuntimeError if the child fails or takes longer than ``timeout``.
-    """
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about forking a threaded process (a kernel always is); the child
-        # only runs ``function`` and exits, never returning into the kernel's threads.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # child
-        os.close(read_end)
-        status = 0
-        try:
-            payload = json.dumps({"result": function()})
-        except BaseException as error:
-            payload, status = json.dumps({"error": f"{type(error).__name__}: {error}"}), 1
-        with os.fdopen(write_end, "w") as pipe:
-            pipe.write(payload)
-        os._exit(status)
-    os.close(write_end)
-    chunks: list[bytes] = []
-    try:
-        while True:
-            ready, _, _ = select.select([read_end], [], [], timeout)
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                raise RuntimeError(f"the probe process did not answer within {timeout:.0f} s")
-            chunk = os.read(read_end, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(read_end)
-        os.waitpid(pid, 0)
-    try:
-        message = json.loads(b"".join(chunks) or b"{}")
-    except json.JSONDecodeError as error:
-        raise RuntimeError("the probe process sent an unreadable answer") from error
-    if "result" not in message:
-        raise RuntimeError(f"the probe process failed: {message.get('error', 'no answer')}")
-    return message["result"]
-
-
-def _describe_gpus_here() -> list[list[Any]]:
-    """Name and memory of every visible GPU, queried in this process (initialises CUDA)."""
-    import torch
-
-    return [
-        [index, props.name, props.total_memory]
-        for index in range(torch.cuda.device_count())
-        for props in [torch.cuda.get_device_properties(index)]
-    ]
-
-
-def _nvml_count() -> int:
-    """GPU count from NVML/AMD SMI through torch, or -1 when that route is unavailable."""
-    import torch
-
-    try:
-        if torch.version.hip:
-            return int(torch.cuda._device_count_amdsmi())
-        return int(torch.cuda._device_count_nvml())
-    except Exception:  # private torch helpers: any failure just means "ask another way"
-        return -1
 
 
 def _cuda_compiled() -> bool:
@@ -138,16 +67,19 @@ class KernelState:
         cuda_devices: GPUs a forked child can use (0 when ``cuda_bad_fork``).
         gpu_names: Their names, for the launch banner.
         probe_error: Why the probe could not tell (it failed or hung), else None.
+        gpu_error: Why a forked child could not use the GPUs (the driver refused to start),
+            else None: the run goes to the CPU and the banner says why.
     """
 
     cuda_bad_fork: bool
     cuda_devices: int
     gpu_names: tuple[str, ...] = ()
     probe_error: str | None = None
+    gpu_error: str | None = None
 
 
-_CUDA_SUCCESS = 0
-_CUDA_ERROR_NOT_INITIALIZED = 3  # what cuInit answers in a child forked after it ran
+_CUDA_SUCCESS = forked_probe.CUDA_SUCCESS
+_CUDA_ERROR_NOT_INITIALIZED = forked_probe.CUDA_ERROR_NOT_INITIALIZED
 
 
 def _driver_init_status() -> int | None:
@@ -167,16 +99,16 @@ def _driver_init_status() -> int | None:
 
 
 def _cuda_state_in_child() -> list[Any]:
-    """[bad fork, device count, names] as seen from a freshly forked process."""
+    """[bad fork, device count, names, driver error] as seen from a freshly forked process."""
     import torch
 
     status = _driver_init_status()
     torch_bad_fork = getattr(torch._C, "_cuda_isInBadFork", lambda: False)  # CUDA builds only
     bad = bool(torch_bad_fork()) or status == _CUDA_ERROR_NOT_INITIALIZED
     if bad or status not in (None, _CUDA_SUCCESS):
-        return [1 if bad else 0, 0, []]
+        return [1 if bad else 0, 0, [], forked_probe.driver_error(status)]
     count = torch.cuda.device_count()
-    return [0, count, [torch.cuda.get_device_name(index) for index in range(count)]]
+    return [0, count, [torch.cuda.get_device_name(index) for index in range(count)], None]
 
 
 def _driver_loaded_here() -> bool:
@@ -215,12 +147,12 @@ def probe_kernel() -> KernelState:
         count, names = _gpus_seen[visible]
         return KernelState(False, count, names)
     try:
-        bad, count, names = _run_in_fork(_cuda_state_in_child)
+        bad, count, names, gpu_error = _run_in_fork(_cuda_state_in_child)
     except RuntimeError as error:
         return KernelState(cuda_bad_fork=False, cuda_devices=0, probe_error=str(error))
-    if not bad:
+    if not bad and gpu_error is None:
         _gpus_seen[visible] = (int(count), tuple(names))
-    return KernelState(bool(bad), int(count), tuple(names))
+    return KernelState(bool(bad), int(count), tuple(names), gpu_error=gpu_error)
 
 
 def gpu_count() -> int:
@@ -307,23 +239,44 @@ class EnvironmentReport:
     config_from_env: bool
     saved_config: LaunchConfig | None
     config_error: str | None
+    # What the launch's own fork probe found: a CUDA context that torch did not make (cupy,
+    # a bare cuInit), or why the probe could not tell. The launch refuses to fork on either.
+    cuda_context_elsewhere: bool = False
+    fork_probe_error: str | None = None
+    # Settings given as NOTEBOOK_KIT_<NAME> variables (they win over the saved config).
+    environment_settings: Mapping[str, Any] = field(default_factory=dict)
+    environment_error: str | None = None
 
     @property
     def fork_safe(self) -> bool:
-        """True when forked workers can still start CUDA and their own process group."""
-        return not (self.cuda_initialized or self.process_group_active)
+        """True when forked workers can still start CUDA and their own process group.
+
+        The same answer as the launch's: it is the same probe.
+        """
+        return not (
+            self.cuda_initialized
+            or self.cuda_context_elsewhere
+            or self.fork_probe_error
+            or self.process_group_active
+        )
 
     def _rows(self) -> list[tuple[str, list[str]]]:
         """(label, lines) pairs shared by the text and HTML renderings."""
         gpus = [f"{gpu.index}: {gpu.name}, {gpu.memory_bytes / 2**30:.1f} GiB" for gpu in self.gpus]
         fork = ["yes: CUDA is not initialised and no process group is active"]
-        if self.cuda_initialized:
+        if self.cuda_initialized or self.cuda_context_elsewhere:
+            made_by = "" if self.cuda_initialized else " (by a library other than torch)"
             fork = [
-                "NO: CUDA is initialised in this process, so forked workers cannot use it.",
+                f"NO: CUDA is initialised in this process{made_by}, so forked workers cannot "
+                "use it.",
                 "Restart the kernel and keep CUDA calls inside the training function.",
             ]
+        elif self.fork_probe_error:
+            fork = [f"NO: could not check ({self.fork_probe_error}); restart the kernel."]
         if self.process_group_active:
-            fork = [*(fork if self.cuda_initialized else []), "NO: a process group is active."]
+            cuda_problem = self.cuda_initialized or self.cuda_context_elsewhere
+            kept = fork if cuda_problem or self.fork_probe_error else []
+            fork = [*kept, "NO: a process group is active."]
             fork.append("Call torch.distributed.destroy_process_group() or restart the kernel.")
         where = f"${CONFIG_ENV_VAR}" if self.config_from_env else "user config directory"
         config = [f"{self.config_path} (from {where})"]
@@ -344,7 +297,18 @@ class EnvironmentReport:
             ("Backends", [", ".join(self.backends) or "torch.distributed is unavailable"]),
             ("Fork-safe", fork),
             ("Saved config", config),
+            ("Variables", self._variable_lines()),
         ]
+
+    def _variable_lines(self) -> list[str]:
+        """The NOTEBOOK_KIT_<NAME> settings in force, as they are written in the shell."""
+        if self.environment_error:
+            return [f"unreadable: {self.environment_error}"]
+        lines = [
+            f"{SETTINGS[name].env_var}={value} (over the saved config)"
+            for name, value in self.environment_settings.items()
+        ]
+        return lines or ["no NOTEBOOK_KIT_<SETTING> variable is set"]
 
     def to_text(self) -> str:
         """The report as aligned plain text."""
@@ -368,9 +332,13 @@ class EnvironmentReport:
             "cuda_initialized": self.cuda_initialized,
             "process_group_active": self.process_group_active,
             "fork_safe": self.fork_safe,
+            "cuda_context_elsewhere": self.cuda_context_elsewhere,
+            "fork_probe_error": self.fork_probe_error,
             "config_path": str(self.config_path),
             "saved_config": None if self.saved_config is None else self.saved_config.to_dict(),
             "config_error": self.config_error,
+            "environment_settings": dict(self.environment_settings),
+            "environment_error": self.environment_error,
         }
 
     def __repr__(self) -> str:
@@ -405,7 +373,12 @@ def environment() -> EnvironmentReport:
     import torch
 
     gpus, gpu_note = _detect_gpus()
+    kernel = probe_kernel()  # what the launch asks: the report agrees with it
     saved, problem = read_saved_default()
+    try:
+        from_environ, environ_problem = settings_from_environ(os.environ), None
+    except ValueError as error:
+        from_environ, environ_problem = {}, str(error)
     distributed = torch.distributed
     return EnvironmentReport(
         python_version=platform.python_version(),
@@ -414,7 +387,7 @@ def environment() -> EnvironmentReport:
         cpu_count=usable_cpu_count(),
         machine_cpu_count=os.cpu_count() or 1,
         gpus=gpus,
-        gpu_note=gpu_note,
+        gpu_note=kernel.gpu_error if kernel.gpu_error and not gpus else gpu_note,
         backends=_distributed_backends(),
         cuda_initialized=bool(torch.cuda.is_initialized()),
         process_group_active=distributed.is_available() and distributed.is_initialized(),
@@ -422,4 +395,8 @@ def environment() -> EnvironmentReport:
         config_from_env=bool(os.environ.get(CONFIG_ENV_VAR)),
         saved_config=saved,
         config_error=None if problem is None else str(problem),
+        cuda_context_elsewhere=kernel.cuda_bad_fork and not torch.cuda.is_initialized(),
+        fork_probe_error=kernel.probe_error,
+        environment_settings=from_environ,
+        environment_error=environ_problem,
     )

@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import inspect
 import json
-import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from notebook_kit.atomic_file import replace_atomically
-from notebook_kit.config.arguments import (
-    BACKEND_CHOICES,
-    MIXED_PRECISION_CHOICES,
-    Backend,
-    MixedPrecision,
-    loopback_master_problem,
+from notebook_kit.config.arguments import Backend, MixedPrecision, loopback_master_problem
+from notebook_kit.config.schema import (
+    SETTINGS,
+    check_value,
+    choice_words,
+    parse_text,
+    settings_from_environ,
 )
 
 __all__ = [
@@ -47,116 +49,10 @@ __all__ = [
 
 CONFIG_ENV_VAR = "NOTEBOOK_KIT_CONFIG"
 
-_AUTO_WORDS = ("auto", "none", "")
+# Derived from the schema, for the places that show one line per field.
+FIELD_HELP: dict[str, str] = {name: setting.help for name, setting in SETTINGS.items()}
 
-
-@dataclass(frozen=True)
-class _Spec:
-    """What one field accepts; drives validation, parsing and the error messages."""
-
-    kind: Literal["int", "str", "bool", "choice"]
-    optional: bool = False
-    minimum: int | None = None
-    maximum: int | None = None
-    choices: tuple[str, ...] = ()
-
-
-_SPECS: dict[str, _Spec] = {
-    "num_processes": _Spec("int", optional=True, minimum=1),
-    "mixed_precision": _Spec("choice", choices=MIXED_PRECISION_CHOICES),
-    "gradient_accumulation_steps": _Spec("int", minimum=1),
-    "backend": _Spec("choice", optional=True, choices=BACKEND_CHOICES),
-    # numpy and random accept seeds in [0, 2**32); torch accepts more, so the narrower range wins.
-    "seed": _Spec("int", optional=True, minimum=0, maximum=2**32 - 1),
-    "master_addr": _Spec("str"),
-    "master_port": _Spec("int", optional=True, minimum=1, maximum=65535),
-    "num_nodes": _Spec("int", minimum=1),
-    "node_rank": _Spec("int", minimum=0),
-    "threads_per_process": _Spec("int", optional=True, minimum=1),
-    "live": _Spec("bool", optional=True),
-    "max_restarts": _Spec("int", minimum=0),
-}
-
-FIELD_HELP: dict[str, str] = {
-    "num_processes": "Worker processes on this node; auto = one per GPU, else 1.",
-    "mixed_precision": "Autocast dtype for the forward pass: no, fp16 or bf16.",
-    "gradient_accumulation_steps": "Batches whose gradients add up before each optimizer step.",
-    "backend": "torch.distributed backend; auto = nccl with GPUs, gloo on CPU.",
-    "seed": "Seed for torch, numpy and random in every worker; empty = do not seed.",
-    "master_addr": "Address of node 0, reachable from every node.",
-    "master_port": "TCP port on node 0; empty = a free port on one node, 29500 across nodes.",
-    "num_nodes": "Machines taking part; run the same launch on each of them.",
-    "node_rank": "Index of this machine, 0 to num_nodes - 1; node 0 hosts master_addr.",
-    "threads_per_process": "CPU threads per worker; auto = cores divided by workers.",
-    "live": "Live plots, progress and a Stop button; auto = when a notebook shows them.",
-    "max_restarts": "Times a failed launch is restarted before the error is raised.",
-}
-
-
-def _words(spec: _Spec) -> tuple[str, ...]:
-    """The words a choice or yes/no field is answered with, ``"auto"`` first when optional."""
-    if spec.kind == "choice":
-        return ("auto", *spec.choices) if spec.optional else spec.choices
-    if spec.kind == "bool":
-        return ("auto", "yes", "no") if spec.optional else ("yes", "no")
-    return ()
-
-
-def choice_words(field: str) -> tuple[str, ...]:
-    """The words field ``field`` is chosen from; empty for a number or an address.
-
-    Example:
-        >>> choice_words("backend"), choice_words("seed")
-        (('auto', 'gloo', 'nccl'), ())
-    """
-    return _words(_SPECS[field])
-
-
-def _allowed(spec: _Spec) -> str:
-    """Describe the values a field accepts, for error messages and prompts."""
-    if spec.kind == "choice":
-        text = "one of " + ", ".join(repr(choice) for choice in _words(spec))
-        return text + " (None means 'auto')" if spec.optional else text
-    if spec.kind == "bool":
-        return "True, False or None (auto)" if spec.optional else "True or False"
-    if spec.kind == "str":
-        return "a non-empty host name or IP address"
-    if spec.maximum is not None:
-        text = f"an integer from {spec.minimum} to {spec.maximum}"
-    else:
-        text = f"an integer >= {spec.minimum}"
-    return text + " or None (auto)" if spec.optional else text
-
-
-def _check(name: str, value: Any) -> Any:
-    """Return ``value`` normalised for field ``name``, or raise TypeError/ValueError."""
-    spec = _SPECS[name]
-    problem = f"{name} must be {_allowed(spec)}; got {value!r}"
-    if value is None or (spec.optional and spec.kind == "choice" and value == "auto"):
-        if spec.optional:
-            return None
-        raise TypeError(problem + ".")
-    if spec.kind == "bool":
-        if not isinstance(value, bool):
-            raise TypeError(f"{problem} ({type(value).__name__}).")
-        return value
-    if spec.kind in ("str", "choice"):
-        if not isinstance(value, str):
-            raise TypeError(f"{problem} ({type(value).__name__}).")
-        if spec.kind == "choice" and value not in spec.choices:
-            raise ValueError(problem + ".")
-        if spec.kind == "str" and (not value or value != value.strip() or " " in value):
-            raise ValueError(problem + ".")
-        return value
-    # bool is an int subclass, but True workers or a False port is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{problem} ({type(value).__name__}).")
-    value = int(value)
-    if (spec.minimum is not None and value < spec.minimum) or (
-        spec.maximum is not None and value > spec.maximum
-    ):
-        raise ValueError(problem + ".")
-    return value
+parse_field = parse_text  # what a person typed, as a value of one field
 
 
 def _check_fields(
@@ -167,7 +63,7 @@ def _check_fields(
     checked: dict[str, Any] = {}
     for name, value in values.items():
         try:
-            checked[name] = _check(name, value)
+            checked[name] = check_value(name, value)
         except (TypeError, ValueError) as error:
             problems[name] = error
     if {"num_nodes", "node_rank"} <= checked.keys() and checked["node_rank"] >= checked[
@@ -196,33 +92,6 @@ def field_errors(values: Mapping[str, Any]) -> dict[str, str]:
     return {name: str(error) for name, error in _check_fields(values)[1].items()}
 
 
-def parse_field(name: str, text: str) -> Any:
-    """Turn what a person typed into a value for field ``name`` (validated).
-
-    ``auto``, ``none`` or an empty answer mean None for optional fields.
-
-    Example:
-        >>> parse_field("master_port", "29500"), parse_field("seed", "")
-        (29500, None)
-    """
-    spec = _SPECS[name]
-    text = text.strip()
-    if spec.optional and text.lower() in _AUTO_WORDS:
-        return None
-    value: Any = text
-    if spec.kind == "int":
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{name} must be {_allowed(spec)}; got {text!r}.") from None
-    elif spec.kind == "bool":
-        answers = {"y": True, "yes": True, "true": True, "n": False, "no": False, "false": False}
-        if text.lower() not in answers:
-            raise ValueError(f"{name} must be auto, yes or no; got {text!r}.")
-        value = answers[text.lower()]
-    return _check(name, value)
-
-
 @dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How to launch a training function; validated on creation, immutable afterwards.
@@ -231,7 +100,11 @@ class LaunchConfig:
     (nccl with GPUs, else gloo; ``"auto"`` is accepted and stored as None), ``seed`` (no
     seeding), ``master_port`` (a free port on one node, 29500 across nodes),
     ``threads_per_process`` (cores / workers) and ``live`` (on when a notebook can show it).
-    See ``FIELD_HELP`` for a one-line description of every field.
+    The fields follow :data:`~notebook_kit.config.schema.SETTINGS`, where each one's type,
+    range and help are declared; ``FIELD_HELP`` has the help line of every field. A setting
+    declared there but not written out here yet is kept by name (read as an attribute, set
+    through :meth:`replace` and :meth:`from_dict`), so it works everywhere before its field is
+    written; the schema test asks for the field, which type checkers and ``help()`` need.
 
     Raises:
         TypeError: A value has the wrong type, e.g. ``num_processes="two"``.
@@ -255,15 +128,34 @@ class LaunchConfig:
     threads_per_process: int | None = None
     live: bool | None = None
     max_restarts: int = 0
+    use_fsdp: bool = False
+    _more: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:
-        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        written = _written_fields()
+        unknown = [name for name in self._more if name not in SETTINGS or name in written]
+        if unknown:
+            raise TypeError(_unknown_keys_message(unknown))
+        values = {
+            name: getattr(self, name) if name in written else self._more.get(name, setting.default)
+            for name, setting in SETTINGS.items()
+        }
         checked, problems = _check_fields(values)
         if problems:
             raise next(iter(problems.values()))
         for name, value in checked.items():
             # Frozen: normalised values ("auto" -> None, numpy ints -> int) go in directly.
-            object.__setattr__(self, name, value)
+            if name in written:
+                object.__setattr__(self, name, value)
+        more = {name: value for name, value in checked.items() if name not in written}
+        object.__setattr__(self, "_more", more)
+
+    def __getattr__(self, name: str) -> Any:
+        """A setting of the schema that has no field written out here (see the class doc)."""
+        more = self.__dict__.get("_more", {})
+        if name in more:
+            return more[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def replace(self, **changes: Any) -> LaunchConfig:
         """A copy with ``changes`` applied and validated.
@@ -272,16 +164,20 @@ class LaunchConfig:
             >>> LaunchConfig().replace(num_processes=4).num_processes
             4
         """
-        return dataclasses.replace(self, **changes)
+        unknown = [name for name in changes if name not in SETTINGS]
+        if unknown:
+            raise TypeError(_unknown_keys_message(unknown))
+        fields, more = _split_by_field(changes)
+        return dataclasses.replace(self, **fields, _more={**self._more, **more})
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as a plain JSON-ready dict, in declaration order.
+        """Every setting as a plain JSON-ready dict, in the schema's order.
 
         Example:
             >>> LaunchConfig().to_dict()["mixed_precision"]
             'no'
         """
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in SETTINGS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchConfig:
@@ -294,10 +190,11 @@ class LaunchConfig:
             >>> LaunchConfig.from_dict({"num_processes": 2}).num_processes
             2
         """
-        unknown = [key for key in data if key not in _SPECS]
+        unknown = [key for key in data if key not in SETTINGS]
         if unknown:
             raise ValueError(_unknown_keys_message(unknown))
-        return cls(**data)
+        fields, more = _split_by_field(data)
+        return cls(**fields, _more=more)
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Write this config as JSON (to the saved-default file when ``path`` is None).
@@ -332,7 +229,13 @@ class LaunchConfig:
             2
         """
         source = Path(path) if path is not None else default_config_path()
-        text = source.read_text(encoding="utf-8")
+        try:
+            text = source.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{source} is not UTF-8 text ({error.reason} at byte {error.start}), so it "
+                "cannot be a config file: those are JSON, as `notebook-kit config` writes them."
+            ) from error
         try:
             data = json.loads(text, object_pairs_hook=_reject_duplicates)
         except json.JSONDecodeError as error:
@@ -349,6 +252,13 @@ class LaunchConfig:
             ) from error
 
 
+# help() and inspect show the settings only: ``_more`` is how from_dict and replace pass
+# settings that have no field written out yet, never an argument to write.
+LaunchConfig.__signature__ = inspect.signature(LaunchConfig).replace(  # type: ignore[attr-defined]
+    parameters=[p for p in inspect.signature(LaunchConfig).parameters.values() if p.name != "_more"]
+)
+
+
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """JSON object hook: a key written twice is an editing mistake, not 'last one wins'."""
     data: dict[str, Any] = {}
@@ -359,12 +269,25 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
+@functools.cache
+def _written_fields() -> frozenset[str]:
+    """The settings written out as LaunchConfig fields (fixed once the class exists)."""
+    return frozenset(field.name for field in dataclasses.fields(LaunchConfig)) - {"_more"}
+
+
+def _split_by_field(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``values`` as (those written out as fields, the rest, kept in ``_more``)."""
+    written = _written_fields()
+    fields = {name: value for name, value in values.items() if name in written}
+    return fields, {name: value for name, value in values.items() if name not in written}
+
+
 def _unknown_keys_message(unknown: list[str]) -> str:
     parts = []
     for key in unknown:
-        close = difflib.get_close_matches(str(key), _SPECS, n=1)
+        close = difflib.get_close_matches(str(key), SETTINGS, n=1)
         parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return f"Unknown LaunchConfig key(s): {', '.join(parts)}. Known keys: {', '.join(_SPECS)}."
+    return f"Unknown LaunchConfig key(s): {', '.join(parts)}. Known keys: {', '.join(SETTINGS)}."
 
 
 def default_config_path() -> Path:
@@ -391,6 +314,14 @@ def saved_default() -> LaunchConfig | None:
         >>> config = saved_default() or LaunchConfig()
     """
     path = default_config_path()
+    if path.is_dir():
+        origin = (
+            f"${CONFIG_ENV_VAR} names" if os.environ.get(CONFIG_ENV_VAR) else "The saved default,"
+        )
+        raise ValueError(
+            f"{origin} {path}, which is a directory, not a config file. Point "
+            f"${CONFIG_ENV_VAR} at a file (e.g. {path / 'launch.json'}) or unset it."
+        )
     if not path.is_file():
         return None
     return LaunchConfig.load(path)
@@ -410,30 +341,41 @@ def read_saved_default() -> tuple[LaunchConfig | None, OSError | TypeError | Val
         return None, problem
 
 
-def resolve_launch_config(config: LaunchConfig | None = None, **explicit: Any) -> LaunchConfig:
-    """The config a launch runs with: explicit arguments > ``config`` > saved default > built-in.
+def resolve_launch_config(
+    config: LaunchConfig | None = None,
+    environ: Mapping[str, str] | None = None,
+    **explicit: Any,
+) -> LaunchConfig:
+    """The config a launch runs with: explicit arguments > ``config`` > ``NOTEBOOK_KIT_<NAME>``
+    variables > saved default > built-in.
 
-    A given ``config`` is complete, so it replaces the saved default as a whole. Explicit keyword
-    arguments whose value is None count as not given.
+    A given ``config`` is complete, so it replaces the variables and the saved default as a
+    whole. Explicit keyword arguments whose value is None count as not given. ``environ``
+    defaults to ``os.environ``.
 
     Raises:
         TypeError: An explicit argument is not a LaunchConfig field, or has the wrong type.
-        ValueError: A value is out of range, or several nodes would meet at a loopback
-            ``master_addr`` that was not given explicitly.
+        ValueError: A value is out of range (a variable's error names the variable), or several
+            nodes would meet at a loopback ``master_addr`` that was not given explicitly.
 
     Example:
         >>> resolve_launch_config(LaunchConfig(num_processes=2), num_processes=4).num_processes
         4
     """
-    unknown = [name for name in explicit if name not in _SPECS]
+    unknown = [name for name in explicit if name not in SETTINGS]
     if unknown:
         raise TypeError(_unknown_keys_message(unknown))
+    from_environ = (
+        {} if config else settings_from_environ(os.environ if environ is None else environ)
+    )
     saved = saved_default() if config is None else None
     base = config if config is not None else saved or LaunchConfig()
     given = {name: value for name, value in explicit.items() if value is not None}
-    resolved = base.replace(**given) if given else base
+    resolved = base.replace(**from_environ, **given) if from_environ or given else base
     if "master_addr" not in given:  # an address given explicitly is the caller's choice
         origin = "from config=" if config else f"from {default_config_path()}" if saved else ""
+        if "master_addr" in from_environ:
+            origin = f"from ${SETTINGS['master_addr'].env_var}"
         problem = loopback_master_problem(
             resolved.num_nodes, resolved.master_addr, origin or "the default"
         )

@@ -5,12 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from notebook_kit.config.arguments import is_loopback
-from notebook_kit.config.environment import KernelState
+from notebook_kit.config.environment import KernelState, usable_cpu_count
 
-__all__ = ["DEFAULT_RENDEZVOUS_TIMEOUT", "LOOPBACK", "LaunchPlan"]
+__all__ = [
+    "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "DEFAULT_STALL_SECONDS",
+    "LOOPBACK",
+    "LaunchPlan",
+    "auto_process_count",
+    "auto_threads",
+]
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_RENDEZVOUS_TIMEOUT = 300.0  # seconds for the other nodes to join
+DEFAULT_STALL_SECONDS = 60.0  # seconds without progress on any rank before the stall report
+
+
+def auto_process_count(gpus: int) -> int:
+    """``num_processes`` left to the machine: one per GPU, else one (the notebook and the CLI)."""
+    return max(gpus, 1)
+
+
+def auto_threads(num_processes: int) -> int:
+    """``threads_per_process`` left to the machine: the usable cores shared out, at least one."""
+    return max(1, usable_cpu_count() // num_processes)
 
 
 @dataclass(frozen=True)
@@ -29,12 +47,15 @@ class LaunchPlan:
     rendezvous_timeout: float
     timeout: float | None
     max_restarts: int = 0
+    use_fsdp: bool = False  # every worker's Accelerator shards with FSDP2 by default
     seed: int | None = None
     live: bool | None = None
     device: str = "cpu"  # "cuda" (each process on its own GPU) or "cpu"
     isolate: bool = False  # one process runs in a forked worker, not in the caller
     cpu_reason: str | None = None  # why GPUs are visible but the run stays on the CPU
     kernel: KernelState | None = field(default=None, compare=False)  # the fork probe, if run
+    cores: int = field(default=0, compare=False)  # usable CPU cores here (0: not known)
+    stall_seconds: float | None = DEFAULT_STALL_SECONDS  # None: never show where ranks wait
 
     @property
     def world_size(self) -> int:
@@ -70,7 +91,18 @@ class LaunchPlan:
                     )
             threads = "thread" if self.threads == 1 else "threads"
             text += f", {self.threads} {threads} each"
-        return f"{text}. {self.cpu_reason}" if self.cpu_reason else text
+        notes = [text, self.cpu_reason, self._oversubscribed()]
+        return ". ".join(note for note in notes if note)
+
+    def _oversubscribed(self) -> str | None:
+        """A warning when the processes outnumber the cores they run on."""
+        if not self.cores or self.num_processes <= self.cores:
+            return None
+        cores = "core" if self.cores == 1 else "cores"
+        return (
+            f"Warning: {self.num_processes} processes share {self.cores} CPU {cores}, so "
+            f"they take turns and each runs slower; num_processes={self.cores} avoids that"
+        )
 
     def _where(self, index: int) -> str:
         if self.device == "cpu":

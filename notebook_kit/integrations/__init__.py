@@ -13,9 +13,10 @@ Runs in every training process. Importing this package imports no framework: eac
 above imports its framework on first use (``pip install notebook_kit[transformers]``).
 May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`.
 
-Example:
-    >>> from notebook_kit.integrations import LiveViewCallback
-    >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[LiveViewCallback()])
+Example::
+
+    from notebook_kit.integrations import LiveViewCallback
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[LiveViewCallback()])
 """
 
 from __future__ import annotations

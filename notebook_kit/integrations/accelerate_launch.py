@@ -27,8 +27,9 @@ __all__ = ["clear_stale_state", "register_prepared_models"]
 def clear_stale_state(state_module: ModuleType, context: LaunchContext) -> None:
     """Forget an Accelerate process state that belongs to another process or launch.
 
-    Example:
-        >>> clear_stale_state(accelerate.state, current_launch())
+    Example::
+
+        clear_stale_state(accelerate.state, current_launch())
     """
     shared = state_module.PartialState._shared_state
     if not shared:
@@ -43,8 +44,9 @@ def clear_stale_state(state_module: ModuleType, context: LaunchContext) -> None:
 def register_prepared_models(accelerator_module: ModuleType) -> Undo:
     """Wrap ``Accelerator.prepare_model`` so prepared models are known to the launch.
 
-    Example:
-        >>> undo = register_prepared_models(accelerate.accelerator)
+    Example::
+
+        undo = register_prepared_models(accelerate.accelerator)
     """
     accelerator_class = accelerator_module.Accelerator
     original = accelerator_class.__dict__["prepare_model"]

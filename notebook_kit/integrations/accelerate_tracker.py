@@ -25,12 +25,13 @@ class LiveViewTracker(GeneralTracker):
     plotted, a dict of them as ``name/key``; strings are left out. Outside a launch it
     does nothing.
 
-    Example:
-        >>> from accelerate import Accelerator
-        >>> from notebook_kit.integrations import LiveViewTracker
-        >>> accelerator = Accelerator(log_with=LiveViewTracker())
-        >>> accelerator.init_trackers("digits")
-        >>> accelerator.log({"loss": loss.item()}, step=step)
+    Example::
+
+        from accelerate import Accelerator
+        from notebook_kit.integrations import LiveViewTracker
+        accelerator = Accelerator(log_with=LiveViewTracker())
+        accelerator.init_trackers("digits")
+        accelerator.log({"loss": loss.item()}, step=step)
     """
 
     name = "notebook_kit"

@@ -41,9 +41,10 @@ def register() -> None:
 def activate(context: LaunchContext) -> Iterator[None]:
     """The integrations for one launch, undone when the block ends.
 
-    Example:
-        >>> with activate(current_launch()):
-        ...     trainer.train()
+    Example::
+
+        with activate(current_launch()):
+            trainer.train()
     """
     settings = {"FORK_LAUNCHED": "1"}
     if context.world_size > 1 and context.backend == "gloo":

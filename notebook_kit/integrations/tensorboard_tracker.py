@@ -22,10 +22,11 @@ class TensorBoardTracker:
         logging_dir: Where runs are kept (the Accelerator's ``project_dir`` by default).
         **kwargs: Passed on to ``torch.utils.tensorboard.SummaryWriter`` (e.g. ``flush_secs``).
 
-    Example:
-        >>> accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
-        >>> accelerator.init_trackers("digits", config={"lr": 0.01})
-        >>> accelerator.log({"loss": 0.5}, step=1)  # runs/digits/events.out.tfevents.*
+    Example::
+
+        accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+        accelerator.init_trackers("digits", config={"lr": 0.01})
+        accelerator.log({"loss": 0.5}, step=1)  # runs/digits/events.out.tfevents.*
     """
 
     name = "tensorboard"

@@ -1,23 +1,35 @@
 """The trackers of notebook_kit's ``Accelerator``: ``log_with`` checked, then built.
 
-``log_with`` takes Accelerate's forms: a name, a tracker object, or a list of them. The live
-plot is always fed as well; a tracker is an addition. Tracker objects follow Accelerate's
+``log_with`` takes Accelerate's forms: a name (``"tensorboard"``, ``"wandb"``, ``"mlflow"``,
+or ``"all"``), a tracker object, or a list of them. The live plot is always fed as well; a
+tracker is an addition, written by the main process only. Each named tracker needs its package
+(an optional extra: ``notebook_kit[tensorboard]``, ``[wandb]``, ``[mlflow]``), checked when the
+Accelerator is made, before any training. Tracker objects follow Accelerate's
 ``GeneralTracker`` interface (``name``, ``start``, ``store_init_configuration``, ``log``,
 ``finish``), so Accelerate's own trackers (``WandBTracker(...)``) work here too.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from notebook_kit.integrations.mlflow_tracker import MLflowTracker
 from notebook_kit.integrations.tensorboard_tracker import TensorBoardTracker
+from notebook_kit.integrations.wandb_tracker import WandBTracker
 
 __all__ = ["TRACKER_NAMES", "check_log_with", "make_trackers"]
 
-TRACKER_NAMES = ("all", "tensorboard")  # "all": the live plot only (no file is written)
+TRACKER_NAMES = ("all", "tensorboard", "wandb", "mlflow")  # "all": the live plot only
 _NEEDS_DIRECTORY = {"tensorboard"}
+# name -> (the module it imports, the package that provides it, the extra that installs it)
+_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow-skinny", "mlflow"),
+}
 
 
 def check_log_with(log_with: Any, logging_dir: str | os.PathLike[str] | None) -> list[Any]:
@@ -46,6 +58,7 @@ def check_log_with(log_with: Any, logging_dir: str | os.PathLike[str] | None) ->
                 f"{', '.join(map(repr, TRACKER_NAMES))}, or pass a tracker object (such as "
                 f"accelerate.tracking.WandBTracker(...))."
             )
+        _check_installed(name)
         if name in _NEEDS_DIRECTORY and logging_dir is None:
             raise ValueError(
                 f'log_with="{name}" writes files: give the Accelerator a project_dir '
@@ -70,11 +83,14 @@ def make_trackers(
     init_kwargs = init_kwargs or {}
     trackers = []
     for item in log_with:
+        options = dict(init_kwargs.get(item, {})) if isinstance(item, str) else {}
         if item == "tensorboard":
             assert logging_dir is not None  # check_log_with made sure
-            trackers.append(
-                TensorBoardTracker(project_name, logging_dir, **init_kwargs.get(item, {}))
-            )
+            trackers.append(TensorBoardTracker(project_name, logging_dir, **options))
+        elif item == "wandb":
+            trackers.append(WandBTracker(project_name, **options))
+        elif item == "mlflow":
+            trackers.append(MLflowTracker(project_name, **options))
         elif _is_tracker(item):
             trackers.append(item)
     for tracker in trackers:
@@ -82,6 +98,17 @@ def make_trackers(
         if callable(start):
             start()
     return trackers
+
+
+def _check_installed(name: str) -> None:
+    if name not in _PACKAGES:
+        return
+    module, package, extra = _PACKAGES[name]
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(
+            f'log_with="{name}" needs the {package} package: pip install {package} '
+            f"(or pip install notebook_kit[{extra}])."
+        )
 
 
 def _is_tracker(item: Any) -> bool:

@@ -35,9 +35,10 @@ class LiveViewCallback(TrainerCallback):
     Trainer's own control flow (``control.should_training_stop``), so ``train()`` returns
     normally. Outside a launch the callback does nothing.
 
-    Example:
-        >>> from notebook_kit.integrations import LiveViewCallback
-        >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[LiveViewCallback()])
+    Example::
+
+        from notebook_kit.integrations import LiveViewCallback
+        trainer = Trainer(model, args, train_dataset=data, callbacks=[LiveViewCallback()])
     """
 
     def on_train_begin(

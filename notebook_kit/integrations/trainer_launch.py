@@ -9,7 +9,9 @@ wrapped (subclasses such as ``Seq2SeqTrainer`` call it too) so that each new Tra
 - gets a :class:`LiveViewCallback` unless one was passed;
 - drops the Trainer's tqdm bar and log printer, whose output the live view replaces (each
   would write to the cell from every rank);
-- does not ask for pinned memory on the CPU (which only warns there, once per rank).
+- does not ask for pinned memory on the CPU (which only warns there, once per rank);
+- trains sharded when ``TrainingArguments(fsdp=...)`` asks for it, or refuses: Accelerate
+  turns FSDP on only for GPU jobs and would otherwise train an unsharded DDP copy.
 
 Nothing here imports ``transformers``: it is handed the already imported module.
 """
@@ -31,8 +33,9 @@ __all__ = ["adopt_trainers"]
 def adopt_trainers(trainer_module: ModuleType, context: LaunchContext) -> Undo:
     """Wrap ``trainer_module.Trainer.__init__`` for this launch; returns the undo.
 
-    Example:
-        >>> undo = adopt_trainers(transformers.trainer, current_launch())
+    Example::
+
+        undo = adopt_trainers(transformers.trainer, current_launch())
     """
     trainer_class = trainer_module.Trainer
     original = trainer_class.__dict__["__init__"]
@@ -43,6 +46,7 @@ def adopt_trainers(trainer_module: ModuleType, context: LaunchContext) -> Undo:
         if training_args is not None:
             _refresh_devices(training_args, context)
         original(trainer, *args, **kwargs)
+        _check_sharded(trainer)
         _join_live_view(trainer)
 
     trainer_class.__init__ = __init__
@@ -66,6 +70,22 @@ def _refresh_devices(training_args: Any, context: LaunchContext) -> None:
     del training_args.__dict__["_setup_devices"]
     training_args.distributed_state = None
     _ = training_args.device  # recomputed here, in this process's launch
+
+
+def _check_sharded(trainer: Any) -> None:
+    """Refuse a Trainer that was asked for FSDP but would train unsharded."""
+    requested = getattr(trainer.args, "fsdp", None)
+    if not requested or getattr(trainer, "is_fsdp_enabled", False):
+        return
+    if isinstance(requested, (list, tuple)):  # a list of FSDPOption in older Transformers
+        requested = " ".join(str(getattr(option, "value", option)) for option in requested)
+    raise ValueError(
+        f"TrainingArguments(fsdp={requested!r}) asks for FSDP, but on this "
+        f"{trainer.args.device.type.upper()} run Accelerate would train an unsharded DDP copy "
+        "instead (it enables FSDP for GPU jobs only). Either train on GPUs, or drop fsdp= from "
+        "the TrainingArguments, or shard on the CPU with notebook_kit's own loop: "
+        "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()) (see docs/fsdp.md)."
+    )
 
 
 def _join_live_view(trainer: Any) -> None:

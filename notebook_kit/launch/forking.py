@@ -15,7 +15,9 @@ import secrets
 import socket
 import sys
 import warnings
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 # Workers build an Accelerator; loading it here, in the kernel, lets every forked worker
 # inherit the module instead of importing it again at each launch.
@@ -31,13 +33,31 @@ from notebook_kit.runtime.context import StopFlag
 from notebook_kit.worker.guardian import GuardianPipes, WorkerStart, run_guardian
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 
-__all__ = ["fork_workers", "open_listener"]
+__all__ = ["NodeSeat", "fork_workers", "open_listener"]
 
 
-def open_listener(plan: LaunchPlan) -> socket.socket | None:
+@dataclass
+class NodeSeat:
+    """One node's place in a run whose nodes were started by something else (a Dask task).
+
+    ``listener`` is node 0's rendezvous socket, bound by the node itself before its address
+    was published, so no other process can take the port in between; ``store_prefix`` is the
+    secret every node got inside its task (never through the environment). ``weights`` is
+    filled with what rank 0 sent home, keyed by the model ids of this process.
+    """
+
+    store_prefix: str
+    listener: socket.socket | None = None
+    weights: dict[int, Any] = field(default_factory=dict)
+
+
+def open_listener(plan: LaunchPlan, seat: NodeSeat | None = None) -> socket.socket | None:
     """Node 0 listens for the rendezvous: on loopback for one node, else on ``master_addr``."""
     if plan.node_rank != 0:
         return None
+    if seat is not None and seat.listener is not None:
+        listener, seat.listener = seat.listener, None  # served by this attempt only
+        return listener
     host = LOOPBACK if plan.num_nodes == 1 else plan.master_addr
     try:
         return open_rendezvous_socket(host, plan.port)
@@ -61,6 +81,7 @@ def fork_workers(
     home_model_ids: frozenset[int],
     workers: list[WorkerProcess],
     restart_count: int,
+    seat: NodeSeat | None = None,
 ) -> GuardianLink:
     """Fork the guardian, which forks ``plan.num_processes`` workers; one handle per worker is
     appended to ``workers`` first, so the caller can close every pipe if forking fails.
@@ -68,7 +89,7 @@ def fork_workers(
     # Without a listener this node joins another's store: a multi-node plan always has a port.
     port = listener.getsockname()[1] if listener else plan.port
     assert port is not None
-    prefix = _store_prefix(plan)
+    prefix = seat.store_prefix if seat is not None else _store_prefix(plan)
     control_read, control_write = os.pipe()
     status_read, status_write = os.pipe()
     write_ends = []

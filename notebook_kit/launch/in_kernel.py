@@ -32,21 +32,21 @@ from notebook_kit.runtime.context import (
     current_launch,
     temporary_environment,
 )
-from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND
+from notebook_kit.runtime.messages import MetricsBatch, decode
 from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
 
-__all__ = ["run_in_process", "torchrun_place"]
+__all__ = ["KERNEL_PLACE", "run_in_process", "torchrun_place"]
 
 
-def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver) -> Any:
+def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver, place: _Place) -> Any:
     """Run in the calling process (debuggable), inside a process group.
 
-    Under torchrun the group is the job's (from its environment); otherwise a gloo group of
-    one. Exceptions propagate unchanged, so ``%debug`` lands in the user's frame.
+    Under torchrun (``place`` from :func:`torchrun_place`) the group is the job's, from its
+    environment; otherwise (:data:`KERNEL_PLACE`) a gloo group of one. Exceptions propagate
+    unchanged, so ``%debug`` lands in the user's frame.
     """
     function, args, kwargs = call
-    place = torchrun_place() or _Place(0, 0, 1, 1)
     if place.rank != 0 and type(observer) is HeadlessObserver:
         observer = QuietObserver()  # the job's lines are rank 0's, as in a notebook launch
     newest = _NewestValues(place.rank)
@@ -104,8 +104,10 @@ def _deliver(
     observer: LaunchObserver, rank: int, kind: str, payload: Any, newest: _NewestValues
 ) -> None:
     """Hand a message to the observer; with no wait loop here, each message is its tick."""
-    newest.take(kind, payload)
-    observer.on_message(rank, kind, payload)
+    batch = decode(rank, kind, payload)
+    if isinstance(batch, MetricsBatch):
+        newest.take(batch)
+        observer.on_metrics(batch)
     observer.on_tick()
 
 
@@ -117,14 +119,8 @@ class _NewestValues:
         self.values: dict[str, tuple[int, float]] = {}
         self._next_step = 0
 
-    def take(self, kind: str, payload: Any) -> None:
-        if kind == SINGLE_KIND:
-            records = [(self.rank, payload.get("step"), payload.get("values", {}))]
-        elif kind == BATCH_KIND:
-            records = payload.get("records", ())
-        else:
-            return
-        for _, step, values in records:
+    def take(self, batch: MetricsBatch) -> None:
+        for _, step, values in batch.records:
             step = self._next_step if step is None else int(step)
             self._next_step = step + 1
             for name, value in values.items():
@@ -143,8 +139,8 @@ def _share_newest_values(observer: LaunchObserver, newest: _NewestValues) -> Non
     for peer, values in enumerate(everyone):
         if peer == newest.rank or not values:
             continue
-        records = [(peer, step, {name: value}) for name, (step, value) in values.items()]
-        observer.on_message(peer, BATCH_KIND, {"rank": peer, "records": records, "dropped": 0})
+        records = tuple((peer, step, {name: value}) for name, (step, value) in values.items())
+        observer.on_metrics(MetricsBatch(peer, records, dropped=0))
 
 
 @dataclass(frozen=True)
@@ -161,6 +157,9 @@ class _Place:
             f"Running under torchrun as rank {self.rank} of {self.world_size}: torchrun's "
             f"processes are used, num_processes is ignored"
         )
+
+
+KERNEL_PLACE = _Place(0, 0, 1, 1)  # the kernel alone: a world of one
 
 
 def torchrun_place() -> _Place | None:
@@ -189,9 +188,8 @@ def _caller_process_group(place: _Place, context: LaunchContext) -> Iterator[Non
         use_cuda = torch.cuda.is_available()
         context.backend = "nccl" if use_cuda else "gloo"
         context.device = "cuda" if use_cuda else "cpu"
-        if use_cuda:
-            torch.cuda.set_device(place.local_rank)
-        init_group_from_environment(context.backend)
+        device = torch.device("cuda", place.local_rank) if use_cuda else None
+        init_group_from_environment(context.backend, device=device)  # sets the device first
         environment: dict[str, str] = {}
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -1,9 +1,16 @@
-"""Ctrl-C (SIGINT) in the kernel during a launch: never lost, never delivered half-way.
+"""Ctrl-C (SIGINT) in the kernel during a launch: never lost, never delivered half-way, once.
 
 Python runs a signal handler at the next bytecode of the main thread. During ``os.fork`` that
 can be inside an at-fork hook (logging registers one), which discards the KeyboardInterrupt
 it raises: the interrupt would be lost and the launch train to the end. So while a fork is
 under way an interrupt is only recorded, and delivered once the fork has returned.
+
+An impatient user presses the stop button two or three times. The first press ends the launch;
+the others arrive while it stops its workers, draws its summary, or while IPython is still
+printing the KeyboardInterrupt, and each would raise again there: two tracebacks, or (inside
+IPython's own traceback printing) none at all, and "Run All" would go on. So a launch holds a
+:func:`interrupt_latch`: from the first press to the end of the launch (and for a moment after,
+while the cell shows its error) further presses are the same request, repeated, and absorbed.
 """
 
 from __future__ import annotations
@@ -11,12 +18,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["forking", "interrupts_deferred", "interrupts_survive_forks"]
+__all__ = [
+    "forking",
+    "interrupt_latch",
+    "interrupt_taken",
+    "interrupts_deferred",
+    "interrupts_held",
+    "interrupts_survive_forks",
+]
+
+# A press this soon after the one delivered is taken as the same press, repeated.
+REPEAT_SECONDS = 1.0
 
 _forks_under_way = 0  # > 0 from the first before-fork hook to the last after-fork hook
 
@@ -32,14 +51,140 @@ def _fork_ends() -> None:
 
 
 def _in_child() -> None:
-    global _forks_under_way
+    global _forks_under_way, _active
     _forks_under_way = 0
+    _active = None
 
 
 # Registered after logging's hooks (imported long before), so this window encloses theirs
 # (before-hooks run last-registered first, after-hooks in order). ``forking`` covers the
 # hooks of modules imported later, for the forks the launcher makes itself.
 os.register_at_fork(before=_fork_starts, after_in_parent=_fork_ends, after_in_child=_in_child)
+
+Handler = Callable[[int, FrameType | None], Any]
+
+
+class _Latch:
+    """The SIGINT handler of one launch: delivers the first press, absorbs its repeats."""
+
+    def __init__(self, previous: Handler) -> None:
+        self.previous = previous
+        self.holding = 0  # sections open that must not be cut (a fork, the clean-up)
+        self.pending = False  # a press arrived in such a section, not delivered yet
+        self.delivered_at: float | None = None
+        self.taken = False  # the launch caught the interrupt and is ending because of it
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.repeated():
+            return
+        if self.holding or _forks_under_way:
+            self.pending = True
+            return
+        self.deliver(frame)
+
+    def repeated(self) -> bool:
+        """True while a press would only repeat one already delivered."""
+        if self.taken:
+            return True
+        return self.delivered_at is not None and time.monotonic() - self.delivered_at < (
+            REPEAT_SECONDS
+        )
+
+    def deliver(self, frame: FrameType | None = None) -> None:
+        """Hand the press to the kernel's handler (which raises KeyboardInterrupt)."""
+        self.pending = False
+        self.delivered_at = time.monotonic()
+        self.previous(signal.SIGINT, frame)
+
+    def deliver_pending(self) -> None:
+        """At the end of a section that held a press back: raise it now, where it can go."""
+        if self.pending and not self.holding and not _forks_under_way:
+            self.deliver()
+
+
+_active: _Latch | None = None
+
+
+@contextlib.contextmanager
+def interrupt_latch() -> Iterator[None]:
+    """Within the block (one launch, one pool command), Ctrl-C raises at most once.
+
+    The first press raises KeyboardInterrupt at once (or, inside a fork or a clean-up, when
+    that ends); later ones are absorbed until the block ends. A KeyboardInterrupt leaving the
+    block keeps absorbing presses for :data:`REPEAT_SECONDS` in IPython, while the cell shows
+    its error, then the kernel's handler is back. Nested blocks share the outermost latch.
+    """
+    global _active
+    previous = _python_handler()
+    if previous is None or _active is not None:
+        yield
+        return
+    previous = getattr(previous, "original", previous)  # an earlier launch's afterglow
+    latch = _Latch(previous)
+    _active = latch
+    signal.signal(signal.SIGINT, latch.handle)
+    try:
+        yield
+        latch.deliver_pending()
+    except KeyboardInterrupt:
+        _active = None
+        _afterglow(previous)
+        raise
+    finally:
+        if _active is latch:
+            _active = None
+            signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_taken() -> None:
+    """The launch caught the interrupt and is ending because of it: absorb every repeat."""
+    latch = _latch_here()
+    if latch is not None:
+        latch.taken = True
+
+
+def _latch_here() -> _Latch | None:
+    """The active latch, for code on the main thread (where the kernel's Ctrl-C lands) only.
+
+    A pool command from another thread holds no press back: none would reach it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return _active
+
+
+def _afterglow(original: Handler) -> None:
+    """Absorb repeats while IPython prints the cell's KeyboardInterrupt, then hand back.
+
+    Outside IPython the handler is put back at once: a script's traceback needs no shield.
+    """
+    shell = _ipython()
+    if shell is None:
+        signal.signal(signal.SIGINT, original)
+        return
+    until = time.monotonic() + REPEAT_SECONDS
+
+    def absorb(signum: int, frame: FrameType | None) -> None:
+        if time.monotonic() >= until:
+            original(signum, frame)
+
+    absorb.original = original  # type: ignore[attr-defined]
+
+    def hand_back() -> None:
+        with contextlib.suppress(ValueError):
+            shell.events.unregister("post_execute", hand_back)
+        if signal.getsignal(signal.SIGINT) is absorb:
+            signal.signal(signal.SIGINT, original)
+
+    signal.signal(signal.SIGINT, absorb)
+    shell.events.register("post_execute", hand_back)
+
+
+def _ipython() -> Any:
+    module = sys.modules.get("IPython")
+    get = getattr(module, "get_ipython", None)
+    shell = get() if get is not None else None
+    return shell if hasattr(shell, "events") else None
 
 
 @contextlib.contextmanager
@@ -50,9 +195,9 @@ def forking() -> Iterator[None]:
         yield
     finally:
         _fork_ends()
-
-
-Handler = Callable[[int, FrameType | None], Any]
+    latch = _latch_here()
+    if latch is not None:
+        latch.deliver_pending()
 
 
 @contextlib.contextmanager
@@ -62,6 +207,11 @@ def interrupts_survive_forks() -> Iterator[None]:
     Any other interrupt goes to the kernel's handler at once, as without the block. The
     handler is put back as it was when the block ends.
     """
+    latch = _latch_here()
+    if latch is not None:  # the launch's latch holds presses during forks already
+        yield
+        latch.deliver_pending()
+        return
     previous = _python_handler()
     if previous is None:  # default action, ignored, or not the main thread: nothing to keep
         yield
@@ -83,24 +233,69 @@ def interrupts_survive_forks() -> Iterator[None]:
             previous(signal.SIGINT, None)
 
 
+class Held:
+    """What :func:`interrupts_held` saw: ``pressed`` once Ctrl-C arrived during the block."""
+
+    pressed = False
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[Held]:
+    """Hold Ctrl-C back during the block and report it instead of raising it.
+
+    The caller ends with one KeyboardInterrupt of its own when ``pressed`` (after drawing
+    what it must), so the press counts as taken: its repeats are absorbed.
+    """
+    held = Held()
+    latch = _latch_here()
+    if latch is None:
+        with _recording() as (received, _):
+            yield held
+        held.pressed = bool(received)
+        return
+    latch.holding += 1
+    try:
+        yield held
+    finally:
+        latch.holding -= 1
+        if latch.pending:
+            latch.pending, latch.taken, held.pressed = False, True, True
+
+
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Hold back Ctrl-C while the workers are being cleaned up, then deliver it once.
 
     The kernel's SIGINT handler is put back as it was before the block ends.
     """
-    previous = _python_handler()
-    if previous is None:
-        yield
+    latch = _latch_here()
+    if latch is None:
+        with _recording() as (received, previous):
+            yield
+        if received and previous is not None:
+            previous(signal.SIGINT, None)
         return
-    received: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    latch.holding += 1
     try:
         yield
     finally:
+        latch.holding -= 1
+    latch.deliver_pending()
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[tuple[list[int], Handler | None]]:
+    """Without a latch: replace the handler by one that only records presses."""
+    received: list[int] = []
+    previous = _python_handler()
+    if previous is None:
+        yield received, None
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield received, previous
+    finally:
         signal.signal(signal.SIGINT, previous)
-        if received:
-            previous(signal.SIGINT, None)
 
 
 def _python_handler() -> Handler | None:

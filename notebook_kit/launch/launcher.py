@@ -2,32 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import Callable, Generator, Mapping
-from multiprocessing.connection import wait
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from notebook_kit.config import arguments
 from notebook_kit.config.launch_config import LaunchConfig, resolve_launch_config
-from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LaunchPlan
-from notebook_kit.errors import WorkerError
+from notebook_kit.config.launch_plan import (
+    DEFAULT_RENDEZVOUS_TIMEOUT,
+    DEFAULT_STALL_SECONDS,
+    LaunchPlan,
+)
+from notebook_kit.config.schema import SETTINGS, keyword_settings
 from notebook_kit.integrations import activation as integrations
-from notebook_kit.launch.forking import fork_workers, open_listener
-from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
-from notebook_kit.launch.in_kernel import run_in_process, torchrun_place
-from notebook_kit.launch.interrupts import interrupts_survive_forks
+from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, resolve_cluster_plan
+from notebook_kit.launch.forking import NodeSeat
+from notebook_kit.launch.interrupts import interrupt_latch, interrupts_survive_forks
+from notebook_kit.launch.launchers import run_awaitable, run_blocking, select_launcher
+from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
-from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.preflight import check_not_in_a_launch
 from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
-from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
 from notebook_kit.launch.warmup import start_warmup
-from notebook_kit.live.display import default_observer
-from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
-from notebook_kit.runtime.context import StopFlag
+from notebook_kit.live.observer import LaunchObserver
 
-__all__ = ["notebook_launcher", "notebook_launcher_async", "resolve_plan"]
+__all__ = ["launch_seated_node", "notebook_launcher", "notebook_launcher_async", "resolve_plan"]
 
 start_warmup()  # from the import cell on, workers' one-time imports are paid here, once
 integrations.register()  # every launch turns on the Trainer and Accelerate integrations
@@ -40,19 +38,21 @@ def notebook_launcher(
     *,
     kwargs: Mapping[str, Any] | None = None,
     mixed_precision: arguments.MixedPrecision | None = None,
-    use_port: int | None = None,
-    master_addr: str | None = None,
-    node_rank: int | None = None,
-    num_nodes: int | None = None,
-    backend: arguments.Backend | None = None,
-    threads_per_process: int | None = None,
-    timeout: float | None = None,
     gradient_accumulation_steps: int | None = None,
-    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
-    max_restarts: int | None = None,
+    backend: arguments.Backend | None = None,
     seed: int | None = None,
+    master_addr: str | None = None,
+    use_port: int | None = None,
+    num_nodes: int | None = None,
+    node_rank: int | None = None,
+    threads_per_process: int | None = None,
     live: bool | None = None,
+    max_restarts: int | None = None,
+    fsdp: bool | None = None,
+    timeout: float | None = None,
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
+    stall_seconds: float | None = DEFAULT_STALL_SECONDS,
     config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
     rdzv_backend: str | None = None,
@@ -61,6 +61,7 @@ def notebook_launcher(
     rdzv_id: str | None = None,
     monitor_interval: float | None = None,
     log_line_prefix_template: str | None = None,
+    cluster: Any = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
     result.
@@ -71,8 +72,9 @@ def notebook_launcher(
     defined in notebook cells, closures and lambdas work. Models created in the kernel and
     given to ``Accelerator.prepare`` come back holding rank 0's trained weights.
 
-    Settings left as None come from ``config``, else from the saved default
-    (``notebook-kit config``), else from the built-in defaults below.
+    Settings left as None come from ``config``, else from ``NOTEBOOK_KIT_<SETTING>``
+    environment variables, else from the saved default (``notebook-kit config``), else from
+    the built-in defaults below (each declared in :mod:`notebook_kit.config.schema`).
 
     Args:
         function: The training function.
@@ -88,10 +90,15 @@ def notebook_launcher(
         backend: "gloo" or "nccl"; default: chosen from the hardware.
         threads_per_process: torch threads per worker; default: cores // processes.
         timeout: Seconds after which the run is stopped and TimeoutError raised.
+        stall_seconds: Seconds without progress on any rank (no step, log or output) after
+            which the cell shows, once, which collective each rank waits in and its stack;
+            the run goes on. None: never.
         gradient_accumulation_steps: Inherited by every worker's ``Accelerator``.
         rendezvous_timeout: Seconds to wait for the other nodes to join.
         max_restarts: Times all workers are started again after a rank fails (default 0); a
             function that calls ``accelerator.load_state()`` first resumes from its checkpoint.
+        fsdp: Every ``Accelerator`` made in the workers without an ``fsdp_plugin`` shards its
+            model with FSDP2 (a default plugin, tuned by the ``FSDP_*`` variables).
         seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
@@ -105,6 +112,9 @@ def notebook_launcher(
             endpoint gives ``master_addr``/``use_port``, ``rdzv_conf["timeout"]`` the
             ``rendezvous_timeout``; what has no meaning here is said in
             :mod:`notebook_kit.launch.rendezvous_options`.
+        cluster: A Dask ``Client`` (or a cluster with ``.get_client()``): run
+            ``num_processes`` ranks on each of ``num_nodes`` Dask workers (default: one
+            worker per host), shown live here like a local launch (docs/cluster.md).
 
     Returns:
         What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).
@@ -115,103 +125,92 @@ def notebook_launcher(
         ForkSafetyError: CUDA or a process group is already initialised in the kernel.
         PortInUseError: ``use_port`` is taken.
 
-    Example:
-        >>> def train(lr):
-        ...     import torch.distributed as dist
-        ...     return dist.get_world_size() * lr
-        >>> notebook_launcher(train, args=(0.1,), num_processes=2)
-        0.2
+    Example::
+
+        def train(lr):
+            import torch.distributed as dist
+            return dist.get_world_size() * lr
+        notebook_launcher(train, args=(0.1,), num_processes=2)
+        # 0.2
     """
+    options = dict(locals())
+    with interrupt_latch():  # however often Ctrl-C is pressed, one KeyboardInterrupt
+        call, plan = _resolve_any(function, args, kwargs, options)
+        return run_blocking(select_launcher(plan).run(call, observer))
+
+
+def _resolve_any(
+    function: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
+) -> tuple[Call, LaunchPlan | ClusterPlan]:
+    """The call and the plan of a launch here, or on a Dask cluster when ``cluster`` is given."""
+    if options.get("cluster") is not None:
+        function = arguments.check_function(function)
+        args, kwargs = arguments.check_args(args, kwargs)
+        return (function, args, kwargs), resolve_cluster_plan(options["cluster"], options)
     with interrupts_survive_forks():  # the kernel probe may fork
-        call, plan = _resolve(function, args, kwargs, locals())
-    observer = observer or default_observer(plan.live)
-    if plan.in_process or torchrun_place():
-        return run_in_process(call, plan, observer)
-    steps = _attempts(call, plan, observer)
-    request = next(steps)
-    try:
-        while True:
-            try:
-                ready = wait(*request)
-            except BaseException as error:  # Ctrl-C: the attempt cleans up, then re-raises
-                request = steps.throw(error)
-            else:
-                request = steps.send(ready)
-    except StopIteration as finished:
-        return finished.value
+        return _resolve(function, args, kwargs, options)
+
+
+def launch_seated_node(
+    call: Call, plan: LaunchPlan, observer: LaunchObserver, seat: NodeSeat
+) -> Any:
+    """Run this node's ranks of a multi-node run whose nodes something else started.
+
+    The same fork, guardian and supervision as any launch; the seat brings node 0's bound
+    rendezvous socket and the launch's store prefix, and receives rank 0's weights.
+    """
+    return run_blocking(ForkedLauncher(plan, seat).run(call, observer))
 
 
 async def notebook_launcher_async(
     function: Callable[..., Any],
     args: tuple[Any, ...] = (),
     num_processes: int | None = None,
-    **options: Any,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    mixed_precision: arguments.MixedPrecision | None = None,
+    gradient_accumulation_steps: int | None = None,
+    backend: arguments.Backend | None = None,
+    seed: int | None = None,
+    master_addr: str | None = None,
+    use_port: int | None = None,
+    num_nodes: int | None = None,
+    node_rank: int | None = None,
+    threads_per_process: int | None = None,
+    live: bool | None = None,
+    max_restarts: int | None = None,
+    fsdp: bool | None = None,
+    timeout: float | None = None,
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
+    isolate: bool = False,
+    stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+    config: LaunchConfig | None = None,
+    observer: LaunchObserver | None = None,
+    rdzv_backend: str | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_conf: Mapping[str, Any] | None = None,
+    rdzv_id: str | None = None,
+    monitor_interval: float | None = None,
+    log_line_prefix_template: str | None = None,
+    cluster: Any = None,
 ) -> Any:
     """``await`` form of :func:`notebook_launcher`, with the same arguments and result.
 
     While the workers run, the kernel's event loop stays free, so widget events (a Stop
     button click) are handled during the run, not after it.
 
-    Example:
-        >>> result = await notebook_launcher_async(train, num_processes=2)
+    Example::
+
+        result = await notebook_launcher_async(train, num_processes=2)
     """
-    observer = options.pop("observer", None)
-    kwargs = options.pop("kwargs", None)
-    with interrupts_survive_forks():  # the kernel probe may fork
-        call, plan = _resolve(function, args, kwargs, {"num_processes": num_processes, **options})
-    observer = observer or default_observer(plan.live)
-    if plan.in_process or torchrun_place():
-        return run_in_process(call, plan, observer)
-    loop = asyncio.get_running_loop()
-    steps = _attempts(call, plan, observer)
-    request = next(steps)
-    try:
-        while True:
-            try:
-                ready = await loop.run_in_executor(None, wait, *request)
-            except BaseException as error:  # cancelled or interrupted: clean up, re-raise
-                request = steps.throw(error)
-            else:
-                request = steps.send(ready)
-    except StopIteration as finished:
-        return finished.value
+    options = dict(locals())
+    with interrupt_latch():  # however often Ctrl-C is pressed, one KeyboardInterrupt
+        call, plan = _resolve_any(function, args, kwargs, options)
+        return await run_awaitable(select_launcher(plan).run(call, observer))
 
 
-WaitRequest = tuple[list[Any], float]
-
-
-def _attempts(
-    call: Call, plan: LaunchPlan, observer: LaunchObserver
-) -> Generator[WaitRequest, list[Any], Any]:
-    """Run the launch, restarting after failures, without doing any waiting itself.
-
-    Yields what to wait on (objects, timeout) and receives what became ready, so the blocking
-    and the awaitable launcher share every step; an exception thrown in (Ctrl-C) stops the
-    workers and propagates. Returns rank 0's value.
-    """
-    check_fork_safety(plan.kernel)  # the kernel runs nothing between attempts: check once
-    kernel_models = find_kernel_models(*call)
-    restart = 0
-    while True:
-        launch = _ForkedLaunch(call, plan, observer, kernel_models, restart)
-        error: BaseException | None = None
-        try:
-            launch.start()
-            while (limit := launch.supervisor.wait_limit()) is not None:
-                launch.supervisor.serve((yield launch.supervisor.waitables(), limit))
-        except BaseException as raised:
-            error = raised
-        done, value = launch.conclude(error)
-        if done:
-            return value
-        restart += 1
-
-
-_SETTINGS = (
-    "num_processes", "mixed_precision", "master_addr", "node_rank", "num_nodes", "backend",
-    "threads_per_process", "gradient_accumulation_steps", "max_restarts", "seed", "live",
-)  # fmt: skip
-_OPTIONS = (*_SETTINGS, "use_port", "config", "timeout", "rendezvous_timeout", "isolate")
+# The call, where it reports, and where it runs (a live Dask client is no stored setting).
+_NOT_SETTINGS = ("function", "args", "kwargs", "observer", "cluster")
 
 
 def _resolve(
@@ -222,14 +221,22 @@ def _resolve(
     Explicit arguments win over ``config``, which wins over the saved default.
     """
     options = translate_rendezvous_options(options)
-    extra = set(options) - {"function", "args", "kwargs", "observer"}
-    unknown = extra - set(_OPTIONS)
-    if unknown:  # before the function checks, as always
-        resolve_plan({name: options[name] for name in unknown}, "notebook_launcher")
+    settings = {name: value for name, value in options.items() if name not in _NOT_SETTINGS}
+    _check_option_names(settings, "notebook_launcher")  # before the function checks, as always
     function = arguments.check_function(function)
     args, kwargs = arguments.check_args(args, kwargs)
-    plan = resolve_plan({name: options[name] for name in extra}, "notebook_launcher")
-    return (function, args, kwargs), plan
+    return (function, args, kwargs), resolve_plan(settings, "notebook_launcher")
+
+
+def _check_option_names(options: Mapping[str, Any], caller: str) -> None:
+    """Refuse a keyword the launcher does not know, listing the ones it does."""
+    known = (*keyword_settings(), "config")
+    unknown = set(options) - set(known)
+    if unknown:
+        raise TypeError(
+            f"{caller} got unexpected arguments {sorted(unknown)}; "
+            f"valid options are {', '.join(known)}."
+        )
 
 
 def resolve_plan(
@@ -244,17 +251,12 @@ def resolve_plan(
         >>> resolve_plan({"num_processes": 2}, "WorkerPool").world_size
         2
     """
-    unknown = set(options) - set(_OPTIONS)
-    if unknown:
-        raise TypeError(
-            f"{caller} got unexpected arguments {sorted(unknown)}; "
-            f"valid options are {', '.join(_OPTIONS)}."
-        )
+    _check_option_names(options, caller)
+    check_not_in_a_launch(caller)
     config = options.get("config")
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
-    explicit = {name: options.get(name) for name in _SETTINGS}
-    explicit["master_port"] = options.get("use_port")
+    explicit = {name: options.get(setting.keyword) for name, setting in SETTINGS.items()}
     settings = resolve_launch_config(config, **check_explicit_settings(explicit))
     if isolate is None:
         isolate = arguments.check_bool("isolate", options.get("isolate", False))
@@ -263,108 +265,5 @@ def resolve_plan(
         timeout=options.get("timeout"),
         rendezvous_timeout=options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT),
         isolate=isolate,
+        stall_seconds=options.get("stall_seconds", DEFAULT_STALL_SECONDS),
     )
-
-
-# -- N processes: fork and supervise -----------------------------------------------------------
-
-
-class _ForkedLaunch:
-    """One multi-process launch: ``start``, a wait loop over ``supervisor``, then ``finish``."""
-
-    def __init__(
-        self,
-        call: Call,
-        plan: LaunchPlan,
-        observer: LaunchObserver,
-        kernel_models: dict[int, Any],
-        restart_count: int,
-    ) -> None:
-        self.call = call
-        self.restart_count = restart_count
-        self.plan = plan
-        self.observer = observer
-        self.stop_flag = StopFlag()
-        self.supervisor = Supervisor([], observer)
-        self.kernel_models = kernel_models
-        self._started: float | None = None  # set once the observer has been told
-
-    def start(self) -> None:
-        """Tell the observer, fork every worker.
-
-        Ctrl-C is held until the guardian is known, so nothing forked escapes the cleanup.
-        """
-        with (
-            interrupts_deferred(),
-            open_listener(self.plan) or contextlib.nullcontext() as listener,
-        ):
-            ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
-            info = LaunchInfo(
-                self.plan.banner(),
-                self.plan.num_processes,
-                self.plan.world_size,
-                ranks,
-                self.stop_flag,
-            )
-            self.observer.on_start(info)
-            self._started = time.monotonic()
-            self.supervisor.guardian = fork_workers(
-                self.call,
-                self.plan,
-                listener,
-                self.stop_flag,
-                frozenset(self.kernel_models),
-                self.supervisor.workers,
-                self.restart_count,
-            )
-        self.supervisor.start_clock(self.plan.timeout)
-
-    def conclude(self, error: BaseException | None) -> tuple[bool, Any]:
-        """Finish this attempt: ``(True, value)``, ``(False, None)`` to restart, or raise."""
-        try:
-            return True, self.finish(error)
-        except WorkerError as failure:
-            if error is not None or self.restart_count >= self.plan.max_restarts:
-                raise
-            print(
-                f"Rank {failure.rank} failed ({failure.failure.summary()}); restarting all "
-                f"workers (restart {self.restart_count + 1} of {self.plan.max_restarts}).",
-                flush=True,
-            )
-            return False, None
-
-    def finish(self, error: BaseException | None) -> Any:
-        """Stop what still runs, tell the observer, return rank 0's value or raise."""
-        with interrupts_deferred():
-            self.supervisor.shutdown()
-        outcome = self.supervisor.outcome()
-        try:
-            if self._started is not None:
-                self.observer.on_finish(self._summary(outcome, error, self._started))
-        finally:
-            with interrupts_deferred():
-                self.supervisor.release()  # the guardian's exit overlapped with on_finish
-        self.stop_flag.close()
-        if error is not None:
-            raise error
-        if outcome.timed_out:
-            raise TimeoutError(
-                f"The launch did not finish within timeout={self.plan.timeout} s; all "
-                f"{self.plan.num_processes} workers were stopped. Raise timeout or pass None."
-            )
-        if outcome.failures:
-            raise WorkerError(outcome.failures, self.plan.world_size)
-        result = outcome.result or {}
-        load_home_weights(self.kernel_models, result.get("weights", {}))
-        return result.get("value")
-
-    def _summary(self, outcome: Any, error: BaseException | None, started: float) -> LaunchSummary:
-        return LaunchSummary(
-            ranks=self.supervisor.rank_summaries(),
-            duration=time.monotonic() - started,
-            failures=tuple(outcome.failures),
-            timed_out=outcome.timed_out,
-            interrupted=isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)),
-            stopped=self.stop_flag.is_set(),
-            error=error,
-        )

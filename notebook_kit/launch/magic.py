@@ -24,8 +24,11 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from notebook_kit.config.launch_config import resolve_launch_config
 from notebook_kit.errors import WorkerError
-from notebook_kit.launch.pool import WorkerPool
+from notebook_kit.launch.interrupts import interrupt_latch
+from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.pool.worker_pool import WorkerPool
 
 __all__ = ["DistributedMagics", "load_ipython_extension"]
 
@@ -57,9 +60,9 @@ class DistributedMagics(Magics):
                 f"%%distributed takes options only, got {options.action!r}; "
                 "put the code on the lines below it."
             )
-        pool = self._pool(options)
         try:
-            return pool.run_cell(cell)
+            with interrupt_latch():  # starting the pool and the cell: Ctrl-C raises once
+                return self._pool(options).run_cell(cell)
         except WorkerError as error:  # its message holds the worker's traceback: enough
             raise error.with_traceback(None) from None
         except KeyboardInterrupt:  # the pool has said what became of the workers
@@ -97,15 +100,28 @@ class DistributedMagics(Magics):
             pool.close()
             self.default_pool = None
             print(f"Closed the default pool of {pool.num_processes} workers.")
-        pool = self.default_pool = WorkerPool(num_processes=wanted)
+        pool = self.default_pool = WorkerPool(num_processes=wanted or _default_size())
         where = pool.plan.banner().removeprefix("Launching ")
+        more = " (`-n 2` for two ranks)" if pool.num_processes == 1 else ""
         print(
-            f"Started a pool for %%distributed cells: {where}. What the cells define stays "
-            "on the workers until the kernel ends (`%distributed close` ends it sooner; "
+            f"Started a pool for %%distributed cells: {where}{more}. What the cells define "
+            "stays on the workers until the kernel ends (`%distributed close` ends it sooner; "
             "`%%distributed -n N` changes its size).",
             flush=True,
         )
         return pool
+
+
+def _default_size() -> int | None:
+    """Two workers on a machine without a GPU, unless a saved config says how many.
+
+    The launcher's default (one per GPU, else one) would give a CPU machine a pool of one
+    rank, where nothing is distributed. None leaves the launcher's default.
+    """
+    if resolve_launch_config().num_processes is not None:
+        return None
+    plan = resolve_plan({}, "%%distributed")
+    return 2 if plan.device == "cpu" and plan.num_processes == 1 else None
 
 
 def load_ipython_extension(ipython: Any) -> None:

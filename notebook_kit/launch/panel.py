@@ -17,7 +17,6 @@ import ipywidgets as widgets
 from notebook_kit.config.command_line import launch_command_line
 from notebook_kit.config.environment import gpu_count, usable_cpu_count
 from notebook_kit.config.launch_config import (
-    FIELD_HELP,
     LaunchConfig,
     choice_words,
     default_config_path,
@@ -25,30 +24,27 @@ from notebook_kit.config.launch_config import (
     parse_field,
     read_saved_default,
 )
+from notebook_kit.config.schema import SETTINGS
 
 __all__ = ["ConfigPanel"]
 
-# Typed as text: the address, and numbers that may be empty ("auto"/"none"), which IntText
-# cannot hold.
-_TEXT_FIELDS = ("seed", "master_addr", "master_port", "threads_per_process")
-_INT_RANGES = {
-    "gradient_accumulation_steps": (1, 4096),
-    "num_nodes": (1, 4096),
-    "node_rank": (0, 4095),
-    "max_restarts": (0, 100),
-}
-_PLACEHOLDERS = {"seed": "none", "master_port": "auto (free port)", "threads_per_process": "auto"}
 # Labels are the field names, in full: as wide as the longest name, in character widths (the
 # label font's "0" is at least as wide as its average letter), plus a margin.
-_LABEL_CHARS = max(len(field) for field in LaunchConfig.__dataclass_fields__) + 2
-_LABEL_STYLE = {"description_width": f"{_LABEL_CHARS}ch"}
-_FIELD_WIDTH = f"calc({_LABEL_CHARS}ch + 160px)"  # the label and a 160px box beside it
 _HELP_COLOUR, _ERROR_COLOUR = "#666", "#b00020"
 
 
 # A dropdown's "auto" entry needs a value other than None: ipywidgets shows None as no choice.
 _AUTO = "auto"
-_AUTO_FIELDS = ("num_processes", "backend", "live")
+
+
+def _is_text(field: str) -> bool:
+    """Typed as text: the address, and numbers that may be empty ("auto"/"none"), which
+    IntText cannot hold."""
+    return SETTINGS[field].widget == "text"
+
+
+def _has_auto_entry(field: str) -> bool:
+    return SETTINGS[field].widget != "text" and SETTINGS[field].optional
 
 
 def _make_widget(field: str, process_limit: int) -> widgets.ValueWidget:
@@ -59,26 +55,30 @@ def _make_widget(field: str, process_limit: int) -> widgets.ValueWidget:
 
 
 def _new_widget(field: str, process_limit: int) -> widgets.ValueWidget:
-    """A widget suited to ``field``: dropdowns for choices, bounded boxes for counts."""
+    """The widget the schema asks for: dropdowns for choices, bounded boxes for counts."""
+    # Labels are the field names, in full: as wide as the longest name, in character widths
+    # (the label font's "0" is at least as wide as its average letter), plus a margin.
+    label_chars = max(len(name) for name in SETTINGS) + 2
     common: dict[str, Any] = {
         "description": field,
-        "style": _LABEL_STYLE,
-        "layout": widgets.Layout(width=_FIELD_WIDTH),
+        "style": {"description_width": f"{label_chars}ch"},
+        "layout": widgets.Layout(width=f"calc({label_chars}ch + 160px)"),  # label, 160px box
     }
-    if field == "num_processes":
+    setting = SETTINGS[field]
+    if setting.widget == "processes":
         options = [("auto", _AUTO)] + [(str(n), n) for n in range(1, process_limit + 1)]
         return widgets.Dropdown(options=options, **common)
-    if field == "mixed_precision":
-        return widgets.Dropdown(options=list(choice_words(field)), **common)
-    if field == "backend":
+    if setting.widget == "choice" and setting.kind == "bool":
+        words = [("on", True), ("off", False)]
+        return widgets.Dropdown(options=[("auto", _AUTO), *words][not setting.optional :], **common)
+    if setting.widget == "choice":
         options = [(word, _AUTO if word == "auto" else word) for word in choice_words(field)]
         return widgets.Dropdown(options=options, **common)
-    if field == "live":
-        return widgets.Dropdown(options=[("auto", _AUTO), ("on", True), ("off", False)], **common)
-    if field in _INT_RANGES:
-        low, high = _INT_RANGES[field]
-        return widgets.BoundedIntText(min=low, max=high, **common)
-    return widgets.Text(placeholder=_PLACEHOLDERS.get(field, ""), continuous_update=False, **common)
+    if setting.widget == "count" and setting.upper is not None:
+        return widgets.BoundedIntText(min=setting.minimum, max=setting.upper, **common)
+    if setting.widget == "count":
+        return widgets.IntText(**common)
+    return widgets.Text(placeholder=setting.placeholder, continuous_update=False, **common)
 
 
 def _fix_hint(fields: list[str]) -> str:
@@ -118,7 +118,7 @@ class ConfigPanel(widgets.VBox):
         self.widgets: dict[str, widgets.ValueWidget] = {}
         self.notes: dict[str, widgets.HTML] = {}
         rows = []
-        for field in LaunchConfig.__dataclass_fields__:
+        for field in SETTINGS:
             self.widgets[field] = _make_widget(field, self.process_limit)
             self.notes[field] = widgets.HTML(layout=widgets.Layout(margin="0 0 0 12px"))
             rows.append(widgets.HBox([self.widgets[field], self.notes[field]]))
@@ -151,12 +151,12 @@ class ConfigPanel(widgets.VBox):
         values: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for field, widget in self.widgets.items():
-            if field in _TEXT_FIELDS:
+            if _is_text(field):
                 try:
                     values[field] = parse_field(field, widget.value)
                 except (TypeError, ValueError) as error:
                     errors[field] = str(error)
-            elif field in _AUTO_FIELDS and widget.value == _AUTO:
+            elif _has_auto_entry(field) and widget.value == _AUTO:
                 values[field] = None
             else:
                 values[field] = widget.value
@@ -180,7 +180,7 @@ class ConfigPanel(widgets.VBox):
         if errors:
             problems = "\n".join(f"  {message}" for message in errors.values())
             raise ValueError(f"The config panel has invalid values:\n{problems}")
-        return LaunchConfig(**values)
+        return LaunchConfig.from_dict(values)
 
     @config.setter
     def config(self, config: LaunchConfig) -> None:
@@ -188,13 +188,13 @@ class ConfigPanel(widgets.VBox):
         try:
             for field, value in config.to_dict().items():
                 widget = self.widgets[field]
-                if field in _TEXT_FIELDS:
+                if _is_text(field):
                     widget.value = "" if value is None else str(value)
                     continue
                 if field == "num_processes" and value is not None and value > self.process_limit:
                     # A config written for a bigger machine must still be shown as it is.
                     widget.options = [*widget.options, (str(value), value)]
-                widget.value = _AUTO if value is None and field in _AUTO_FIELDS else value
+                widget.value = _AUTO if value is None and _has_auto_entry(field) else value
         finally:
             self._updating = False
         self._refresh()
@@ -210,14 +210,14 @@ class ConfigPanel(widgets.VBox):
         for field, note in self.notes.items():
             message = errors.get(field)
             text, colour = (
-                (message, _ERROR_COLOUR) if message else (FIELD_HELP[field], _HELP_COLOUR)
+                (message, _ERROR_COLOUR) if message else (SETTINGS[field].help, _HELP_COLOUR)
             )
             note.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
             (note.add_class if message else note.remove_class)("nk-error")
         if errors:
             self.code.value = f"<i>{html.escape(_fix_hint(list(errors)))}</i>"
             return
-        config = LaunchConfig(**values)
+        config = LaunchConfig.from_dict(values)
         self.code.value = (
             "<b>Python</b><pre>"
             + html.escape(self.python_call(config))
@@ -250,10 +250,11 @@ class ConfigPanel(widgets.VBox):
     def python_call(self, config: LaunchConfig | None = None) -> str:
         """Python code that launches ``function_name`` with this panel's config.
 
-        Example:
-            >>> print(ConfigPanel(LaunchConfig(num_processes=2)).python_call())  # doctest: +SKIP
-            from notebook_kit import LaunchConfig, notebook_launcher
-            ...
+        Example::
+
+            print(ConfigPanel(LaunchConfig(num_processes=2)).python_call())
+            # from notebook_kit import LaunchConfig, notebook_launcher
+            # ...
         """
         config = config if config is not None else self.config
         builtin = LaunchConfig()
@@ -316,8 +317,9 @@ class ConfigPanel(widgets.VBox):
         Raises:
             ValueError: The panel has invalid values.
 
-        Example:
-            >>> panel.launch(train, args=(model,))  # doctest: +SKIP
+        Example::
+
+            panel.launch(train, args=(model,))
         """
         # At call time: the launcher imports torch, which showing a panel does not need.
         from notebook_kit.launch.launcher import notebook_launcher

@@ -9,40 +9,33 @@ from notebook_kit.config import arguments
 from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
 from notebook_kit.config.environment import KernelState, probe_kernel, usable_cpu_count
 from notebook_kit.config.launch_config import LaunchConfig
-from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LOOPBACK, LaunchPlan
+from notebook_kit.config.launch_plan import (
+    DEFAULT_RENDEZVOUS_TIMEOUT,
+    DEFAULT_STALL_SECONDS,
+    LOOPBACK,
+    LaunchPlan,
+    auto_process_count,
+    auto_threads,
+)
+from notebook_kit.config.process_limits import check_process_count
+from notebook_kit.config.schema import SETTINGS, check_argument
+from notebook_kit.launch.preflight import check_fork_safety
 
 __all__ = ["Call", "check_explicit_settings", "make_plan"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
 
-# The launcher's own spelling of each LaunchConfig field (Accelerate's names where it has one).
-_LAUNCHER_NAMES = {"master_port": "use_port"}
-
 
 def check_explicit_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the settings a caller passed (None = not given), keyed by LaunchConfig field.
 
-    Errors name the argument as the caller spelled it (``use_port``, not ``master_port``).
+    Ranges and choices come from the schema; errors name the argument as the caller spelled
+    it (``use_port``, not ``master_port``).
     """
-    given = {name: value for name, value in settings.items() if value is not None}
-    checks: dict[str, Callable[[str, Any], Any]] = {
-        "num_processes": lambda n, v: arguments.check_int(n, v, minimum=1),
-        "num_nodes": lambda n, v: arguments.check_int(n, v, minimum=1),
-        "node_rank": lambda n, v: arguments.check_int(n, v, minimum=0),
-        "master_port": lambda n, v: arguments.check_int(n, v, minimum=1, maximum=65535),
-        "threads_per_process": lambda n, v: arguments.check_int(n, v, minimum=1),
-        "gradient_accumulation_steps": lambda n, v: arguments.check_int(n, v, minimum=1),
-        "max_restarts": lambda n, v: arguments.check_int(n, v, minimum=0),
-        "seed": lambda n, v: arguments.check_int(n, v, minimum=0),
-        "mixed_precision": lambda n, v: arguments.check_choice(
-            n, v, arguments.MIXED_PRECISION_CHOICES
-        ),
-        "backend": lambda n, v: arguments.check_choice(n, v, arguments.BACKEND_CHOICES),
-        "master_addr": lambda n, v: arguments.check_master_addr(v),
-    }
     checked = {
-        name: checks[name](_LAUNCHER_NAMES.get(name, name), value) if name in checks else value
-        for name, value in given.items()
+        name: check_argument(SETTINGS[name], value)
+        for name, value in settings.items()
+        if value is not None
     }
     if "num_nodes" in checked and "node_rank" in checked:
         arguments.check_node_rank(checked["num_nodes"], checked["node_rank"])
@@ -55,6 +48,7 @@ def make_plan(
     timeout: Any = None,
     rendezvous_timeout: Any = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
+    stall_seconds: Any = DEFAULT_STALL_SECONDS,
 ) -> LaunchPlan:
     """Resolve what ``config`` leaves to the machine (processes, backend, device, threads, port).
 
@@ -66,10 +60,21 @@ def make_plan(
         or DEFAULT_RENDEZVOUS_TIMEOUT
     )
     timeout = arguments.check_timeout(timeout, "timeout")
+    stall_seconds = arguments.check_timeout(stall_seconds, "stall_seconds")
+    if config.num_processes is not None:  # before the probe forks, or anything is opened
+        check_process_count(config.num_processes)
     kernel = probe_kernel()
-    num_processes = config.num_processes or max(kernel.cuda_devices, 1)
+    num_processes = config.num_processes or auto_process_count(kernel.cuda_devices)
     in_kernel = num_processes == 1 and config.num_nodes == 1 and not isolate
+    if in_kernel and config.use_fsdp:
+        raise ValueError(
+            "fsdp=True shards the model over the processes of a launch, but num_processes=1 "
+            "runs in this kernel with nothing to shard over: use num_processes=2 (or more), or "
+            "isolate=True to shard over one forked process."
+        )
     gpus = _gpus_for(kernel, in_kernel)
+    if not in_kernel and config.backend == "nccl" and gpus < num_processes:
+        check_fork_safety(kernel)  # a tainted kernel sees no GPU: name that cause, not the count
     backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
     device = "cuda" if gpus and (in_kernel or backend == "nccl") else "cpu"
     port = config.master_port
@@ -82,18 +87,23 @@ def make_plan(
         master_addr=config.master_addr if config.num_nodes > 1 else LOOPBACK,
         port=port,
         backend=backend,
-        threads=config.threads_per_process or max(1, usable_cpu_count() // num_processes),
+        threads=config.threads_per_process or auto_threads(num_processes),
         mixed_precision=config.mixed_precision,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         rendezvous_timeout=rendezvous_timeout,
         timeout=timeout,
         max_restarts=config.max_restarts,
+        use_fsdp=config.use_fsdp,
         seed=config.seed,
         live=config.live,
         device=device,
         isolate=isolate,
-        cpu_reason=_cpu_reason(gpus, num_processes, config.backend) if device == "cpu" else None,
+        cpu_reason=_cpu_reason(kernel, gpus, num_processes, config.backend)
+        if device == "cpu"
+        else None,
         kernel=kernel,
+        cores=usable_cpu_count(),
+        stall_seconds=stall_seconds,
     )
 
 
@@ -111,9 +121,20 @@ def _gpus_for(kernel: KernelState, in_kernel: bool) -> int:
     return kernel.cuda_devices
 
 
-def _cpu_reason(gpus: int, num_processes: int, backend: str | None) -> str | None:
-    """Why a run with GPUs in sight stays on the CPU, for the banner (None: no GPU here)."""
+def _cpu_reason(
+    kernel: KernelState, gpus: int, num_processes: int, backend: str | None
+) -> str | None:
+    """Why a run with GPUs in sight stays on the CPU, for the banner (None: no GPU here).
+
+    A driver that failed to start, or a probe that could not tell, is said too: a run that
+    silently trains on the CPU of a GPU machine looks like a very slow GPU run.
+    """
     if not gpus:
+        if kernel.gpu_error:
+            return f"No GPU is used: {kernel.gpu_error}; the run is on CPU"
+        if kernel.probe_error:
+            problem = kernel.probe_error
+            return f"No GPU is used: could not check for GPUs ({problem}); the run is on CPU"
         return None
     noun = "GPU" if gpus == 1 else "GPUs"
     if backend == "gloo":

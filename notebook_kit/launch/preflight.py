@@ -14,10 +14,12 @@ import torch.distributed as dist
 
 from notebook_kit.config.environment import KernelState, _cuda_compiled, probe_kernel
 from notebook_kit.errors import PortInUseError
+from notebook_kit.runtime.context import current_launch
 
 __all__ = [
     "ForkSafetyError",
     "check_fork_safety",
+    "check_not_in_a_launch",
     "note_gpu_run_in_kernel",
     "open_rendezvous_socket",
 ]
@@ -36,11 +38,30 @@ def note_gpu_run_in_kernel() -> None:
     _gpu_run_in_kernel = True
 
 
+def check_not_in_a_launch(caller: str = "notebook_launcher") -> None:
+    """Refuse a launch from inside a forked worker, before anything is probed or forked.
+
+    A worker holds its launch's process group (and maybe a GPU); a launch of its own would
+    fork copies of it. The kernel's message ("this kernel") would point the wrong way. A
+    worker is told apart by its line to the kernel: a run in the kernel itself has none.
+    """
+    context = current_launch()
+    if context is None or context.send is None:
+        return
+    raise ForkSafetyError(
+        f"{caller} was called inside a worker of a running launch (rank {context.rank} of "
+        f"{context.world_size}), and a worker cannot start a launch of its own: its copies "
+        "would inherit this launch's process group. Call the training code directly here, "
+        f"and call {caller} from a notebook cell or the top level of a script."
+    )
+
+
 def check_fork_safety(state: KernelState | None = None) -> KernelState:
     """Raise ForkSafetyError if workers cannot be forked from this process.
 
     ``state`` is an earlier probe's answer, when the launch already has one.
     """
+    check_not_in_a_launch()
     if dist.is_available() and dist.is_initialized():
         raise ForkSafetyError(
             "A torch.distributed process group is already initialised in this kernel, so "

@@ -15,6 +15,7 @@ import pickle
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -23,7 +24,18 @@ from notebook_kit.errors import WorkerFailure, describe_exit
 from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.interrupts import interrupts_deferred
 from notebook_kit.launch.line_reader import LineReader
+from notebook_kit.launch.stall_watch import StallWatch
 from notebook_kit.live.observer import LaunchObserver, RankSummary
+from notebook_kit.runtime.messages import (
+    Failure,
+    Finished,
+    MetricsBatch,
+    Result,
+    Stacks,
+    WorkerMessage,
+    decode,
+)
+from notebook_kit.runtime.waiting import STOP_VOTE, collective_of, frames_in_traceback
 from notebook_kit.worker.guardian import EXITED, NOT_STARTED, STARTED, TERMINATE_GRACE_SECONDS
 
 __all__ = ["LaunchOutcome", "Supervisor", "WorkerProcess", "interrupts_deferred"]
@@ -51,9 +63,9 @@ class WorkerProcess:
     started: float = field(default_factory=time.monotonic)
     exit_code: int | None = None
     ended: float | None = None
-    reported: bool = False  # sent its result (rank 0) or "done"
+    reported: bool = False  # sent its result (rank 0) or that it finished
     finished: tuple[str, float] | None = None  # how and when its function ended
-    error: dict[str, Any] | None = None
+    error: Failure | None = None
 
     @property
     def alive(self) -> bool:
@@ -68,9 +80,9 @@ class WorkerProcess:
 
 @dataclass
 class LaunchOutcome:
-    """How a launch ended: rank 0's payload, or the failures."""
+    """How a launch ended: rank 0's result, or the failures."""
 
-    result: dict[str, Any] | None
+    result: Result | None
     failures: list[WorkerFailure]
     timed_out: bool = False
 
@@ -78,19 +90,28 @@ class LaunchOutcome:
 class Supervisor:
     """Runs the wait loop over forked workers and stops them when it must."""
 
-    def __init__(self, workers: list[WorkerProcess], observer: LaunchObserver) -> None:
+    def __init__(
+        self,
+        workers: list[WorkerProcess],
+        observer: LaunchObserver,
+        on_other: Callable[[int, WorkerMessage], None] | None = None,
+    ) -> None:
+        """``on_other`` takes the messages a launch does not handle itself (a pool's answers)."""
         self.workers = workers
         self.observer = observer
+        self.on_other = on_other
         self.guardian: GuardianLink | None = None
-        self.result: dict[str, Any] | None = None
+        self.result: Result | None = None
         self.failures: list[WorkerFailure] = []
         self.timed_out = False
         self._deadline: float | None = None
         self._stopping = False  # exits from here on are ours, not failures
         self._guardian_deadline = 0.0
+        self.stall = StallWatch()  # started with the clock (a pool: for each command)
 
-    def start_clock(self, timeout: float | None) -> None:
+    def start_clock(self, timeout: float | None, stall_seconds: float | None = None) -> None:
         self._deadline = None if timeout is None else time.monotonic() + timeout
+        self.stall.start(stall_seconds)
 
     def wait_limit(self) -> float | None:
         """How long the next wait may block; None once the launch is over."""
@@ -129,6 +150,7 @@ class Supervisor:
     def serve(self, ready: list[Any]) -> None:
         """Handle what a wait returned, then let the observer refresh."""
         self._serve(ready)
+        self.stall.check(self.workers)
         self.observer.on_tick()
 
     def rank_summaries(self) -> tuple[RankSummary, ...]:
@@ -146,6 +168,7 @@ class Supervisor:
     def shutdown(self) -> None:
         """Have the guardian stop every worker and all they started, then close the pipes."""
         self._stopping = True
+        self.stall.stop()
         if self.guardian is not None:
             self._stop_guardian(self.guardian)
         self._drain_all()
@@ -189,6 +212,7 @@ class Supervisor:
         for worker in self.workers:
             for reader in (worker.stdout, worker.stderr):
                 if not reader.closed and reader.fd in ready_ids:
+                    self.stall.progress()
                     reader.read(self.observer.on_output)
             if not worker.messages.closed and id(worker.messages) in ready_ids:
                 self._receive(worker)
@@ -217,31 +241,29 @@ class Supervisor:
         with contextlib.suppress(EOFError, OSError):
             while not worker.messages.closed and worker.messages.poll():
                 kind, payload = pickle.loads(worker.messages.recv_bytes())
-                self._handle_message(worker, kind, payload)
+                message = decode(worker.rank, kind, payload)
+                if message is not None:
+                    self._handle_message(worker, message)
             return
         worker.messages.close()  # the worker is gone; its exit status tells the rest
 
-    def _handle_message(self, worker: WorkerProcess, kind: str, payload: Any) -> None:
-        if kind in ("result", "done"):
+    def _handle_message(self, worker: WorkerProcess, message: WorkerMessage) -> None:
+        if isinstance(message, Stacks):  # asked for by the stall watch: not progress
+            self.stall.on_stacks(worker.rank, list(message.threads))
+            return
+        self.stall.progress()
+        if isinstance(message, (Result, Finished)):
             worker.reported = True
-            if isinstance(payload, dict) and "ended" in payload:
-                worker.finished = (payload["ended"], payload["time"])
-            if kind == "result":
-                self.result = payload
-        elif kind == "error":
-            worker.error = payload
-            self.failures.append(
-                WorkerFailure(
-                    rank=worker.rank,
-                    exit_code=None,
-                    exception_type=payload["type"],
-                    message=payload["message"],
-                    traceback=payload["traceback"],
-                    time=payload["time"],
-                )
-            )
-        else:
-            self.observer.on_message(worker.rank, kind, payload)
+            worker.finished = (message.ended, message.time)
+            if isinstance(message, Result):
+                self.result = message
+        elif isinstance(message, Failure):
+            worker.error = message
+            self.failures.append(message.on_rank(worker.rank))
+        elif isinstance(message, MetricsBatch):
+            self.observer.on_metrics(message)
+        elif self.on_other is not None:
+            self.on_other(worker.rank, message)
 
     def _on_exit(self, worker: WorkerProcess, exit_code: int, when: float) -> None:
         """A worker's exit, reported by the guardian after it swept the worker's group."""
@@ -309,14 +331,21 @@ def _left_early(worker: WorkerProcess, failures: list[WorkerFailure]) -> WorkerF
     how, when = worker.finished or ("returned", time.monotonic())
     others = sorted({failure.rank for failure in failures})
     noun = "rank" if len(others) == 1 else "ranks"
+    waits = sorted({c for f in failures if (c := collective_of(frames_in_traceback(f.traceback)))})
+    where = f"in {' and '.join(waits)}" if waits else "in a collective or the process group"
+    advice = "Have every rank make the same collective calls, and end all ranks together."
+    if STOP_VOTE in waits:
+        advice = (
+            "should_stop() is a collective: call it on every rank at the same steps, and "
+            "end all ranks together."
+        )
     return WorkerFailure(
         rank=worker.rank,
         exit_code=worker.exit_code,
         exception_type=None,
         message=(
-            f"{how} while {noun} {', '.join(map(str, others))} still needed it (in a "
-            f"collective or the process group), so they lost their peer. Have every rank "
-            f"make the same collective calls, and end all ranks together."
+            f"{how} while {noun} {', '.join(map(str, others))} still needed it ({where}), so "
+            f"they lost their peer. {advice}"
         ),
         traceback="",
         time=when,

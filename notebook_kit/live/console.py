@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream, rank_label
+from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["ConsolePrinter"]
 
@@ -16,15 +16,18 @@ class ConsolePrinter:
     Each line goes out in one write, so lines of different ranks never mix mid-line.
     """
 
+    nodes: dict[int, int] = {}  # noqa: RUF012 (replaced per launch, never mutated)
+
     def on_start(self, info: LaunchInfo) -> None:
+        self.nodes = info.node_of()
         print(info.banner, flush=True)
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         target = sys.stderr if stream == "stderr" else sys.stdout
-        target.write(f"[rank {rank}] {line}\n")
+        target.write(f"[{rank_label(rank, self.nodes)}] {line}\n")
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        """Messages (metrics) have no plain-text form here."""
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        """Metrics have no plain-text form here."""
 
     def on_tick(self) -> None:
         sys.stdout.flush()

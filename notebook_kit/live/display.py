@@ -5,7 +5,7 @@ from __future__ import annotations
 from notebook_kit.live.headless import HeadlessObserver, QuietObserver
 from notebook_kit.live.observer import LaunchObserver
 
-__all__ = ["default_observer", "notebook_front_end"]
+__all__ = ["default_observer", "notebook_front_end", "prepare_live_view"]
 
 
 def notebook_front_end() -> bool:
@@ -47,3 +47,18 @@ def default_observer(live: bool | None) -> LaunchObserver:
 
         return LiveObserver()
     return HeadlessObserver()
+
+
+def prepare_live_view(live: bool | None) -> None:
+    """Import the live view's modules now (seconds, the first time), not while workers run.
+
+    A launch builds its view right after the fork, while the workers start; the widgets take
+    milliseconds, but the first import of ipywidgets and matplotlib takes seconds, and an
+    interrupt is held while the view is built. So launchers call this before they fork.
+
+    Example::
+
+        prepare_live_view(None)  # in a notebook: ipywidgets and matplotlib are loaded
+    """
+    if live is not False and notebook_front_end():
+        import notebook_kit.live.notebook_view  # noqa: F401

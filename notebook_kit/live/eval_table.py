@@ -1,7 +1,8 @@
 """The table of evaluation rounds (one row per round, as in the Trainer's notebook view).
 
-A row per step at which an evaluation metric was logged: that step, the training metrics
-averaged since the previous round, and every evaluation metric (means over ranks).
+A row per step at which an evaluation metric was logged: that step, the epoch where one was
+logged as a metric (the Trainer's), the training metrics averaged since the previous round,
+and every evaluation metric (means over ranks).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from notebook_kit.live.panels import is_axis_name
 
 __all__ = ["EvalTable", "build_table"]
 
@@ -64,19 +67,35 @@ class EvalTable:
 def build_table(
     train: dict[str, History], evals: dict[str, History], unit: str = "step"
 ) -> EvalTable:
-    """One row per evaluation step; training metrics averaged since the previous row."""
+    """One row per evaluation step; training metrics averaged since the previous row.
+
+    A logged ``epoch`` is a column of its own: its newest value at the row's step.
+
+    Example:
+        >>> table = build_table({"epoch": [(9, 0.5), (19, 1.0)]}, {"eval_loss": [(19, 0.3)]})
+        >>> table.columns, table.rows
+        (('step', 'epoch', 'eval_loss'), ((19, 1.0, 0.3),))
+    """
     steps = sorted({step for history in evals.values() for step, _ in history})
     by_step = {name: dict(history) for name, history in evals.items()}
-    train_names = list(train)[:_TRAIN_COLUMNS]
-    columns = (unit, *(f"{name} (avg)" for name in train_names), *evals)
+    axes = [name for name in train if is_axis_name(name)]
+    train_names = [name for name in train if name not in axes][:_TRAIN_COLUMNS]
+    columns = (unit, *axes, *(f"{name} (avg)" for name in train_names), *evals)
     rows = []
     previous: int | None = None
     for step in steps:
+        positions = [_value_at(train[name], step) for name in axes]
         averages = [_mean_between(train[name], previous, step) for name in train_names]
-        row = (step, *averages, *(by_step[name].get(step) for name in evals))
+        row = (step, *positions, *averages, *(by_step[name].get(step) for name in evals))
         rows.append(row)
         previous = step
     return EvalTable(columns, tuple(rows))
+
+
+def _value_at(history: History, step: int) -> float | None:
+    """The newest value logged at or before ``step``."""
+    earlier = [v for s, v in history if s <= step]
+    return earlier[-1] if earlier else None
 
 
 def _mean_between(history: History, after: int | None, upto: int) -> float | None:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 from notebook_kit.live.console import ConsolePrinter
+from notebook_kit.live.metric_names import named_values
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.live.progress import RateClock, format_duration
 from notebook_kit.live.rank_output import last_segment
 from notebook_kit.live.record import RunRecorder
+from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["HeadlessObserver", "QuietObserver", "progress_line"]
 
 _LINE_SECONDS = 10.0  # between two progress lines
+_SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
 
 
 def progress_line(
@@ -45,7 +47,7 @@ def progress_line(
         parts.append(f"{rate:.2f} steps/s")
         if total and total > count:
             parts.append(f"ETA {format_duration((total - count) / rate)}")
-    parts.extend(f"{name} {value:.4g}" for name, value in latest.items())
+    parts += named_values(latest, _SHOWN_METRICS, "{:.4g}".format)
     if dropped:
         parts.append(f"{dropped} metric records dropped")
     return " · ".join(parts)
@@ -54,8 +56,9 @@ def progress_line(
 class HeadlessObserver:
     """Worker lines prefixed with their rank, plus a progress line every few seconds.
 
-    Example:
-        >>> notebook_launcher(train, num_processes=2, observer=HeadlessObserver())
+    Example::
+
+        notebook_launcher(train, num_processes=2, observer=HeadlessObserver())
     """
 
     def __init__(self, interval: float = _LINE_SECONDS) -> None:
@@ -74,8 +77,8 @@ class HeadlessObserver:
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         self.console.on_output(rank, stream, last_segment(line))
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        self.recorder.on_message(rank, kind, payload)
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        self.recorder.on_metrics(batch)
 
     def on_tick(self) -> None:
         self.clock.observe(self.recorder.progress.count)
@@ -114,8 +117,9 @@ class HeadlessObserver:
 class QuietObserver:
     """``live=False``: nothing but what workers wrote to stderr; the run is still recorded.
 
-    Example:
-        >>> notebook_launcher(train, num_processes=2, live=False)
+    Example::
+
+        notebook_launcher(train, num_processes=2, live=False)
     """
 
     def __init__(self) -> None:
@@ -125,14 +129,15 @@ class QuietObserver:
 
     def on_start(self, info: LaunchInfo) -> None:
         """No banner: a quiet run shows nothing unless a worker writes to stderr."""
+        self.console.nodes = info.node_of()
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         if stream == "stderr":
             self.console.on_output(rank, stream, last_segment(line))
             self._unflushed = True
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        self.recorder.on_message(rank, kind, payload)
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        self.recorder.on_metrics(batch)
 
     def on_tick(self) -> None:
         # Only when something was written: in a kernel a flush waits for its output thread,

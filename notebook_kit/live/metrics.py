@@ -1,4 +1,4 @@
-"""The kernel half of the metrics channel: every logged value, in bounded memory.
+"""Kernel side of the metrics channel, run in the kernel: every logged value, bounded memory.
 
 Workers send batches through :mod:`notebook_kit.runtime.metrics`; the plot, the headless view
 and the run record read the means over ranks per step from here.
@@ -7,8 +7,9 @@ Memory does not grow with the number of ``log`` calls. Each metric keeps at most
 ``MAX_POINTS`` points: while a metric has fewer logged steps than that, every step is its own
 point, exactly as logged. Beyond it, neighbouring steps are merged in pairs (the resolution
 halves, again each time the limit is reached), so a point then stands for a range of
-``steps_per_point`` consecutive steps. For every point and rank the aggregator keeps the
-exact count, sum, minimum, maximum and last value, so:
+``steps_per_point`` consecutive steps; the newest step logged is always a point of its own,
+exactly as logged (the final value users read, and the plot's last point). For every point
+and rank the aggregator keeps the exact count, sum, minimum, maximum and last value, so:
 
 - a point's value is the mean over ranks of each rank's mean over the point's steps, drawn at
   the mean of the steps it covers (with one step per point: the step and its mean over ranks);
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND, plain_values
+from notebook_kit.runtime.messages import MetricsBatch, decode
 
 __all__ = ["MAX_POINTS", "MetricStats", "MetricsAggregator"]
 
@@ -51,9 +52,10 @@ class MetricStats:
         last_step: The largest step logged.
         steps_per_point: Consecutive steps each point of the history stands for (1: exact).
 
-    Example:
-        >>> metrics.stats("loss").min
-        0.0123
+    Example::
+
+        metrics.stats("loss").min
+        # 0.0123
     """
 
     count: int
@@ -68,45 +70,56 @@ class MetricStats:
 class _Series:
     """One metric: points keyed by ``step // width``, each a flat list of per-rank aggregates.
 
+    The newest step is held apart, in ``pending``, until a later step arrives: whatever was
+    merged before it, the last point of a history is the newest step exactly as logged, which
+    is what users read as the final value. ``points`` holds at most ``MAX_POINTS - 1`` points,
+    so a history, ``pending`` included, has at most ``MAX_POINTS``.
+
     A list of floats rather than an ``array``: ``add`` runs for every record, and list items
     are read without boxing a new float each time.
     """
 
-    __slots__ = ("first_step", "newest", "newest_step", "points", "width")
+    __slots__ = ("first_step", "newest", "newest_step", "pending", "points", "width")
 
     def __init__(self) -> None:
         self.width = 1
         self.points: dict[int, list[float]] = {}
+        self.pending: list[float] = []  # the aggregates of newest_step, not yet in points
         self.newest_step: int | None = None
         self.newest: dict[int, float] = {}  # rank -> value at newest_step
         self.first_step: int | None = None
 
     def add(self, rank: int, step: int, value: float) -> None:
         # The kernel runs this for every record of every rank: kept to plain indexing.
-        at = _FIELDS * rank
-        point = self.points.get(step // self.width)
-        if point is None or len(point) <= at:
-            point = self._point_for(step // self.width, rank)
-        if point[at]:  # _COUNT
-            if value < point[at + _MIN]:
-                point[at + _MIN] = value
-            elif value > point[at + _MAX]:
-                point[at + _MAX] = value
-        else:
-            point[at + _MIN] = point[at + _MAX] = value
-        point[at] += 1
-        point[at + _SUM] += value
-        point[at + _STEP_SUM] += step
-        point[at + _LAST] = value
         newest = self.newest_step
         if newest is None or step > newest:
+            if self.pending:
+                self._settle_pending()
             self.newest_step, self.newest = step, {rank: value}
             if self.first_step is None:
                 self.first_step = step
         elif step == newest:
             self.newest[rank] = value
-        elif step < self.first_step:  # type: ignore[operator]  # set with newest_step
-            self.first_step = step
+        else:
+            if step < self.first_step:  # type: ignore[operator]  # set with newest_step
+                self.first_step = step
+            at = _FIELDS * rank
+            point = self.points.get(step // self.width)
+            if point is None or len(point) <= at:
+                point = self._point_for(step // self.width, rank)
+            _add_value(point, at, step, value)
+            return
+        at = _FIELDS * rank
+        if len(self.pending) <= at:
+            self.pending.extend([0.0] * (at + _FIELDS - len(self.pending)))
+        _add_value(self.pending, at, step, value)
+
+    def _settle_pending(self) -> None:
+        """A later step arrived: the newest step's aggregates join the merged points."""
+        step = int(self.newest_step)  # type: ignore[arg-type]  # pending implies a step
+        pending, self.pending = self.pending, []
+        point = self._point_for(step // self.width, len(pending) // _FIELDS - 1)
+        _merge_into(point, pending)
 
     def _point_for(self, key: int, rank: int) -> list[float]:
         """The point ``key``, created or widened to hold ``rank`` (resolution halved if full)."""
@@ -114,7 +127,7 @@ class _Series:
         size = _FIELDS * (rank + 1)
         if point is None:
             point = self.points[key] = [0.0] * size
-            if len(self.points) > MAX_POINTS:
+            if len(self.points) >= MAX_POINTS:  # one place stays free for pending
                 self._halve_resolution()
                 return self._point_for(key // 2, rank)
         elif len(point) < size:
@@ -134,13 +147,17 @@ class _Series:
                 _merge_into(into, point)
         self.points = merged
 
+    def all_points(self) -> list[list[float]]:
+        """Every point in step order, the newest step's last."""
+        points = [self.points[key] for key in sorted(self.points)]
+        return [*points, self.pending] if self.pending else points
+
     def ranks(self) -> set[int]:
-        return {rank for point in self.points.values() for rank in _ranks_in(point)}
+        return {rank for point in self.all_points() for rank in _ranks_in(point)}
 
     def rows(self, rank: int | None = None) -> Iterator[tuple[int, float, float, float]]:
         """``(step, mean, min, max)`` per point in step order, over all ranks or one."""
-        for key in sorted(self.points):
-            point = self.points[key]
+        for point in self.all_points():
             ranks = list(_ranks_in(point)) if rank is None else [rank]
             offsets = [_FIELDS * r for r in ranks if _FIELDS * r < len(point)]
             offsets = [at for at in offsets if point[at + _COUNT] > 0]
@@ -152,6 +169,21 @@ class _Series:
             low = min(point[at + _MIN] for at in offsets)
             high = max(point[at + _MAX] for at in offsets)
             yield step, mean, low, high
+
+
+def _add_value(point: list[float], at: int, step: int, value: float) -> None:
+    """Count one value of one rank (its aggregates start at ``at``) into ``point``."""
+    if point[at]:  # _COUNT
+        if value < point[at + _MIN]:
+            point[at + _MIN] = value
+        elif value > point[at + _MAX]:
+            point[at + _MAX] = value
+    else:
+        point[at + _MIN] = point[at + _MAX] = value
+    point[at] += 1
+    point[at + _SUM] += value
+    point[at + _STEP_SUM] += step
+    point[at + _LAST] = value
 
 
 def _ranks_in(point: list[float]) -> Iterator[int]:
@@ -213,18 +245,19 @@ class MetricsAggregator:
         self.version += added
 
     def add_message(self, rank: int, kind: str, payload: Any) -> bool:
-        """Take a worker message if it carries metrics; False for other kinds."""
-        if kind == SINGLE_KIND:
-            values = plain_values(dict(payload.get("values", {})))
-            self.add(int(payload.get("rank", rank)), payload.get("step"), values)
-            return True
-        if kind != BATCH_KIND:
+        """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
+        batch = decode(rank, kind, payload)
+        if not isinstance(batch, MetricsBatch):
             return False
-        self._add_records(payload["records"])
-        if payload.get("dropped", 0) != self.dropped.get(rank, 0):
-            self.dropped[rank] = payload["dropped"]
-            self.version += 1
+        self.add_batch(batch)
         return True
+
+    def add_batch(self, batch: MetricsBatch) -> None:
+        """Take a rank's batch: its records, and its count of dropped ones when it has one."""
+        self._add_records(batch.records)
+        if batch.dropped is not None and batch.dropped != self.dropped.get(batch.rank, 0):
+            self.dropped[batch.rank] = batch.dropped
+            self.version += 1
 
     @property
     def total_dropped(self) -> int:
@@ -247,8 +280,9 @@ class MetricsAggregator:
     def envelope(self, name: str) -> list[tuple[int, float, float]]:
         """``(step, min, max)`` over ranks and merged steps, for each point of ``history``.
 
-        Example:
-            >>> steps, lows, highs = zip(*metrics.envelope("loss"))
+        Example::
+
+            steps, lows, highs = zip(*metrics.envelope("loss"))
         """
         series = self.values.get(name)
         return [(step, low, high) for step, _, low, high in series.rows()] if series else []
@@ -259,12 +293,13 @@ class MetricsAggregator:
         Raises:
             KeyError: ``name`` was never logged (by ``rank``).
 
-        Example:
-            >>> metrics.stats("loss").count
-            200000
+        Example::
+
+            metrics.stats("loss").count
+            # 200000
         """
         series = self.values[name]
-        points = list(series.points.values())
+        points = series.all_points()
         offsets = [
             (point, _FIELDS * r)
             for point in points
@@ -307,9 +342,8 @@ class MetricsAggregator:
 
 
 def _last_of(series: _Series, rank: int) -> float:
-    """``rank``'s newest value: in the point with the highest key it appears in."""
-    for key in sorted(series.points, reverse=True):
-        point = series.points[key]
+    """``rank``'s newest value: in the newest point it appears in."""
+    for point in reversed(series.all_points()):
         at = _FIELDS * rank
         if at < len(point) and point[at + _COUNT] > 0:
             return point[at + _LAST]

@@ -5,6 +5,11 @@ beside the progress bar, the plot (drawn in the browser from only the new points
 with the evaluation table and each rank's output. Every part has its height from the start
 (the plot and the tabs say what they are waiting for), so nothing below the cell moves.
 
+The view's widgets share their layout and style models where they can and are made with their
+classes and sizes (:mod:`notebook_kit.live.shared_models`): each model is a comm opened and
+closed in every launch, and a launch cell is run again and again. The evaluation table is made
+when the first evaluation arrives.
+
 When the run ends, the widget is replaced in place by plain outputs that need no widget state
 (:mod:`notebook_kit.live.summary`): the one-line summary, the final plot as a PNG, the table
 and each rank's output. Everything is drawn from the kernel's main thread at a throttled
@@ -27,16 +32,22 @@ from notebook_kit.live.kernel_status import BusyKeeper
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.live.panels import plan_panels
 from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
-from notebook_kit.live.plot_widget import LivePlot
+from notebook_kit.live.plot_widget import LivePlot, XAxis, check_x_axis
 from notebook_kit.live.progress_bar import ProgressBar
 from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import RunRecorder
+from notebook_kit.live.shared_models import SharedModels
 from notebook_kit.live.stop_button import StopButton
 from notebook_kit.live.summary import details_bundle, figure_bundle, summary_bundle, summary_line
+from notebook_kit.runtime.messages import MetricsBatch, decode
 
 __all__ = ["LiveObserver"]
 
 _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the loop wakes
+# The Stop button's route to a kernel subshell opens once the run has lasted this long, or before
+# the first progress is drawn, whichever comes first: nobody clicks sooner, and a short launch
+# pays nothing for it.
+ROUTE_AFTER = 0.25
 BOX_HEIGHT = "566px"  # status, header, controls, plot, tabs, and their margins
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
@@ -45,17 +56,24 @@ _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged les
 class LiveObserver:
     """Shows a launch live in the cell that started it, and records it for ``last_run()``.
 
-    Example:
-        >>> notebook_launcher(train, num_processes=2, observer=LiveObserver())
+    ``x_axis="epoch"`` draws the plot (and the final PNG) against the logged ``epoch``
+    rather than the step, once one is logged; the view's x-axis switch changes it mid-run.
+
+    Example::
+
+        notebook_launcher(train, num_processes=2, observer=LiveObserver(x_axis="epoch"))
     """
 
-    def __init__(self) -> None:
+    def __init__(self, x_axis: XAxis = "step") -> None:
+        self.x_axis = check_x_axis(x_axis)
         self.recorder = RunRecorder()
         self.info: LaunchInfo | None = None
         self.stop: StopButton | None = None
         self.progress: ProgressBar | None = None
         self.output: RankOutput | None = None
         self.box: widgets.VBox | None = None
+        self.status: widgets.HTML | None = None
+        self.table: widgets.HTML | None = None
         self.figure: Any = None
         self._handle: Any = None
         self._keeper: BusyKeeper | None = None
@@ -64,49 +82,68 @@ class LiveObserver:
     def _new_view(self) -> None:
         """Fresh widgets: each attempt of a launch (a restart after a failure) gets its own,
         since the previous attempt's were closed when its summary replaced them."""
-        self.plot = LivePlot()
-        self.status = widgets.HTML()
-        self.status.add_class("nk-status")
-        self.status.layout.overflow = "hidden"
-        self.status.layout.height = "24px"
-        self.table = widgets.HTML(live_table_html(build_table({}, {}), _NO_EVALUATION))
+        self.shared = SharedModels()
+        self.plot = LivePlot(x_axis=self.x_axis, layout=self.shared.layout)
+        self.status = self.table = None
         self._last_refresh = 0.0
         self._evals: list[str] = []
         self._stopping_shown = False
         self._broken = False
+        self._shown_at: float | None = None  # set when the view is displayed; None once routed
 
     def on_start(self, info: LaunchInfo) -> None:
         if self.box is not None:  # a restart: the last attempt's widgets are closed
             self._new_view()
         self.info = info
-        self.stop = StopButton(info.stop_flag)
-        self.progress = ProgressBar()
-        self.output = RankOutput(info.ranks)
-        self.status.value = _status_html(info.banner)
-        header = widgets.HBox([self.stop.widget, self.progress.widget])
-        header.layout.height = "36px"
-        header.add_class("nk-header")
-        self.box = widgets.VBox(
-            [self.status, header, self.stop.note, self.plot.widget, self.output.widget]
-        )
-        self.box.add_class("nk-live")
-        self.box.layout.height = BOX_HEIGHT  # before the parts have rendered, too
+        shared = self.shared
+        self.stop = StopButton(info.stop_flag, shared)
+        self.progress = ProgressBar(shared)
+        self.output = RankOutput(info.ranks, info.node_of(), shared)
+        status_layout = widgets.Layout(overflow="hidden", height="24px")
+        self.status = shared.html(_status_html(info.banner), ("nk-status",), status_layout)
+        header_layout = widgets.Layout(height="36px")
+        header = shared.box([self.stop.widget, self.progress.widget], ("nk-header",), header_layout)
+        parts = [self.status, header, self.stop.note, *self.plot.widgets, self.output.widget]
+        box_layout = widgets.Layout(height=BOX_HEIGHT)  # before the parts have rendered, too
+        self.box = widgets.VBox(parts, layout=box_layout, _dom_classes=("nk-live",))
         fallback = f"{info.banner} (live view; a summary replaces it when the run ends)"
         view = {"version_major": 2, "version_minor": 0, "model_id": self.box.model_id}
         bundle = {_WIDGET_VIEW: view, "text/plain": fallback}
         self._handle = display(bundle, raw=True, display_id=True)
-        self._keeper = BusyKeeper.start()  # before the route: its idles must be answered
-        self.stop.serve_during_run(*self.plot.controls)
+        self._shown_at = time.monotonic()
+        self._keeper = BusyKeeper.start()
+
+    def _route_due(self, shown_at: float) -> bool:
+        progress = self.recorder.progress.count or self.recorder.metrics.version
+        return bool(progress) or time.monotonic() - shown_at >= ROUTE_AFTER
+
+    def _route_clicks(self) -> None:
+        """Open the Stop button's route, once; its idles are the busy keeper's to hold."""
+        self._shown_at = None
+        hold = self._keeper.hold_idles_of if self._keeper is not None else None
+        if self.stop is not None:
+            self.stop.serve_during_run(*self.plot.controls, hold_idles=hold)
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         if self.output is not None:
             self.output.add(rank, stream, line)
 
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        self.recorder.on_metrics(batch)
+        self.plot.on_metrics(batch)
+
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        if self.recorder.on_message(rank, kind, payload):
-            self.plot.on_message(rank, kind, payload)
+        """Take ``(kind, payload)`` as a launch context sends it (other kinds are ignored)."""
+        batch = decode(rank, kind, payload)
+        if isinstance(batch, MetricsBatch):
+            self.on_metrics(batch)
 
     def on_tick(self) -> None:
+        if self._shown_at is not None and not self._broken and self._route_due(self._shown_at):
+            try:
+                self._route_clicks()
+            except Exception as error:  # the button then works after the cell, as a hint says
+                warnings.warn(f"Stop button could not be routed: {error!r}", stacklevel=2)
         if self._broken or time.monotonic() - self._last_refresh < _REFRESH_SECONDS:
             return
         self._last_refresh = time.monotonic()
@@ -129,7 +166,7 @@ class LiveObserver:
         self.plot.refresh(self.recorder.metrics, self.recorder.progress)
         self._refresh_table()
         dropped = self.recorder.metrics.total_dropped
-        if dropped and info is not None:
+        if dropped and info is not None and self.status is not None:
             note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
             self.status.value = _status_html(info.banner, note)
 
@@ -137,14 +174,17 @@ class LiveObserver:
         evals = self.plot.evals
         if not evals or self.output is None:
             return
-        if not self._evals:
-            self.output.add_leading_tab("evaluations", self.table)
         counts = [self.plot.feed.counts.get(name, 0) for name in evals]
         key = [*evals, *map(str, counts)]
-        if key != self._evals:
-            self._evals = key
-            table = self._table(evals)
-            self.table.value = live_table_html(table, _NO_EVALUATION)
+        if key == self._evals:
+            return
+        self._evals = key
+        value = live_table_html(self._table(evals), _NO_EVALUATION)
+        if self.table is None:  # the first evaluation: its tab, before the ranks'
+            self.table = self.shared.html(value)
+            self.output.add_leading_tab("evaluations", self.table)
+        else:
+            self.table.value = value
 
     def _table(self, evals: list[str]) -> Any:
         histories = self.recorder.metrics.histories()
@@ -169,6 +209,7 @@ class LiveObserver:
             if self._keeper is not None:
                 self._keeper.wait_for_idle_of(route_request)
                 self._keeper.stop()
+                self._keeper = None
             self._close_widgets()
 
     def _final_figure(self) -> Any:
@@ -179,10 +220,11 @@ class LiveObserver:
         draw_metrics(
             figure,
             histories,
-            x_label=self.plot.x_unit,
+            x_label=self.plot.x_label,
             evals=set(self.plot.evals),
-            smoothing=float(self.plot.smoothing.value),
-            y_scale=self.plot.y_scale.value,
+            smoothing=self.plot.smoothing,
+            y_scale=self.plot.y_scale,  # type: ignore[arg-type]
+            x_metric=self.plot.x_metric if self.plot.x_axis == "epoch" else None,
         )
         return figure
 
@@ -201,7 +243,7 @@ class LiveObserver:
             display(bundle, raw=True)
         if self.figure is not None:
             names = list(metrics.histories())
-            display(figure_bundle(figure_png(self.figure), names, self.plot.x_unit), raw=True)
+            display(figure_bundle(figure_png(self.figure), names, self.plot.x_label), raw=True)
         evals = self.plot.evals
         table = self._table(evals) if evals else build_table({}, {})
         ranks_html = self.output.static_html() if self.output is not None else ""
@@ -213,7 +255,7 @@ class LiveObserver:
     def _close_widgets(self) -> None:
         """The static outputs replaced them: free the models (and the saved widget state)."""
         extra = [] if self.stop is None else [self.stop.button, self.stop.note]
-        for widget in (self.box, self.table, *self.plot.links, *extra):
+        for widget in (self.box, self.table, *self.plot.widgets, *extra):
             if widget is not None:
                 close_tree(widget)
 

@@ -1,20 +1,29 @@
 """What the kernel shows of a launch: the observer interface and the data it receives.
 
 The launcher calls an observer from the kernel's main thread while it waits on the workers:
-``on_start`` once, then ``on_output``/``on_message`` as data arrives and ``on_tick`` at least
+``on_start`` once, then ``on_output``/``on_metrics`` as data arrives and ``on_tick`` at least
 every quarter second, and ``on_finish`` once at the end (also after a failure or interrupt).
+What arrives is typed (:mod:`notebook_kit.runtime.messages`): the launcher decoded it once.
 A plain console printer, the live widgets and plots all implement this one interface.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.runtime.context import StopFlag
+from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["LaunchInfo", "LaunchObserver", "LaunchSummary", "RankSummary", "Stream"]
+__all__ = [
+    "LaunchInfo",
+    "LaunchObserver",
+    "LaunchSummary",
+    "RankSummary",
+    "Stream",
+    "rank_label",
+]
 
 Stream = Literal["stdout", "stderr"]
 
@@ -28,6 +37,22 @@ class LaunchInfo:
     world_size: int
     ranks: tuple[int, ...]
     stop_flag: StopFlag
+    rank_nodes: tuple[int, ...] = ()  # the node of each rank in ``ranks``; empty: one node
+
+    def node_of(self) -> dict[int, int]:
+        """Rank -> node, for displays that show where each rank ran (empty on one node)."""
+        return dict(zip(self.ranks, self.rank_nodes, strict=False))
+
+
+def rank_label(rank: int, nodes: dict[int, int]) -> str:
+    """``rank 3``, or ``rank 3 · node 1`` when the ranks ran on several nodes.
+
+    Example:
+        >>> rank_label(3, {3: 1}), rank_label(0, {})
+        ('rank 3 · node 1', 'rank 0')
+    """
+    node = nodes.get(rank)
+    return f"rank {rank}" if node is None else f"rank {rank} · node {node}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +75,7 @@ class LaunchSummary:
     interrupted: bool = False
     stopped: bool = False  # the stop flag was set (Stop button) before the end
     error: BaseException | None = field(default=None, compare=False)
+    workers_kept: bool = False  # a pool's run: its workers still run, with all they hold
 
     @property
     def succeeded(self) -> bool:
@@ -72,8 +98,8 @@ class LaunchObserver(Protocol):
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         """A whole line a worker printed, without its newline."""
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        """A message a worker sent with ``LaunchContext.send`` (e.g. logged metrics)."""
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        """Metrics a worker logged (and, from rank 0, its progress), one batch at a time."""
 
     def on_tick(self) -> None:
         """Called at least every quarter second while the workers run."""

@@ -2,11 +2,18 @@
 
 Pure decisions, no drawing: which metrics share a panel, which are evaluation metrics (drawn
 as markers, listed in the table), whether the user logged by step or by epoch, EMA smoothing
-and axis limits that stay readable for a single point.
+and axis limits that stay readable for a single point or a flat line.
+
+An ``epoch`` that is logged as a metric (the Trainer logs one with every record) counts where
+the run is along the x axis: it is a column of the evaluation table, never a plotted line
+that only rises and squashes its neighbours. However many metrics a run logs, a panel draws
+at most ``LINES_PER_PANEL`` of them and counts the rest of its family (``+4,990 more``), so
+drawing stays quick and the legend readable.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -17,9 +24,12 @@ __all__ = [
     "Panel",
     "XUnit",
     "axis_limits",
+    "axis_metric",
     "ema",
+    "epoch_positions",
     "eval_metrics",
     "infer_x_unit",
+    "is_axis_name",
     "is_eval_name",
     "metric_group",
     "plan_panels",
@@ -33,6 +43,9 @@ _AUTO_LOG_SPAN = 1000.0
 _SPLIT_PREFIX = re.compile(r"^(train|training|val|valid|validation|eval|test)[_/.\-]", re.I)
 _EVAL_PREFIX = re.compile(r"^(val|valid|validation|eval|test)([_/.\-]|$)", re.I)
 _PER_GROUP_PANELS = 4  # up to this many groups get a panel each; more are merged by family
+LINES_PER_PANEL = 10  # drawn, and in the legend; the rest of the panel's family is counted
+_AXIS_GROUPS = frozenset({"epoch"})  # logged positions along the run: x-axis candidates
+_FLAT_SPAN = 1e-9  # a spread this small against the values' size is rounding: a flat line
 # Families, checked in order: the first whose pattern matches a group's name takes it.
 _FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("learning rate", re.compile(r"(^|[_/.])(lr|learning_rate)($|[_/.])", re.I)),
@@ -45,10 +58,12 @@ _SPARSE_MIN_DENSEST = 10  # ... once the densest has at least this many
 
 @dataclass(frozen=True)
 class Panel:
-    """One plot panel: its y-axis label and the metrics drawn in it, in logging order."""
+    """One plot panel: its y-axis label, the metrics drawn in it (in logging order) and how
+    many more of its family are left out of the drawing."""
 
     label: str
     names: tuple[str, ...]
+    more: int = 0
 
 
 def metric_group(name: str) -> str:
@@ -59,6 +74,51 @@ def metric_group(name: str) -> str:
         ('loss', 'acc', 'lr')
     """
     return _SPLIT_PREFIX.sub("", name) or name
+
+
+def is_axis_name(name: str) -> bool:
+    """A position along the run logged as a metric (``epoch``): not drawn as a line.
+
+    Example:
+        >>> is_axis_name("epoch"), is_axis_name("train/epoch"), is_axis_name("epoch_loss")
+        (True, True, False)
+    """
+    return metric_group(name).lower() in _AXIS_GROUPS
+
+
+def axis_metric(names: Iterable[str]) -> str | None:
+    """The first logged position along the run (``epoch``), which the x axis can show.
+
+    Example:
+        >>> axis_metric(["loss", "train/epoch", "epoch"]), axis_metric(["loss"])
+        ('train/epoch', None)
+    """
+    return next((name for name in names if is_axis_name(name)), None)
+
+
+def epoch_positions(steps: Sequence[float], epochs: Sequence[tuple[float, float]]) -> list[float]:
+    """Where ``steps`` fall along the logged epoch: ``epochs`` is its ``(step, epoch)``
+    history in step order; between two logged steps the epoch is interpolated, before the
+    first and after the last it is theirs. The browser plot does the same.
+
+    Example:
+        >>> epoch_positions([0, 5, 10, 20], [(0, 0.0), (10, 1.0)])
+        [0.0, 0.5, 1.0, 1.0]
+    """
+    if not epochs:
+        return [float(step) for step in steps]
+    at = [step for step, _ in epochs]
+    positions = []
+    for step in steps:
+        i = bisect.bisect_left(at, step)
+        if i >= len(at):
+            positions.append(float(epochs[-1][1]))
+        elif at[i] == step or i == 0:
+            positions.append(float(epochs[i][1]))
+        else:
+            (s0, e0), (s1, e1) = epochs[i - 1], epochs[i]
+            positions.append(float(e0 + (e1 - e0) * (step - s0) / (s1 - s0)))
+    return positions
 
 
 def is_eval_name(name: str) -> bool:
@@ -81,6 +141,7 @@ def eval_metrics(counts: dict[str, int]) -> list[str]:
         >>> eval_metrics({"loss": 100, "val_loss": 4, "acc": 4, "lr": 100})
         ['val_loss', 'acc']
     """
+    counts = {name: n for name, n in counts.items() if not is_axis_name(name)}
     densest = max(counts.values(), default=0)
     sparse_limit = _SPARSE_SHARE * densest if densest >= _SPARSE_MIN_DENSEST else -1
     return [name for name, n in counts.items() if is_eval_name(name) or n < sparse_limit]
@@ -94,7 +155,8 @@ def _family(group: str) -> str:
 
 
 def plan_panels(names: Iterable[str]) -> list[Panel]:
-    """One panel per metric group while there are few, else one per family.
+    """One panel per metric group while there are few, else one per family; ``epoch`` and
+    the like in none. A panel draws its first ``LINES_PER_PANEL`` metrics.
 
     Example:
         >>> [p.label for p in plan_panels(["loss", "val_loss", "acc"])]
@@ -104,13 +166,17 @@ def plan_panels(names: Iterable[str]) -> list[Panel]:
     """
     groups: dict[str, list[str]] = {}
     for name in names:
-        groups.setdefault(metric_group(name), []).append(name)
+        if not is_axis_name(name):
+            groups.setdefault(metric_group(name), []).append(name)
     if len(groups) > _PER_GROUP_PANELS:
         families: dict[str, list[str]] = {}
         for group, members in groups.items():
             families.setdefault(_family(group), []).extend(members)
         groups = families
-    return [Panel(label, tuple(members)) for label, members in groups.items()]
+    return [
+        Panel(label, tuple(members[:LINES_PER_PANEL]), max(0, len(members) - LINES_PER_PANEL))
+        for label, members in groups.items()
+    ]
 
 
 def infer_x_unit(last_logged_step: int | None, steps_done: int, epoch_length: int | None) -> XUnit:
@@ -154,19 +220,24 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
 def axis_limits(values: Iterable[float], log: bool = False) -> tuple[float, float] | None:
     """Limits that frame ``values`` with a margin, also for one point or a flat line.
 
-    A single value gets ±10% of itself (not matplotlib's ±0.04 around 0.0046); a log axis
-    ignores values that are not positive. None when nothing can be drawn.
+    A single value, or values equal but for rounding, get ±10% of themselves (not
+    matplotlib's ±0.04 around 0.0046, nor a range of 1e-20 that draws rounding noise as a
+    zigzag); a log axis ignores values that are not positive. None when nothing can be drawn.
 
     Example:
         >>> axis_limits([0.0046])
         (0.00414, 0.00506)
         >>> axis_limits([0.0, 1.0])
         (-0.05, 1.05)
+        >>> axis_limits([5e-05, 5.000000000000001e-05])
+        (4.5e-05, 5.5e-05)
     """
     finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
     if not finite:
         return None
     low, high = min(finite), max(finite)
+    if high - low <= _FLAT_SPAN * max(abs(low), abs(high)):
+        low = high  # a constant learning rate that rounding made wobble: flat, not noise
     if log:
         low, high = math.log10(low), math.log10(high)
     if high == low:

@@ -1,10 +1,11 @@
 """The final plot of a run as a matplotlib figure: what stays in the saved notebook as a PNG.
 
 Laid out like the live plot in the browser (:mod:`notebook_kit.live.panels` decides for both):
-one panel per metric family with a legend, the logged unit (step or epoch) on x, evaluation
-metrics as markers, the smoothing and y scale the user chose while it ran. The figure is
-built with matplotlib's object API on an Agg canvas: no pyplot state, nothing shared with the
-user's own figures, nothing shown twice.
+one panel per metric family with a legend (a few lines each, long names shortened, the rest
+counted), the logged unit (step or epoch) or the logged ``epoch`` on x, evaluation metrics as
+markers, the smoothing and y scale the user chose while it ran. The figure is built with
+matplotlib's object API on an Agg canvas: no pyplot state, nothing shared with the user's own
+figures, nothing shown twice.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from notebook_kit.live.panels import Panel, YScale, axis_limits, ema, plan_panels, use_log
+from notebook_kit.live.metric_names import more_text, short_name
+from notebook_kit.live.panels import (
+    Panel,
+    YScale,
+    axis_limits,
+    ema,
+    epoch_positions,
+    plan_panels,
+    use_log,
+)
 
 __all__ = ["draw_metrics", "figure_png", "new_figure"]
 
@@ -48,6 +58,7 @@ def draw_metrics(
     smoothing: float = 0.0,
     y_scale: YScale = "auto",
     panels: list[Panel] | None = None,
+    x_metric: str | None = None,
 ) -> None:
     """Draw every metric on ``figure``: one axes per panel, legend, labelled axes.
 
@@ -60,6 +71,9 @@ def draw_metrics(
         y_scale: ``"log"``, ``"linear"``, or ``"auto"``: log where positive values span more
             than a thousandfold.
         panels: The layout; default :func:`~notebook_kit.live.panels.plan_panels`.
+        x_metric: A logged position (``epoch``) to draw against instead of the step: each
+            point at the epoch its step falls on
+            (:func:`~notebook_kit.live.panels.epoch_positions`).
 
     Example:
         >>> figure = new_figure(1)
@@ -70,32 +84,44 @@ def draw_metrics(
     panels = panels if panels is not None else plan_panels(histories)
     if not panels:
         return
-    names = [name for panel in panels for name in panel.names]
+    colours = {name: f"C{i % 10}" for i, name in enumerate(n for p in panels for n in p.names)}
+    along = histories.get(x_metric, []) if x_metric is not None else []
     columns = min(len(panels), _COLUMNS)
     rows = -(-len(panels) // columns)
     for index, panel in enumerate(panels):
         axes = figure.add_subplot(rows, columns, index + 1)
         values: list[float] = []
-        steps: list[int] = []
+        steps: list[float] = []
         for name in panel.names:
             history = histories.get(name, [])
             xs, ys = _thinned(history)
-            colour = f"C{names.index(name) % 10}"
+            if along:
+                xs = epoch_positions(xs, along)
+            colour, label = colours[name], short_name(name)
             if name in evals or len(history) < 2:
-                axes.plot(xs, ys, "o-", color=colour, markersize=4, linewidth=1, label=name)
+                axes.plot(xs, ys, "o-", color=colour, markersize=4, linewidth=1, label=label)
             elif smoothing > 0:
                 axes.plot(xs, ys, color=colour, alpha=0.25, linewidth=1)
-                axes.plot(xs, ema(ys, smoothing), color=colour, linewidth=1.5, label=name)
+                axes.plot(xs, ema(ys, smoothing), color=colour, linewidth=1.5, label=label)
             else:
-                axes.plot(xs, ys, color=colour, linewidth=1.5, label=name)
+                axes.plot(xs, ys, color=colour, linewidth=1.5, label=label)
             values += ys
             steps += xs
-        _style(axes, panel.label, x_label, values, steps, use_log(values, y_scale))
+        if panel.more:  # a legend entry with no line: the family's metrics not drawn
+            axes.plot([], [], " ", label=more_text(panel.more))
+        whole = not along  # steps are whole numbers, a logged epoch need not be
+        _style(axes, panel.label, x_label, values, steps, use_log(values, y_scale), whole)
     figure.tight_layout()
 
 
 def _style(
-    axes: Any, label: str, x_label: str, values: list[float], steps: list[int], log: bool
+    axes: Any,
+    label: str,
+    x_label: str,
+    values: list[float],
+    steps: list[float],
+    log: bool,
+    whole: bool = True,
 ) -> None:
     if log:
         axes.set_yscale("log")
@@ -104,7 +130,7 @@ def _style(
         axes.set_ylim(*limits)
     if steps and min(steps) == max(steps):
         axes.set_xlim(steps[0] - 1, steps[0] + 1)
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole
+    axes.xaxis.set_major_locator(MaxNLocator(integer=whole))  # logged steps are whole
     axes.set_xlabel(x_label, fontsize=9)
     axes.set_ylabel(f"{label} (log)" if log else label, fontsize=9)
     axes.tick_params(labelsize=8)
@@ -112,7 +138,7 @@ def _style(
     axes.legend(fontsize=8, loc="best")
 
 
-def _thinned(history: History) -> tuple[list[int], list[float]]:
+def _thinned(history: History) -> tuple[list[float], list[float]]:
     if not history:
         return [], []
     stride = max(1, len(history) // _MAX_POINTS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND, plain_values
+from notebook_kit.runtime.messages import MetricsBatch, decode
 
 __all__ = ["PointFeed", "Points"]
 
@@ -41,13 +41,14 @@ class PointFeed:
         self._auto_steps: dict[int, int] = {}
 
     def add_message(self, rank: int, kind: str, payload: Any) -> None:
-        """Take a worker's metrics message (batch or single record); ignore other kinds."""
-        if kind == SINGLE_KIND:
-            values = plain_values(dict(payload.get("values", {})))
-            self._add(int(payload.get("rank", rank)), payload.get("step"), values)
-        elif kind == BATCH_KIND:
-            for record_rank, step, values in payload.get("records", ()):
-                self._add(record_rank, step, values)
+        """Take ``(kind, payload)`` as a launch context sends it; other kinds are ignored."""
+        batch = decode(rank, kind, payload)
+        if isinstance(batch, MetricsBatch):
+            self.add_batch(batch)
+
+    def add_batch(self, batch: MetricsBatch) -> None:
+        for record_rank, step, values in batch.records:
+            self._add(record_rank, step, values)
 
     def _add(self, rank: int, step: int | None, values: Mapping[str, float]) -> None:
         # Numbered like MetricsAggregator: step=None counts that rank's calls.

@@ -1,11 +1,13 @@
 // The live plot of notebook_kit, drawn in the browser on a canvas per panel.
 // The kernel sends only new points ({points: {name: [[x...], [y...]]}}, a custom message);
 // `snapshot` holds every point for views opened later and for the saved widget state.
+// Smoothing and the axes come from the controls' model (`controls`, plot_controls.js).
 
 const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const Y_SCALES = ["auto", "linear", "log"];  // plot_widget.Y_SCALES
 const MARGIN = { left: 58, right: 10, top: 8, bottom: 34 };
+const FLAT_SPAN = 1e-9;  // panels._FLAT_SPAN
 const FONT = "11px system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif";
 
 function lowerBound(xs, x) {
@@ -39,16 +41,18 @@ function ema(ys, weight) {
   return out;
 }
 
-// Same rule as panels.axis_limits: a margin, and a readable range for one point.
+// Same rule as panels.axis_limits: a margin, and a readable range for one point or a flat line
+// (values equal but for rounding, as a constant learning rate often is).
 function limits(values, log) {
   let lo = Infinity, hi = -Infinity;
   for (const v of values) {
     if (!Number.isFinite(v) || (log && v <= 0)) continue;
-    const t = log ? Math.log10(v) : v;
-    if (t < lo) lo = t;
-    if (t > hi) hi = t;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
   }
   if (lo === Infinity) return null;
+  if (hi - lo <= FLAT_SPAN * Math.max(Math.abs(lo), Math.abs(hi))) lo = hi;
+  if (log) { lo = Math.log10(lo); hi = Math.log10(hi); }
   let pad = (hi - lo) * 0.05;
   if (hi === lo) pad = log ? 0.5 : (lo ? Math.abs(lo) * 0.1 : 1);
   return [lo - pad, hi + pad];
@@ -84,6 +88,16 @@ function label(value, step) {
   return value.toFixed(decimals);
 }
 
+// Where a step falls along the logged epoch (panels.epoch_positions): interpolated between
+// two logged steps, the first or last epoch outside them.
+function epochAt(epochs, step) {
+  const n = epochs.x.length, i = lowerBound(epochs.x, step);
+  if (i >= n) return epochs.y[n - 1];
+  if (epochs.x[i] === step || i === 0) return epochs.y[i];
+  const s0 = epochs.x[i - 1], s1 = epochs.x[i], e0 = epochs.y[i - 1], e1 = epochs.y[i];
+  return e0 + ((e1 - e0) * (step - s0)) / (s1 - s0);
+}
+
 function format(value) {
   const size = Math.abs(value);
   if (size !== 0 && (size >= 1e5 || size < 1e-3)) return value.toExponential(3);
@@ -95,7 +109,8 @@ function render({ model, el }) {
   const root = document.createElement("div");
   root.className = "nk-plot-area";
   el.appendChild(root);
-  let canvases = [], pointer = null, pending = false;
+  let canvases = [], pointer = null, pending = false, controls = null, gone = false;
+  const setting = (name, fallback) => (controls ? controls.get(name) : fallback);
 
   const load = (snapshot) => {
     for (const name of Object.keys(data)) delete data[name];
@@ -136,14 +151,23 @@ function render({ model, el }) {
     const evals = new Set(spec.eval || []);
     const names = panels.flatMap((p) => p.names);
     const colour = (name) => COLOURS[names.indexOf(name) % COLOURS.length];
-    const options = { scale: Y_SCALES[model.get("y_scale")] || "auto", smoothing: model.get("smoothing"), evals, colour };
+    const epochs = spec.x_metric && data[spec.x_metric];
+    const byEpoch = setting("x_axis", "step") === "epoch" && epochs && epochs.x.length > 0;
+    const options = { scale: Y_SCALES[setting("y_scale", 0)] || "auto",
+      smoothing: Number(setting("smoothing", 0)) || 0, evals, colour, whole: !byEpoch };
+    // Drawn against the logged epoch: each series with its steps moved to their epochs.
+    const along = byEpoch
+      ? (name) => ({ x: data[name].x.map((step) => epochAt(epochs, step)), y: data[name].y })
+      : (name) => data[name];
     let newest = -Infinity;
     for (const series of Object.values(data)) {
       if (series.x.length) newest = Math.max(newest, series.x[series.x.length - 1]);
     }
     if (!panels.length) drawEmpty(canvases[0], spec.waiting || "");
-    panels.forEach((panel, i) => drawPanel(canvases[i], panel, spec.x_label || "step", options,
+    const xLabel = byEpoch ? "epoch" : spec.x_label || "step";
+    panels.forEach((panel, i) => drawPanel(canvases[i], panel, xLabel, options, along,
       pointer && pointer.i === i ? pointer.x : null));
+    el.dataset.xAxis = xLabel;
     // The newest step drawn, on the element: what tests and benchmarks watch.
     if (newest > -Infinity) el.dataset.lastX = String(newest);
   }
@@ -170,15 +194,16 @@ function render({ model, el }) {
     ctx.fillText(text, width / 2, height / 2);
   }
 
-  function drawPanel(canvas, panel, xLabel, options, hoverX) {
+  function drawPanel(canvas, panel, xLabel, options, along, hoverX) {
     const { ctx, width, height } = prepare(canvas);
     const box = { x: MARGIN.left, y: MARGIN.top, w: width - MARGIN.left - MARGIN.right,
       h: height - MARGIN.top - MARGIN.bottom };
     if (box.w < 20 || box.h < 20) return;
     const shown = panel.names.filter((n) => data[n] && data[n].x.length);
+    const series = Object.fromEntries(shown.map((name) => [name, along(name)]));
     const xs = [], ys = [];
     for (const name of shown) {
-      const s = data[name];
+      const s = series[name];
       xs.push(s.x[0], s.x[s.x.length - 1]);
       for (const y of s.y) ys.push(y);
     }
@@ -192,13 +217,13 @@ function render({ model, el }) {
       const t = options.log ? Math.log10(y) : y;
       return box.y + box.h - ((t - yr[0]) / (yr[1] - yr[0])) * box.h;
     };
-    axes(ctx, box, xr, yr, options.log, xLabel, panel.label);
+    axes(ctx, box, xr, yr, options.log, xLabel, panel.label, options.whole);
     ctx.save();
     ctx.beginPath();
     ctx.rect(box.x, box.y, box.w, box.h);
     ctx.clip();
     for (const name of shown) {
-      const s = data[name], isEval = options.evals.has(name) || s.x.length < 2;
+      const s = series[name], isEval = options.evals.has(name) || s.x.length < 2;
       const smooth = !isEval && options.smoothing > 0;
       ctx.strokeStyle = ctx.fillStyle = options.colour(name);
       if (smooth) {
@@ -212,17 +237,17 @@ function render({ model, el }) {
       if (isEval) markers(ctx, s.x, s.y, px, py, options.log);
     }
     ctx.restore();
-    legend(ctx, box, shown, options);
+    legend(ctx, box, shown, options, panel);
     if (hoverX !== null && hoverX >= box.x && hoverX <= box.x + box.w) {
-      readout(ctx, box, shown, xr, hoverX, px, xLabel, options);
+      readout(ctx, box, shown, series, xr, hoverX, px, xLabel, panel);
     }
   }
 
-  function axes(ctx, box, xr, yr, log, xLabel, yLabel) {
+  function axes(ctx, box, xr, yr, log, xLabel, yLabel, whole) {
     ctx.strokeStyle = "#e5e5e5";
     ctx.fillStyle = "#444";
     ctx.lineWidth = 1;
-    const xt = niceTicks(xr[0], xr[1], Math.max(2, Math.floor(box.w / 80)), true);
+    const xt = niceTicks(xr[0], xr[1], Math.max(2, Math.floor(box.w / 80)), whole);
     const yt = niceTicks(yr[0], yr[1], Math.max(2, Math.floor(box.h / 40)));
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
@@ -288,10 +313,15 @@ function render({ model, el }) {
     }
   }
 
-  function legend(ctx, box, names, options) {
+  // The kernel caps a panel's lines (panel.more counts the others) and shortens long names.
+  function legend(ctx, box, names, options, panel) {
     if (!names.length) return;
-    const widths = names.map((n) => ctx.measureText(n).width);
-    const w = Math.max(...widths) + 34, h = names.length * 16 + 6;
+    const text = (name) => (panel.short && panel.short[name]) || name;
+    const more = panel.more ? `+${panel.more.toLocaleString("en-US")} more` : null;
+    const rows = more ? names.length + 1 : names.length;
+    const widths = names.map((n) => ctx.measureText(text(n)).width);
+    if (more) widths.push(ctx.measureText(more).width);
+    const w = Math.max(...widths) + 34, h = rows * 16 + 6;
     const x = box.x + box.w - w - 6, y = box.y + 6;
     ctx.fillStyle = "rgba(255,255,255,0.85)";
     ctx.strokeStyle = "#ccc";
@@ -306,26 +336,27 @@ function render({ model, el }) {
       ctx.beginPath(); ctx.moveTo(x + 6, cy); ctx.lineTo(x + 24, cy); ctx.stroke();
       if (options.evals.has(name)) { ctx.beginPath(); ctx.arc(x + 15, cy, 3.5, 0, 2 * Math.PI); ctx.fill(); }
       ctx.fillStyle = "#333";
-      ctx.fillText(name, x + 30, cy);
+      ctx.fillText(text(name), x + 30, cy);
     });
+    if (more) { ctx.fillStyle = "#666"; ctx.fillText(more, x + 30, y + 11 + names.length * 16); }
   }
 
-  function readout(ctx, box, names, xr, hoverX, px, xLabel, options) {
+  function readout(ctx, box, names, series, xr, hoverX, px, xLabel, panel) {
     const target = xr[0] + ((hoverX - box.x) / box.w) * (xr[1] - xr[0]);
     const parts = [];
     let at = null;
     for (const name of names) {
-      const s = data[name];
+      const s = series[name];
       let i = Math.min(lowerBound(s.x, target), s.x.length - 1);
       if (i > 0 && Math.abs(s.x[i - 1] - target) < Math.abs(s.x[i] - target)) i -= 1;
       if (at === null) at = s.x[i];
-      parts.push(`${name} ${format(s.y[i])}`);
+      parts.push(`${(panel.short && panel.short[name]) || name} ${format(s.y[i])}`);
     }
     if (at === null) return;
     ctx.strokeStyle = "#888";
     ctx.lineWidth = 1;
     ctx.beginPath(); ctx.moveTo(px(at), box.y); ctx.lineTo(px(at), box.y + box.h); ctx.stroke();
-    const text = `${xLabel} ${at} · ${parts.join(" · ")}`;
+    const text = `${xLabel} ${format(at)} · ${parts.join(" · ")}`;
     const w = ctx.measureText(text).width + 10;
     const x = Math.min(Math.max(box.x, px(at) - w / 2), box.x + box.w - w);
     ctx.fillStyle = "rgba(255,255,255,0.92)";
@@ -346,23 +377,31 @@ function render({ model, el }) {
   };
   const onSpec = () => { layout(); schedule(); };
   const onSnapshot = () => { load(model.get("snapshot")); schedule(); };
+  const settings = ["change:smoothing", "change:y_scale", "change:x_axis"];
   load(model.get("snapshot"));
   layout();
   schedule();
   model.on("msg:custom", onMessage);
   model.on("change:spec", onSpec);
   model.on("change:snapshot", onSnapshot);
-  model.on("change:smoothing", schedule);
-  model.on("change:y_scale", schedule);
+  const controlsId = String(model.get("controls") || "").replace(/^IPY_MODEL_/, "");
+  if (controlsId && model.widget_manager) {
+    Promise.resolve(model.widget_manager.get_model(controlsId)).then((found) => {
+      if (gone || !found) return;
+      controls = found;
+      for (const event of settings) controls.on(event, schedule);
+      schedule();
+    }).catch(() => {});  // no controls (closed): drawn with the defaults
+  }
   const resize = new ResizeObserver(schedule);
   resize.observe(root);
   return () => {
+    gone = true;
     resize.disconnect();
     model.off("msg:custom", onMessage);
     model.off("change:spec", onSpec);
     model.off("change:snapshot", onSnapshot);
-    model.off("change:smoothing", schedule);
-    model.off("change:y_scale", schedule);
+    if (controls) for (const event of settings) controls.off(event, schedule);
   };
 }
 

@@ -2,10 +2,13 @@
 
 The kernel's share of drawing is folding metrics into means (:class:`PointFeed`) and sending
 the steps that changed a few times a second; the browser draws them on a canvas
-(``plot_widget.js``, an anywidget). The smoothing slider and the log-scale box are linked to
-the plot in the browser, so moving them redraws without a round trip, and the kernel reads
-their values for the final PNG. The y axis is logarithmic where positive values span more than
-a thousandfold (a falling loss stays readable), unless the user picks linear or log.
+(``plot_widget.js``, an anywidget). The controls (smoothing, y axis, and the x axis once an
+``epoch`` is logged) are a second small widget (``plot_controls.js``): the plot reads them in
+the browser, so moving one redraws without a round trip, and their own comm is the one a
+kernel subshell serves while the cell runs, so the kernel knows the user's choice for the
+final PNG. The y axis is logarithmic where positive values span more than a thousandfold (a
+falling loss stays readable), unless the user picks linear or log. The x axis is the logged
+step, or the logged ``epoch`` where the user picks it (or passes ``x_axis="epoch"``).
 """
 
 from __future__ import annotations
@@ -13,22 +16,34 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anywidget
 import ipywidgets as widgets
 import traitlets
 
+from notebook_kit.live.metric_names import short_name
 from notebook_kit.live.metrics import MetricsAggregator
-from notebook_kit.live.panels import XUnit, eval_metrics, infer_x_unit, plan_panels
+from notebook_kit.live.panels import (
+    Panel,
+    XUnit,
+    axis_metric,
+    eval_metrics,
+    infer_x_unit,
+    plan_panels,
+)
 from notebook_kit.live.plot_feed import PointFeed, Points
 from notebook_kit.live.progress import ProgressState
+from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["Y_SCALES", "LivePlot", "PlotWidget"]
+__all__ = ["X_AXES", "Y_SCALES", "LivePlot", "PlotControls", "PlotWidget"]
 
 Y_SCALES = ("auto", "linear", "log")  # the y-axis choices, in the order the browser knows
+X_AXES = ("step", "epoch")  # the x-axis choices: the logged step, or the logged epoch
+XAxis = Literal["step", "epoch"]
 
 PLOT_HEIGHT = 250  # pixels, fixed for the whole run
+CONTROLS_HEIGHT = 34  # pixels, the row of controls above the plot
 _SNAPSHOT_SECONDS = 15.0  # full data for views opened mid-run, this often
 _SNAPSHOT_POINTS = 2000  # per metric in a snapshot
 _WAITING = "The plot starts with the first accelerator.log(...)"
@@ -36,57 +51,118 @@ _CSS = """
 .nk-plot-area { display: flex; flex-wrap: wrap; width: 100%; }
 .nk-plot-panel { display: block; cursor: crosshair; }
 """
+_CONTROLS_CSS = f"""
+.nk-plot-controls {{ height: {CONTROLS_HEIGHT}px; display: flex; align-items: center;
+  gap: 18px; font-size: var(--jp-widgets-font-size, 13px); }}
+.nk-plot-controls label {{ display: inline-flex; align-items: center; gap: 6px; }}
+.nk-plot-controls input[type=range] {{ width: 140px; }}
+"""
 
 
-class PlotWidget(anywidget.AnyWidget):
+class _ClassTraitsWidget(anywidget.AnyWidget):
+    """An anywidget whose script, style and id are traits of its class.
+
+    ``AnyWidget.__init__`` adds them to each instance with ``add_traits``, which makes a new
+    class every time and costs milliseconds per view; declared on the class they cost nothing.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        widgets.DOMWidget.__init__(self, **kwargs)
+
+
+def _script(name: str) -> str:
+    return Path(__file__).with_name(name).read_text(encoding="utf-8")
+
+
+class PlotWidget(_ClassTraitsWidget):
     """Canvas plot in the browser; new points arrive as ``{"points": {name: [xs, ys]}}``.
+
+    ``controls`` is the model id of the :class:`PlotControls` it reads (smoothing, axes).
 
     Example:
         >>> plot = PlotWidget(spec={"panels": [{"label": "loss", "names": ["loss"]}]})
         >>> plot.send({"points": {"loss": [[0, 1], [1.0, 0.5]]}})
     """
 
-    _esm = Path(__file__).with_name("plot_widget.js")
-    _css = _CSS
+    _esm = traitlets.Unicode(_script("plot_widget.js")).tag(sync=True)
+    _css = traitlets.Unicode(_CSS).tag(sync=True)
+    _anywidget_id = traitlets.Unicode(f"{__name__}.PlotWidget").tag(sync=True)
     spec = traitlets.Dict().tag(sync=True)  # panels, evaluation metrics, x label, height
     snapshot = traitlets.Dict().tag(sync=True)  # every point, for views opened later
-    smoothing = traitlets.Float(0.0).tag(sync=True)
+    controls = traitlets.Unicode("").tag(sync=True)  # the PlotControls' model id
+
+
+class PlotControls(_ClassTraitsWidget):
+    """The plot's controls, drawn in the browser: smoothing, y axis, and the x axis once the
+    plot's spec names a logged epoch (``plot`` is the plot's model id, read in the browser).
+
+    Nothing publishes them from the kernel's main thread once the run is under way: a comm's
+    messages go to the kernel subshell that last published on it, and the main shell is busy
+    with the cell until the run ends.
+
+    Example:
+        >>> controls = PlotControls(x_axis="epoch")
+        >>> controls.smoothing, controls.y_scale, controls.x_axis
+        (0.0, 0, 'epoch')
+    """
+
+    _esm = traitlets.Unicode(_script("plot_controls.js")).tag(sync=True)
+    _css = traitlets.Unicode(_CONTROLS_CSS).tag(sync=True)
+    _anywidget_id = traitlets.Unicode(f"{__name__}.PlotControls").tag(sync=True)
+    smoothing = traitlets.Float(0.0).tag(sync=True)  # TensorBoard's EMA weight, 0 to 0.99
     y_scale = traitlets.Int(0).tag(sync=True)  # index into Y_SCALES
+    x_axis = traitlets.Unicode("step").tag(sync=True)  # one of X_AXES
+    plot = traitlets.Unicode("").tag(sync=True)  # the PlotWidget's model id
+
+
+def check_x_axis(x_axis: str) -> XAxis:
+    """``x_axis`` if it is one of :data:`X_AXES`, else a ValueError naming the choices.
+
+    Example:
+        >>> check_x_axis("epoch")
+        'epoch'
+    """
+    if x_axis not in X_AXES:
+        raise ValueError(
+            f"x_axis must be 'step' or 'epoch', got {x_axis!r}: 'epoch' draws the plot "
+            "against the logged epoch (once one is logged), 'step' against the logged step."
+        )
+    return x_axis  # type: ignore[return-value]
 
 
 class LivePlot:
     """The plot row of the live view: controls above a fixed-height plot.
 
-    Example:
-        >>> plot = LivePlot(); plot.on_message(0, "log", {"step": 0, "values": {"loss": 1.0}})
-        >>> plot.refresh(metrics, progress)
+    ``x_axis="epoch"`` draws against the logged ``epoch`` from the start (the user can switch
+    back in the view); ``layout`` is a layout model the controls may share with other widgets.
+
+    Example::
+
+        plot = LivePlot(); plot.on_metrics(MetricsBatch(0, ((0, 0, {"loss": 1.0}),)))
+        plot.refresh(metrics, progress)
     """
 
-    def __init__(self, height: int = PLOT_HEIGHT) -> None:
+    def __init__(
+        self,
+        height: int = PLOT_HEIGHT,
+        x_axis: XAxis = "step",
+        layout: widgets.Layout | None = None,
+    ) -> None:
         self.feed = PointFeed()
         self.x_unit: XUnit = "step"
-        self.plot = PlotWidget(spec=_spec([], [], "step", height))
-        self.plot.add_class("nk-plot")
-        self.plot.layout.height = f"{height}px"  # before the browser has loaded the script
-        self.smoothing = widgets.FloatSlider(
-            value=0.0, min=0.0, max=0.99, step=0.01, description="smoothing",
-            readout_format=".2f", style={"description_width": "initial"},
-            layout=widgets.Layout(width="260px"),
-        )  # fmt: skip
-        self.y_scale = widgets.Dropdown(
-            options=list(Y_SCALES), value="auto", description="y axis",
-            tooltip="auto: log once positive values span 1000×",
-            layout=widgets.Layout(width="150px"), style={"description_width": "initial"},
-        )  # fmt: skip
-        self._links = [
-            widgets.jslink((self.smoothing, "value"), (self.plot, "smoothing")),
-            widgets.jslink((self.y_scale, "index"), (self.plot, "y_scale")),
-        ]
-        controls = widgets.HBox(
-            [self.smoothing, self.y_scale], layout=widgets.Layout(height="34px")
+        self.controls_widget = PlotControls(
+            x_axis=check_x_axis(x_axis),
+            layout=layout if layout is not None else widgets.Layout(),
+            _dom_classes=("nk-plot-controls",),
         )
-        controls.add_class("nk-plot-controls")
-        self.widget = widgets.VBox([controls, self.plot])
+        self.plot = PlotWidget(
+            spec=_spec([], [], "step", height, None),
+            controls=self.controls_widget.model_id,
+            layout=widgets.Layout(height=f"{height}px"),  # before the browser has the script
+            _dom_classes=("nk-plot",),
+        )
+        self.controls_widget.plot = self.plot.model_id  # before any route: from here, never
+        self.widgets: list[widgets.Widget] = [self.controls_widget, self.plot]
         self._height = height
         self._shown_spec = self.plot.spec
         self._snapshot_at = time.monotonic()
@@ -94,10 +170,37 @@ class LivePlot:
     @property
     def controls(self) -> list[widgets.Widget]:
         """The widgets whose values the user changes during the run."""
-        return [self.smoothing, self.y_scale]
+        return [self.controls_widget]
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        self.feed.add_message(rank, kind, payload)
+    @property
+    def smoothing(self) -> float:
+        """The smoothing the user chose (TensorBoard's EMA weight)."""
+        return min(max(float(self.controls_widget.smoothing), 0.0), 0.99)
+
+    @property
+    def y_scale(self) -> str:
+        """The y axis the user chose: ``auto``, ``linear`` or ``log``."""
+        index = self.controls_widget.y_scale
+        return Y_SCALES[index] if 0 <= index < len(Y_SCALES) else "auto"
+
+    @property
+    def x_metric(self) -> str | None:
+        """The logged ``epoch`` the plot can be drawn against, once one is logged by step."""
+        return axis_metric(self.feed.names) if self.x_unit == "step" else None
+
+    @property
+    def x_axis(self) -> XAxis:
+        """What the x axis shows: ``epoch`` where chosen and logged, else the logged step."""
+        epoch = self.controls_widget.x_axis == "epoch" and self.x_metric is not None
+        return "epoch" if epoch else "step"
+
+    @property
+    def x_label(self) -> str:
+        """The x axis' label: ``epoch``, or the unit the logged steps count."""
+        return "epoch" if self.x_axis == "epoch" else self.x_unit
+
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        self.feed.add_batch(batch)
 
     def refresh(self, metrics: MetricsAggregator, progress: ProgressState) -> None:
         """Send the points that changed, and a new layout when metrics or the unit changed."""
@@ -105,8 +208,9 @@ class LivePlot:
         if unit == "epoch" or progress.steps >= (progress.epoch_length or 0) * 2:
             self.x_unit = unit  # settled once a unit shows or two epochs passed
         names = list(self.feed.names)
-        spec = _spec(names, eval_metrics(self.feed.counts), self.x_unit, self._height)
-        if spec != self._shown_spec:
+        x_metric = self.x_metric
+        spec = _spec(names, eval_metrics(self.feed.counts), self.x_unit, self._height, x_metric)
+        if spec != self._shown_spec:  # with x_metric, the controls offer the x-axis switch
             self._shown_spec = self.plot.spec = spec
         points = self.feed.take()
         if points:
@@ -119,15 +223,27 @@ class LivePlot:
     def evals(self) -> list[str]:
         return eval_metrics(self.feed.counts)
 
-    @property
-    def links(self) -> list[widgets.Widget]:
-        """The browser-side links between the controls and the plot."""
-        return list(self._links)
+
+def _spec(
+    names: list[str], evals: list[str], unit: XUnit, height: int, x_metric: str | None
+) -> dict[str, Any]:
+    panels = [_panel_spec(panel) for panel in plan_panels(names)]
+    spec = {"panels": panels, "eval": evals, "x_label": unit, "height": height, "waiting": _WAITING}
+    if x_metric is not None:
+        spec["x_metric"] = x_metric  # the logged epoch, which the x axis can show instead
+    return spec
 
 
-def _spec(names: list[str], evals: list[str], unit: XUnit, height: int) -> dict[str, Any]:
-    panels = [{"label": p.label, "names": list(p.names)} for p in plan_panels(names)]
-    return {"panels": panels, "eval": evals, "x_label": unit, "height": height, "waiting": _WAITING}
+def _panel_spec(panel: Panel) -> dict[str, Any]:
+    """A panel for the browser: its label and names, the count of its family's metrics not
+    drawn (``more``) and the shortened names (``short``), each only when there are any."""
+    spec: dict[str, Any] = {"label": panel.label, "names": list(panel.names)}
+    short = {name: short_name(name) for name in panel.names if short_name(name) != name}
+    if panel.more:
+        spec["more"] = panel.more
+    if short:
+        spec["short"] = short
+    return spec
 
 
 def _json_points(points: Points) -> dict[str, list[list[float | None]]]:

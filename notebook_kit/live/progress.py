@@ -1,4 +1,4 @@
-"""The kernel half of progress: what rank 0 reported, and its rate from the first step.
+"""Kernel side of progress, run in the kernel: what rank 0 reported, its rate from the first step.
 
 The rate and the ETA are measured from the first training step the kernel sees, not from the
 launch: forking, imports and the rendezvous would otherwise make the first seconds look slow.
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_kit.runtime.metrics import BATCH_KIND, SINGLE_KIND
+from notebook_kit.runtime.messages import MetricsBatch, Progress, decode
 
 __all__ = ["ProgressState", "RateClock", "format_duration", "format_rate", "progress_text"]
 
@@ -22,7 +22,7 @@ class ProgressState:
     """What the kernel knows about progress, from rank 0's batches and the logged steps.
 
     Example:
-        >>> state = ProgressState(); state.update({"steps": 5, "total": 10}); state.count
+        >>> state = ProgressState(); state.update(Progress(steps=5, total=10)); state.count
         5
     """
 
@@ -32,25 +32,29 @@ class ProgressState:
     epochs_begun: int = 0
     last_logged_step: int | None = None
 
-    def update(self, payload: dict[str, Any]) -> None:
-        """Take the progress fields of a metrics batch from rank 0."""
-        self.steps = payload.get("steps", self.steps)
-        self.total = payload.get("total", self.total)
-        length = payload.get("epoch_length")
-        if length is not None and self.epoch_length is None:
-            self.epoch_length = length
-        for _, step, _ in payload.get("records", ()):
-            if step is not None:
-                self.last_logged_step = max(step, self.last_logged_step or 0)
+    def update(self, progress: Progress) -> None:
+        """Take rank 0's progress counters."""
+        if progress.steps is not None:
+            self.steps = progress.steps
+        self.total = progress.total
+        if progress.epoch_length is not None and self.epoch_length is None:
+            self.epoch_length = progress.epoch_length
 
     def take(self, rank: int, kind: str, payload: Any) -> None:
-        """Follow rank 0: its batches, or the step of its single ``log`` records."""
-        if rank != 0:
+        """Take ``(kind, payload)`` as a launch context sends it; other kinds are ignored."""
+        batch = decode(rank, kind, payload)
+        if isinstance(batch, MetricsBatch):
+            self.take_batch(batch)
+
+    def take_batch(self, batch: MetricsBatch) -> None:
+        """Follow rank 0: its counters, and the steps it logged."""
+        if batch.rank != 0:
             return
-        if kind == BATCH_KIND:
-            self.update(payload)
-        elif kind == SINGLE_KIND and payload.get("step") is not None:
-            self.last_logged_step = max(int(payload["step"]), self.last_logged_step or 0)
+        if batch.progress is not None:
+            self.update(batch.progress)
+        for _, step, _ in batch.records:
+            if step is not None:
+                self.last_logged_step = max(int(step), self.last_logged_step or 0)
 
     @property
     def count(self) -> int:

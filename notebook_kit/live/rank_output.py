@@ -15,7 +15,8 @@ import html
 
 import ipywidgets as widgets
 
-from notebook_kit.live.observer import RankSummary, Stream
+from notebook_kit.live.observer import RankSummary, Stream, rank_label
+from notebook_kit.live.shared_models import SharedModels
 
 __all__ = ["RankOutput", "last_segment"]
 
@@ -48,21 +49,30 @@ class RankOutput:
         >>> output = RankOutput((0, 1)); output.add(1, "stderr", "warning!"); output.refresh()
     """
 
-    def __init__(self, ranks: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        ranks: tuple[int, ...],
+        nodes: dict[int, int] | None = None,
+        shared: SharedModels | None = None,
+    ) -> None:
+        shared = shared if shared is not None else SharedModels()
         self.ranks = ranks
+        self._nodes = nodes or {}  # rank -> node, shown in the titles of a multi-node run
         self._lines = {rank: collections.deque(maxlen=_KEPT_LINES) for rank in ranks}
         self._raw = {rank: collections.deque(maxlen=_KEPT_LINES) for rank in ranks}
         self._counts = dict.fromkeys(ranks, 0)
         self._has_error = dict.fromkeys(ranks, False)
         self._failed: set[int] = set()
         self._dirty: set[int] = set()
-        self._panes = {rank: widgets.HTML(_as_html(())) for rank in ranks}
+        self._panes = {rank: shared.html(_as_html(())) for rank in ranks}
         self._leading: list[tuple[str, widgets.Widget]] = []
-        self.widget = widgets.Tab(children=[self._panes[rank] for rank in ranks])
-        self.widget.add_class("nk-rank-output")
-        self.widget.layout.height = TABS_HEIGHT  # the tab bar and a pane, before they render
         self._titles = tuple(self._rank_titles())
-        self.widget.titles = self._titles
+        self.widget = widgets.Tab(
+            children=[self._panes[rank] for rank in ranks],
+            titles=self._titles,
+            layout=widgets.Layout(height=TABS_HEIGHT),  # the tab bar and a pane, before render
+            _dom_classes=("nk-rank-output",),
+        )
 
     def add_leading_tab(self, title: str, pane: widgets.Widget) -> None:
         """Put ``pane`` before the rank tabs and select it."""
@@ -97,7 +107,7 @@ class RankOutput:
         titles = []
         for rank in self.ranks:
             mark = " ✗" if rank in self._failed else " (stderr)" if self._has_error[rank] else ""
-            titles.append(f"rank {rank}{mark}")
+            titles.append(f"{rank_label(rank, self._nodes)}{mark}")
         return titles
 
     def _set_titles(self) -> None:
@@ -122,7 +132,8 @@ class RankOutput:
             if not self._counts[rank]:
                 continue
             failed, count = rank in self._failed, self._counts[rank]
-            title = f"rank {rank}{' ✗' if failed else ''} · {self._count_text(rank)}"
+            label = rank_label(rank, self._nodes)
+            title = f"{label}{' ✗' if failed else ''} · {self._count_text(rank)}"
             colour = f' style="color:{ERROR_COLOUR}"' if failed else ""
             opened = " open" if failed or count <= _OPEN_LINES else ""
             blocks.append(

@@ -12,6 +12,7 @@ from typing import Any
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.live.progress import ProgressState
+from notebook_kit.runtime.messages import MetricsBatch, decode
 
 __all__ = ["RunRecord", "RunRecorder", "last_run"]
 
@@ -31,8 +32,9 @@ class RunRecord:
         dropped: Metric records the workers could not send (the kernel was too slow).
         figure: The final live plot (a matplotlib Figure), or None when none was drawn.
 
-    Example:
-        >>> steps, losses = zip(*last_run().metrics["loss"])
+    Example::
+
+        steps, losses = zip(*last_run().metrics["loss"])
     """
 
     metrics: dict[str, list[tuple[int, float]]]
@@ -60,11 +62,12 @@ _last: RunRecord | None = None
 def last_run() -> RunRecord | None:
     """The record of the most recent launch in this kernel (None before the first).
 
-    Example:
-        >>> notebook_launcher(train, num_processes=2)
-        >>> record = notebook_kit.last_run()
-        >>> record.metrics["loss"][-1], record.stopped
-        ((99, 0.13), False)
+    Example::
+
+        notebook_launcher(train, num_processes=2)
+        record = notebook_kit.last_run()
+        record.metrics["loss"][-1], record.stopped
+        # ((99, 0.13), False)
     """
     return _last
 
@@ -72,8 +75,9 @@ def last_run() -> RunRecord | None:
 class RunRecorder:
     """The part shared by every default display: collect metrics and progress, keep a record.
 
-    Example:
-        >>> recorder = RunRecorder(); recorder.on_message(0, "log", payload)
+    Example::
+
+        recorder = RunRecorder(); recorder.on_message(0, "log", payload)
     """
 
     def __init__(self) -> None:
@@ -81,11 +85,17 @@ class RunRecorder:
         self.progress = ProgressState()
 
     def on_message(self, rank: int, kind: str, payload: Any) -> bool:
-        """Take metrics and progress; False for a message of another kind."""
-        if not self.metrics.add_message(rank, kind, payload):
+        """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
+        batch = decode(rank, kind, payload)
+        if not isinstance(batch, MetricsBatch):
             return False
-        self.progress.take(rank, kind, payload)
+        self.on_metrics(batch)
         return True
+
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        """Take a batch's metrics and progress."""
+        self.metrics.add_batch(batch)
+        self.progress.take_batch(batch)
 
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last

@@ -6,12 +6,16 @@ subshells (JEP 91): extra shell threads, created with a ``create_subshell_reques
 control channel, that handle messages while the main shell is busy. ipykernel sends a comm's
 incoming messages to the subshell that last published on that comm.
 
-So, at the start of a run, the kernel connects a client to itself through its connection file
+So, once a run has lasted a quarter second (``notebook_view.ROUTE_AFTER``: nobody clicks
+sooner, and a short launch pays nothing for it), the kernel connects a client to itself through
+its connection file
 (the same documented messaging protocol a front end uses), creates a subshell and opens a comm
 on it; the handler of that comm, running on the subshell, republishes the button's state (and
 that of the plot's controls). From then on their events are handled on that idle subshell,
-with any front end. The click handler only sets the shared stop flag; everything visible
-happens on the main thread. The ``idle`` these requests publish is answered by
+with any front end. The client and its subshell are kept for the kernel's later launches
+(a launch cell is run again and again): each of them then only opens that one comm. The click
+handler only sets the shared stop flag; everything visible happens on the main thread. The
+``idle`` these requests publish is held back until the cell ends by
 :class:`~notebook_kit.live.kernel_status.BusyKeeper`, so the kernel still shows Busy.
 
 Where that is not possible (ipykernel 6, no connection file) the click is still served while a
@@ -23,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
 
+from notebook_kit.live.shared_models import SharedModels
 from notebook_kit.runtime.context import StopFlag
 
 __all__ = ["StopButton"]
@@ -41,13 +47,15 @@ _ASYNC_HINT = (
 class StopButton:
     """A Stop button that sets a launch's stop flag, served while the cell runs.
 
-    Example:
-        >>> button = StopButton(info.stop_flag); display(button.widget)
-        >>> ...  # the run
-        >>> button.finish()
+    Example::
+
+        button = StopButton(info.stop_flag); display(button.widget)
+        ...  # the run
+        button.finish()
     """
 
-    def __init__(self, stop_flag: StopFlag) -> None:
+    def __init__(self, stop_flag: StopFlag, shared: SharedModels | None = None) -> None:
+        shared = shared if shared is not None else SharedModels()
         self._flag = stop_flag
         self._finished = False
         self.button = widgets.Button(
@@ -55,12 +63,12 @@ class StopButton:
             icon="stop",
             button_style="warning",
             tooltip="Ends training at the next step boundary, on every rank",
+            layout=shared.layout,
+            _dom_classes=("nk-stop",),
         )
-        self.button.add_class("nk-stop")
         self.button.on_click(self._clicked)
-        self.note = widgets.HTML()
-        self.note.add_class("nk-stop-note")
-        self.note.layout.display = "none"  # shown only for the hint of an old kernel
+        # Shown only for the hint of an old kernel: a layout of its own.
+        self.note = shared.html("", ("nk-stop-note",), widgets.Layout(display="none"))
         self.widget = self.button
         self._route: _SubshellRoute | None = None
 
@@ -70,12 +78,18 @@ class StopButton:
             with contextlib.suppress(ValueError):  # the flag's memory is gone after the run
                 self._flag.set()
 
-    def serve_during_run(self, *others: widgets.Widget) -> bool:
+    def serve_during_run(
+        self, *others: widgets.Widget, hold_idles: Callable[[str], None] | None = None
+    ) -> bool:
         """Route clicks (and ``others``' events) to a kernel subshell; False (and a hint)
-        where that is impossible."""
-        self._route = _SubshellRoute.open()
+        where that is impossible. ``hold_idles`` is told the session of the route's own
+        requests, whose ``idle`` must not show while the cell runs."""
+        self._route = _SubshellRoute.open(hold_idles)
         if self._route is not None and self._route.republish(self.button, *others):
             return True
+        if self._route is not None:  # it did not answer: the next launch makes a new one
+            self._route.forget()
+            self._route = None
         self.note.value = _ASYNC_HINT
         self.note.layout.display = None
         return False
@@ -94,18 +108,21 @@ class StopButton:
             self.button.disabled = True
 
     def finish(self) -> str | None:
-        """The run is over: clicks do nothing and the route goes.
+        """The run is over: clicks do nothing; the route stays for the next launch.
 
         Returns:
-            The id of the request that closed the route (its ``idle`` follows), or None.
+            The id of the route's last request (its ``idle`` is held back), or None.
         """
         self._finished = True
         route, self._route = self._route, None
-        return route.close() if route is not None else None
+        return route.last_request if route is not None else None
 
 
 class _SubshellRoute:
-    """A client of this kernel holding one subshell, used to claim comms for that subshell."""
+    """A client of this kernel holding one subshell, used to claim comms for that subshell.
+
+    One is kept per kernel process (:data:`_KEPT`) and used by every launch after the first.
+    """
 
     def __init__(self, client: Any, subshell_id: str) -> None:
         self.client = client
@@ -113,14 +130,32 @@ class _SubshellRoute:
         self.last_request: str | None = None
 
     @classmethod
-    def open(cls) -> _SubshellRoute | None:
+    def open(cls, hold_idles: Callable[[str], None] | None = None) -> _SubshellRoute | None:
+        """The kept route (its requests' idles told to ``hold_idles``), or a new one."""
+        global _KEPT
+        route = _KEPT
+        if route is not None:
+            if hold_idles is not None:
+                hold_idles(route.client.session.session)
+            route.last_request = None
+            return route
+        _KEPT = route = cls._create(hold_idles)
+        return route
+
+    @classmethod
+    def _create(cls, hold_idles: Callable[[str], None] | None) -> _SubshellRoute | None:
         client = _self_client()
         if client is None:
             return None
+        if hold_idles is not None:
+            hold_idles(client.session.session)
         try:
             reply, _ = _control_request(client, "create_subshell_request", {})
         except Exception:
             reply = None
+        except BaseException:  # Ctrl-C while it opens (it opens during the run): leave no client
+            client.stop_channels()
+            raise
         if not reply or reply.get("status") != "ok" or not reply.get("subshell_id"):
             client.stop_channels()
             return None
@@ -154,6 +189,13 @@ class _SubshellRoute:
         finally:
             manager.unregister_target(target, claim)
 
+    def forget(self) -> None:
+        """Stop keeping this route (it did not answer) and close it."""
+        global _KEPT
+        if _KEPT is self:
+            _KEPT = None
+        self.close()
+
     def close(self) -> str | None:
         """Delete the subshell; the id of the delete request, whose ``idle`` follows."""
         request = None
@@ -166,6 +208,9 @@ class _SubshellRoute:
         with contextlib.suppress(Exception):
             self.client.stop_channels()
         return request
+
+
+_KEPT: _SubshellRoute | None = None  # this kernel's route, made by its first launch that needs one
 
 
 def _self_client() -> Any:

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from notebook_kit.live.eval_table import EvalTable
+from notebook_kit.live.metric_names import joined, named_values
 from notebook_kit.live.observer import LaunchSummary
 
 __all__ = ["details_bundle", "figure_bundle", "summary_bundle", "summary_line"]
@@ -39,8 +40,7 @@ def summary_line(
     parts = [_ending(summary)]
     if steps:
         parts.append(f"{steps}/{total} steps" if total and total > steps else f"{steps} steps")
-    for name, value in list((latest or {}).items())[:_SHOWN_METRICS]:
-        parts.append(f"{name} {_number(value)}")
+    parts += named_values(latest or {}, _SHOWN_METRICS, _number)
     if dropped:
         parts.append(f"{dropped} metric records dropped (log less often)")
     if summary.outcome == "stopped":
@@ -52,10 +52,11 @@ def _ending(summary: LaunchSummary) -> str:
     seconds = f"{summary.duration:.1f} s"
     if summary.succeeded:
         return f"Finished in {seconds}"
+    workers = "the workers keep their state" if summary.workers_kept else "all workers stopped"
     if summary.timed_out:
-        return f"Timed out after {seconds}, all workers stopped"
+        return f"Timed out after {seconds}, {workers}"
     if summary.interrupted:
-        return f"Interrupted after {seconds}, all workers stopped"
+        return f"Interrupted after {seconds}, {workers}"
     failed = sorted({failure.rank for failure in summary.failures})
     if failed:
         first = summary.failures[0]
@@ -88,7 +89,7 @@ def summary_bundle(line: str, outcome: str, banner: str) -> dict[str, str]:
 
 def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:
     """The final plot: the PNG, with a one-line text fallback."""
-    return {"image/png": png, "text/plain": f"<plot of {', '.join(names)} by {unit}>"}
+    return {"image/png": png, "text/plain": f"<plot of {joined(names, _SHOWN_METRICS)} by {unit}>"}
 
 
 def details_bundle(table: EvalTable, ranks_html: str, ranks_text: str) -> dict[str, str] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,9 @@ class LaunchContext:
             (a run in the calling process or under torchrun).
         stop_flag: Set by the kernel to ask the training loop to stop; None if unsupported.
         prepared_models: Modules given to ``Accelerator.prepare`` in this process, in order.
+        weight_gatherers: For sharded models (FSDP), ``id(model)`` -> a collective that
+            returns the whole state dict on rank 0; every rank runs it when the function ends.
+        gathered_weights: What those gatherers returned, by ``id(model)``.
         restart_count: How many times the launch restarted its workers after a failure.
         extensions: Per-launch state of feature modules (the metrics channel, stop votes),
             keyed by module; values with a ``close()`` method are closed by :meth:`close`.
@@ -79,6 +82,8 @@ class LaunchContext:
     send: Callable[[str, Any], None] | None = None
     stop_flag: StopFlag | None = None
     prepared_models: list[Any] = field(default_factory=list)
+    weight_gatherers: dict[int, Callable[[Any], dict[str, Any]]] = field(default_factory=dict)
+    gathered_weights: dict[int, dict[str, Any]] = field(default_factory=dict)
     restart_count: int = 0
     extensions: dict[str, Any] = field(default_factory=dict)
 
@@ -97,6 +102,21 @@ class LaunchContext:
         """Remember a model given to ``prepare`` so its trained weights can go home."""
         if not any(existing is model for existing in self.prepared_models):
             self.prepared_models.append(model)
+
+    def register_weights_gatherer(
+        self, model: Any, gather: Callable[[Any], dict[str, Any]]
+    ) -> None:
+        """A sharded model's weights go home through ``gather(model)``, a collective."""
+        self.weight_gatherers[id(model)] = gather
+
+    def gather_weights(self, model_ids: Iterable[int]) -> None:
+        """Run on every rank once the function returned: gathers the sharded models among
+        ``model_ids`` (the ones going home), so rank 0 can send them whole."""
+        wanted = set(model_ids)
+        for model in self.prepared_models:
+            gather = self.weight_gatherers.get(id(model))
+            if gather is not None and id(model) in wanted:
+                self.gathered_weights[id(model)] = gather(model)
 
 
 _current: LaunchContext | None = None

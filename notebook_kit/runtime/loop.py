@@ -21,11 +21,11 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Real
 from typing import Any
 
 from notebook_kit.runtime import stopping
 from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.log_values import check_log_call
 from notebook_kit.runtime.metrics import log_from_worker
 from notebook_kit.runtime.progress import advance, report_total
 
@@ -36,8 +36,8 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     """Send metrics to the kernel's live plot and ``last_run().metrics``; never waits.
 
     Every rank may log: the plot shows the mean over the ranks that logged a step. Tensors
-    on an accelerator are read by a background thread, so logging a loss does not wait for
-    the device.
+    are read by a background thread, so logging a loss does not wait for the device. The
+    values are checked here, as ``Accelerator.log`` checks them.
 
     Args:
         values: Metric name to a number or a one-element tensor.
@@ -45,19 +45,14 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
 
     Raises:
         TypeError: A value is not a number or a one-element tensor, or ``step`` is not an int.
+        ValueError: A number too large for a float.
 
-    Example:
-        >>> notebook_kit.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
+    Example::
+
+        notebook_kit.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
     """
-    if not isinstance(values, Mapping):
-        raise TypeError(
-            f"log() takes a dict of metric name to number, got {type(values).__name__}."
-        )
-    for name, value in values.items():
-        _check_value(str(name), value)
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise TypeError(f"log(step=...) must be a non-negative int or None, got {step!r}.")
-    log_from_worker(current_launch(), values, step)
+    checked, step = check_log_call(values, step)
+    log_from_worker(current_launch(), checked, step)
 
 
 def should_stop() -> bool:
@@ -67,11 +62,12 @@ def should_stop() -> bool:
     the process group, like ``accelerator.should_stop``); each call also counts one finished
     step on the progress bar.
 
-    Example:
-        >>> for inputs, targets in loader:
-        ...     train_step(inputs, targets)
-        ...     if notebook_kit.should_stop():
-        ...         break
+    Example::
+
+        for inputs, targets in loader:
+            train_step(inputs, targets)
+            if notebook_kit.should_stop():
+                break
     """
     context = current_launch()
     advance(context)
@@ -86,22 +82,10 @@ def progress(total: int | None) -> None:
     Raises:
         TypeError: ``total`` is not a non-negative int or None.
 
-    Example:
-        >>> notebook_kit.progress(total=epochs * len(loader))
+    Example::
+
+        notebook_kit.progress(total=epochs * len(loader))
     """
     if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
         raise TypeError(f"progress(total=...) must be a non-negative int or None, got {total!r}.")
     report_total(current_launch(), total)
-
-
-def _check_value(name: str, value: Any) -> None:
-    if isinstance(value, Real) and not isinstance(value, bool):
-        return
-    numel = getattr(value, "numel", None)
-    if callable(numel) and hasattr(value, "item") and numel() == 1:
-        return
-    if hasattr(value, "item") and getattr(value, "size", None) == 1:  # a NumPy scalar
-        return
-    raise TypeError(
-        f"log() takes numbers or one-element tensors; {name!r} is {type(value).__name__}."
-    )

@@ -1,4 +1,4 @@
-"""The worker half of the metrics channel: cheap logging, batches sent to the kernel.
+"""Worker side of the metrics channel, run in every training process: cheap logging, batched.
 
 A worker's ``log`` call only appends to a bounded in-memory buffer; a background thread sends
 the buffer to the kernel in batches a few times a second. When the kernel reads too slowly the
@@ -15,7 +15,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext
+from notebook_kit.runtime.messages import MetricsBatch, Progress, plain_values
 
 __all__ = [
     "BATCH_KIND",
@@ -26,11 +28,14 @@ __all__ = [
     "close_channel",
     "flush",
     "log_from_worker",
+    "log_snapshots",
     "plain_values",
+    "settle",
+    "snapshot_values",
 ]
 
-BATCH_KIND = "metrics"  # message kind of a batch from the sender thread
-SINGLE_KIND = "log"  # message kind of one record sent directly: {"rank", "step", "values"}
+BATCH_KIND = MetricsBatch.KIND  # message kind of a batch from the sender thread
+SINGLE_KIND = MetricsBatch.SINGLE_KIND  # one record sent on its own: {"rank", "step", "values"}
 _BUFFER_RECORDS = 10_000
 _SEND_INTERVAL = 0.05  # seconds between batches: bounds the latency a record adds
 _EXTENSION = "metrics"  # where a context keeps its channel
@@ -45,8 +50,9 @@ class WorkerChannel:
     sending. In the kernel's own process (a run with one process) ``send`` is a plain call,
     so records go out at once and nothing needs a thread.
 
-    Example:
-        >>> channel(current_launch()).log(step=3, values={"loss": 0.5})
+    Example::
+
+        channel(current_launch()).log(step=3, values={"loss": 0.5})
     """
 
     def __init__(self, context: LaunchContext, capacity: int = _BUFFER_RECORDS) -> None:
@@ -101,16 +107,13 @@ class WorkerChannel:
             state = (self.dropped, self.steps, self.total, self.epoch_length)
             if send is None or (not records and state == self._sent_state):
                 return
-            records = [(rank, step, plain_values(values)) for rank, step, values in records]
-            payload = {
-                "rank": self.context.rank,
-                "records": records,
-                "dropped": state[0],
-                "steps": state[1],
-                "total": state[2],
-                "epoch_length": state[3],
-            }
-            send(BATCH_KIND, payload)
+            batch = MetricsBatch(
+                rank=self.context.rank,
+                records=tuple((rank, step, settle(values)) for rank, step, values in records),
+                dropped=state[0],
+                progress=Progress(steps=state[1], total=state[2], epoch_length=state[3]),
+            )
+            messages.send(send, batch)
             self._sent_state = state
 
     def close(self, timeout: float = 5.0) -> None:
@@ -124,9 +127,10 @@ class WorkerChannel:
 def channel(context: LaunchContext) -> WorkerChannel:
     """The channel of ``context``, created on first use (one per launch and process).
 
-    Example:
-        >>> channel(current_launch()).dropped
-        0
+    Example::
+
+        channel(current_launch()).dropped
+        # 0
     """
     existing = context.extensions.get(_EXTENSION)
     if existing is None:
@@ -148,19 +152,39 @@ def log_from_worker(
         values: Metric name to number or scalar tensor.
         step: The training step; None numbers each rank's calls 0, 1, 2, ...
 
-    Example:
-        >>> log_from_worker(current_launch(), {"loss": loss}, step=i)
+    Example::
+
+        log_from_worker(current_launch(), {"loss": loss}, step=i)
     """
+    log_snapshots(context, snapshot_values(values), step)
+
+
+def log_snapshots(
+    context: LaunchContext | None, snapshots: dict[str, Any], step: int | None = None
+) -> None:
+    """Queue values :func:`snapshot_values` already took (so one log call copies once)."""
     if context is None or context.send is None:
         return
-    channel(context).log(step, {name: _snapshot(value) for name, value in values.items()})
+    channel(context).log(step, snapshots)
+
+
+def snapshot_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Name to what can be read later without a sync: a float, a tensor copy, a DeviceScalar.
+
+    Example:
+        >>> import torch
+        >>> snapshot_values({"loss": torch.tensor(0.5)})["loss"].item()
+        0.5
+    """
+    return {name: _snapshot(value) for name, value in values.items()}
 
 
 def flush(context: LaunchContext | None) -> None:
     """Send everything logged so far, blocking until it is written.
 
-    Example:
-        >>> flush(current_launch())
+    Example::
+
+        flush(current_launch())
     """
     if context is not None and _EXTENSION in context.extensions:
         channel(context).send_batch(wait=True)
@@ -169,8 +193,9 @@ def flush(context: LaunchContext | None) -> None:
 def close_channel(context: LaunchContext | None) -> None:
     """Stop the sender thread and send what is left; call when the user's function ends.
 
-    Example:
-        >>> close_channel(current_launch())
+    Example::
+
+        close_channel(current_launch())
     """
     if context is not None and _EXTENSION in context.extensions:
         channel(context).close()
@@ -179,35 +204,57 @@ def close_channel(context: LaunchContext | None) -> None:
 class DeviceScalar:
     """A scalar logged on a GPU: copied to host memory in the background, read when it arrived.
 
-    The copy is queued behind the work that computes the value, and a CUDA event marks its
-    arrival, so neither logging nor sending ever waits for the GPU; only :meth:`item` on a
-    value not yet arrived does (at the end of a run).
+    The copy is queued on the current stream of the tensor's own GPU, behind the work that
+    computes the value, and an event recorded on that same stream marks its arrival (an event
+    on another GPU's stream could say "arrived" before the copy ran). ``record_stream`` keeps
+    the caching allocator from handing the source's memory to other work before the copy read
+    it. The sender thread asks the event with the GPU made current first: a new thread's
+    current device is 0, and asking from there would open a context on GPU 0 in every rank.
+    Neither logging nor sending ever waits for the GPU; only :meth:`item` on a value not yet
+    arrived does (at the end of a run).
     """
 
-    __slots__ = ("arrived", "host")
+    __slots__ = ("arrived", "device", "host")
 
     def __init__(self, tensor: Any) -> None:
         import torch
 
         source = tensor.detach()
-        self.host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-        self.host.copy_(source, non_blocking=True)
-        self.arrived = torch.cuda.Event()
-        self.arrived.record()
+        self.device = source.device
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.current_stream(self.device)
+            self.host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+            self.host.copy_(source, non_blocking=True)
+            source.record_stream(stream)
+            self.arrived = torch.cuda.Event()
+            self.arrived.record(stream)
+
+    def _on_device(self) -> Any:
+        import torch
+
+        device = getattr(self, "device", None)
+        return contextlib.nullcontext() if device is None else torch.cuda.device(device)
 
     def ready(self) -> bool:
-        return bool(self.arrived.query())
+        with self._on_device():
+            return bool(self.arrived.query())
 
     def item(self) -> Any:
-        self.arrived.synchronize()
+        with self._on_device():
+            if not self.arrived.query():  # only a value still on its way is waited for
+                self.arrived.synchronize()
         return self.host.item()
 
 
 def _snapshot(value: Any) -> Any:
-    """Read a CPU scalar now; copy a device tensor so later in-place updates don't leak in."""
+    """What ``value`` is now, readable later without waiting: no ``item()`` on this thread.
+
+    A tensor is copied (later in-place updates must not leak in); one on a GPU is copied to
+    host memory asynchronously. Numbers stay as they are.
+    """
+    if isinstance(value, DeviceScalar):
+        return value
     if hasattr(value, "detach") and hasattr(value, "device"):
-        if value.device.type == "cpu":
-            return value.detach().item() if value.numel() == 1 else value.detach().clone()
         if value.device.type == "cuda" and value.numel() == 1:
             return DeviceScalar(value)
         return value.detach().clone()
@@ -219,10 +266,15 @@ def _ready(values: dict[str, Any]) -> bool:
     return all(value.ready() for value in values.values() if isinstance(value, DeviceScalar))
 
 
-def plain_values(values: dict[str, Any]) -> dict[str, float]:
-    """Numbers only: what cannot become a float is left out rather than failing the send."""
-    plain = {}
-    for name, value in values.items():
-        with contextlib.suppress(TypeError, ValueError, RuntimeError):
-            plain[str(name)] = float(value.item() if hasattr(value, "item") else value)
+def settle(values: dict[str, Any]) -> dict[str, float]:
+    """The record's numbers, written back in place of their snapshots once they are read.
+
+    An Accelerator's history holds the same dict: its GPU values then free their pinned host
+    memory and their event as soon as they are sent, instead of when the history drops them.
+    Only values of existing keys change, so a reader iterating the dict meanwhile is safe.
+    """
+    plain = plain_values(values)
+    for name in values:
+        if isinstance(name, str) and name in plain:
+            values[name] = plain[name]
     return plain

@@ -1,4 +1,4 @@
-"""The worker half of progress: a counter bumped per step, carried to the kernel.
+"""Worker side of progress, run in every training process: a counter bumped per step.
 
 Workers only bump a counter (rank 0's count is the run's progress); the metrics channel carries
 it to the kernel with the next batch. The kernel owns the single bar
@@ -16,8 +16,9 @@ __all__ = ["advance", "report_epoch_length", "report_steps", "report_total"]
 def report_total(context: LaunchContext | None, total: int | None) -> None:
     """Set the number of steps of the whole run (``accelerator.progress(total=...)``).
 
-    Example:
-        >>> report_total(current_launch(), len(loader) * epochs)
+    Example::
+
+        report_total(current_launch(), len(loader) * epochs)
     """
     state = _rank0_channel(context)
     if state is None:
@@ -33,8 +34,9 @@ def report_epoch_length(context: LaunchContext | None, length: int, loader: obje
     Only the first loader that reports counts (the training loader, iterated first); an
     evaluation loader iterated later leaves the bar alone.
 
-    Example:
-        >>> report_epoch_length(current_launch(), len(prepared_loader), prepared_loader)
+    Example::
+
+        report_epoch_length(current_launch(), len(prepared_loader), prepared_loader)
     """
     state = _rank0_channel(context)
     if state is None:
@@ -50,8 +52,9 @@ def report_epoch_length(context: LaunchContext | None, length: int, loader: obje
 def advance(context: LaunchContext | None, steps: int = 1, loader: object = None) -> None:
     """Count ``steps`` finished training steps (cheap: an integer add on rank 0).
 
-    Example:
-        >>> advance(current_launch())
+    Example::
+
+        advance(current_launch())
     """
     state = _rank0_channel(context)
     if state is None:
@@ -66,8 +69,9 @@ def advance(context: LaunchContext | None, steps: int = 1, loader: object = None
 def report_steps(context: LaunchContext | None, steps: int) -> None:
     """Set the count of finished steps outright (a trainer that keeps its own step count).
 
-    Example:
-        >>> report_steps(current_launch(), trainer_state.global_step)
+    Example::
+
+        report_steps(current_launch(), trainer_state.global_step)
     """
     state = _rank0_channel(context)
     if state is None or state.steps == steps:

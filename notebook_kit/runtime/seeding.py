@@ -42,8 +42,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
 def get_rng_states() -> dict[str, Any]:
     """This process's generator states, made only of types ``torch.load(weights_only=True)`` reads.
 
-    Example:
-        >>> states = get_rng_states(); torch.rand(1); set_rng_states(states)
+    Example::
+
+        states = get_rng_states(); torch.rand(1); set_rng_states(states)
     """
     version, python_state, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
@@ -59,7 +60,8 @@ def get_rng_states() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     # Reading CUDA states would initialise CUDA; only do it where CUDA is already in use.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # is_initialized() first: without NVML counting (MIG) is_available() initialises CUDA.
+    if torch.cuda.is_initialized() and torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 
@@ -78,7 +80,9 @@ def set_rng_states(states: dict[str, Any]) -> None:
         (numpy["kind"], keys, numpy["position"], numpy["has_gauss"], numpy["cached"])
     )
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
+    # Only where CUDA is in use: is_available() itself may initialise CUDA (under MIG), which
+    # in a kernel would refuse every later fork.
+    if "cuda" in states and torch.cuda.is_initialized():
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
@@ -106,7 +110,7 @@ def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | No
         if kind == "torch":
             torch.set_rng_state(_from_rank_zero(torch.get_rng_state()))
         elif kind == "cuda":
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if torch.cuda.is_initialized() and torch.cuda.is_available():
                 torch.cuda.set_rng_state(_from_rank_zero(torch.cuda.get_rng_state()))
         elif kind == "generator":
             if generator is None:

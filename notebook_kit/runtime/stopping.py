@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from notebook_kit.runtime.context import LaunchContext
+from notebook_kit.runtime.process_group import cpu_group
 
 __all__ = ["should_stop"]
 
@@ -36,7 +36,6 @@ class _Votes:
     calls_until_vote: int = 0
     calls_since_vote: int = 0
     last_vote: float | None = None  # None before the first vote: no timing to go by
-    group: Any = None  # a gloo group when the default group is nccl: the vote stays on the CPU
 
 
 def should_stop(context: LaunchContext | None) -> bool:
@@ -51,11 +50,12 @@ def should_stop(context: LaunchContext | None) -> bool:
     Returns:
         Whether the training loop should end now.
 
-    Example:
-        >>> for batch in loader:
-        ...     train_step(batch)
-        ...     if should_stop(current_launch()):
-        ...         break
+    Example::
+
+        for batch in loader:
+            train_step(batch)
+            if should_stop(current_launch()):
+                break
     """
     local = context is not None and context.stop_requested()
     if context is None or context.world_size == 1 or not dist.is_initialized():
@@ -71,8 +71,7 @@ def should_stop(context: LaunchContext | None) -> bool:
 
 
 def _vote(votes: _Votes, local: bool) -> bool:
-    if votes.group is None and dist.get_backend() == "nccl":
-        votes.group = dist.new_group(backend="gloo")  # every rank is here: a safe point
+    group = cpu_group()  # gloo beside nccl, so the vote stays on the CPU; made once, reused
     now = time.monotonic()
     proposal = 1
     if votes.last_vote is not None and now > votes.last_vote:
@@ -81,7 +80,7 @@ def _vote(votes: _Votes, local: bool) -> bool:
     proposal = min(max(proposal, 1), _MAX_CALLS_BETWEEN_VOTES)
     # One MAX all-reduce: the stop flag, and minus each rank's proposal (MAX of -p is min p).
     ballot = torch.tensor([1 if local else 0, -proposal], dtype=torch.int32)
-    dist.all_reduce(ballot, op=dist.ReduceOp.MAX, group=votes.group)
+    dist.all_reduce(ballot, op=dist.ReduceOp.MAX, group=group)
     votes.calls_until_vote = -int(ballot[1]) - 1
     votes.calls_since_vote = 0
     votes.last_vote = now

@@ -19,16 +19,18 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from types import TracebackType
 from typing import Any, NoReturn
 
 import torch
 
+from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
+from notebook_kit.runtime.messages import Failure, Finished, Result, weights_of
 from notebook_kit.runtime.seeding import set_seed
-from notebook_kit.worker.homeward import dumps_for_kernel
+from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
+from notebook_kit.worker.stacks import answer_stack_requests
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,11 +49,14 @@ def run_worker(
     try:
         _detach_from_kernel(pipes, parent_pid)
         send = _message_sender(pipes.messages)
+        answer_stack_requests(send)  # where this rank waits, if the run ever stalls
         exit_code = _run(function, args, kwargs, spec, send, stop_flag)
     except BaseException:
         with contextlib.suppress(BaseException):
             traceback.print_exc()
     finally:
+        with contextlib.suppress(BaseException):
+            _finish_multiprocessing()
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -62,12 +67,37 @@ def _detach_from_kernel(pipes: WorkerPipes, parent_pid: int) -> None:
     """Leave the kernel's signal handling, output streams and descriptors behind."""
     os.setpgid(0, 0)  # own process group: the launcher can stop this worker and its children
     _die_with_parent(parent_pid)
+    _reset_multiprocessing()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for fd in pipes.inherited_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
     _redirect_output(pipes.stdout_fd, pipes.stderr_fd)
+
+
+def _reset_multiprocessing() -> None:
+    """Do what multiprocessing does in a child it forks itself.
+
+    A ``multiprocessing.Queue`` (or lock, pool, manager proxy) made in the kernel is copied
+    into this worker as it was at the fork, its internal lock possibly held by a thread that
+    does not exist here: a ``put()`` would wait for ever. Its after-fork handler resets it,
+    and the kernel's finalizers are not this process's to run. Nor are the kernel's own
+    children this worker's: multiprocessing's exit function would terminate them (a Dask
+    ``LocalCluster``'s worker processes, for one) when the worker ends.
+    """
+    from multiprocessing import process, util
+
+    process._children = set()
+    util._finalizer_registry.clear()
+    util._run_after_forkers()
+
+
+def _finish_multiprocessing() -> None:
+    """As a multiprocessing child ends: flush what its queues still buffer, join its children."""
+    from multiprocessing import util
+
+    util._exit_function()
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -153,6 +183,7 @@ def _run(
                 # On this process's main thread (the guardian forked it from a fresh one),
                 # so the function may install signal handlers.
                 value = function(*args, **kwargs)
+                context.gather_weights(spec.home_model_ids)  # sharded models: all ranks
             finally:
                 context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
@@ -185,35 +216,25 @@ def _set_environment(spec: WorkerSpec) -> None:
         NOTEBOOK_KIT_RESTART_COUNT=str(spec.restart_count),
         NOTEBOOK_KIT_MIXED_PRECISION=spec.plan.mixed_precision,
         NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.plan.gradient_accumulation_steps),
+        NOTEBOOK_KIT_USE_FSDP="yes" if spec.plan.use_fsdp else "no",
     )
     if spec.plan.num_nodes == 1 and sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
+        # NCCL's bootstrap picks an interface of its own (docker0 can win, and then hangs).
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
     """Send the exception to the kernel, which shows it once; print it only if that fails."""
-    error_type, error, trace = sys.exc_info()
+    _, error, trace = sys.exc_info()
     # Skip this module's own frames: the traceback starts in the user's function.
-    while trace is not None and trace.tb_next is not None and _is_ours(trace):
-        trace = trace.tb_next
-    text = "".join(traceback.format_exception(error_type, error, trace))
-    qualified = f"{error_type.__module__}.{error_type.__qualname__}" if error_type else "Exception"
-    payload = {
-        "type": qualified.removeprefix("builtins."),
-        "message": str(error),
-        "traceback": text,
-        "time": time.monotonic(),
-    }
+    failure = Failure.from_exception(error, trace, [__file__])
     try:
-        send("error", payload)
+        messages.send(send, failure)
     except BaseException:
         with contextlib.suppress(BaseException):
-            sys.stderr.write(f"rank {rank}: {text}")
+            sys.stderr.write(f"rank {rank}: {failure.traceback}")
     return 1
-
-
-def _is_ours(trace: TracebackType) -> bool:
-    return trace.tb_frame.f_code.co_filename == __file__
 
 
 def _report_result(
@@ -228,34 +249,20 @@ def _report_result(
     Every rank says how and when its function ended, so a rank that left while the others
     still needed it can be named when they fail for want of it.
     """
-    finished = {"ended": ended, "time": time.monotonic()}
     if spec.local_rank != 0:
-        send("done", finished)
+        messages.send(send, Finished(ended, time.monotonic()))
         return True
     try:
-        payload = {"value": value, "weights": _home_weights(spec, context), **finished}
-        send("result", payload)
+        # Forked: a model the kernel holds has the same id here.
+        home = {i: i for i in spec.home_model_ids}
+        weights = weights_of(context.prepared_models, home, context.gathered_weights)
+        messages.send(send, Result(value, weights, ended))
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         message = (
             f"rank 0 returned a value of type {type(value).__module__}.{type(value).__qualname__} "
             f"that cannot be pickled back to the kernel ({error}). Return plain data, tensors or "
             f"a state_dict instead."
         )
-        send(
-            "error",
-            {"type": "ResultError", "message": message, "traceback": "", "time": time.monotonic()},
-        )
+        messages.send(send, Failure("ResultError", message, ""))
         return False
     return True
-
-
-def _home_weights(spec: WorkerSpec, context: LaunchContext) -> dict[int, dict[str, Any]]:
-    """State dicts (on CPU) of prepared models that were created in the kernel."""
-    weights = {}
-    for model in context.prepared_models:
-        if id(model) in spec.home_model_ids:
-            weights[id(model)] = {
-                key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-                for key, value in model.state_dict().items()
-            }
-    return weights

@@ -33,6 +33,17 @@ _RECORD = """(cell) => {
         attributes: true, attributeFilter: ['style', 'data-last-x']});
     window.nkTimer = setInterval(sample, 100);
 }"""
+# The distinct newest steps a cell's live plot drew (``data-last-x``), sampled every 100 ms
+# while the run goes on: a plot drawn only at the end leaves one entry.
+_RECORD_PLOT_ENDS = """(cell) => {
+    window.nkPlotEnds = [];
+    window.nkPlotTimer = setInterval(() => {
+        const plot = cell.querySelector('.nk-plot');
+        const last = plot && plot.dataset.lastX !== undefined ? Number(plot.dataset.lastX) : null;
+        const seen = window.nkPlotEnds;
+        if (last !== null && seen[seen.length - 1] !== last) seen.push(last);
+    }, 100);
+}"""
 # JupyterLab's status bar: "Python 3 (ipykernel) | Busy".
 _STATUS_BAR = """() => Array.from(document.querySelectorAll('.jp-StatusBar-Widget'),
     (node) => node.textContent).join(' ')"""
@@ -52,6 +63,15 @@ def start_recording(notebook: LabNotebook, cell: int) -> None:
 
 def record(page: Any) -> list[dict[str, Any]]:
     return list(page.evaluate("() => window.nkRecord"))
+
+
+def start_recording_plot_ends(notebook: LabNotebook, cell: int) -> None:
+    notebook.cell(cell).element_handle().evaluate(_RECORD_PLOT_ENDS)
+
+
+def plot_ends(page: Any) -> list[float]:
+    """The newest steps drawn, in the order the plot drew them."""
+    return list(page.evaluate("() => window.nkPlotEnds"))
 
 
 def live_view_shown(notebook: LabNotebook, cell: int) -> bool:

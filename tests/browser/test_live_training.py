@@ -56,7 +56,10 @@ def test_run_all_shows_a_live_view_that_keeps_up_and_leaves_a_readable_cell(
     mid: dict[str, Any] = {}
 
     def photograph_mid_run() -> None:
-        text = cell.locator(".nk-live").inner_text() if cell.locator(".nk-live").count() else ""
+        # One read that does not wait: the live view may make way for the summary between a
+        # count() and an inner_text(), which then waited 30 s for an element that was gone.
+        texts = cell.locator(".nk-live").all_inner_texts()
+        text = texts[0] if texts else ""
         match = re.search(r"(\d+)% · (\d+)/100", text)
         if not mid and match and 30 <= int(match.group(1)) <= 90:
             mid["text"] = text

@@ -117,6 +117,9 @@ def test_more_processes_than_gpus_run_on_cpu_with_the_reason_in_the_banner():
     out = run_fresh(
         COMMON
         + f"""
+from notebook_kit import LaunchConfig
+from notebook_kit.launch.plan import make_plan
+print(make_plan(LaunchConfig(num_processes={processes})).banner())  # live=False prints none
 result = notebook_launcher(where, num_processes={processes}, live=False)
 print(json.dumps(result))
 """

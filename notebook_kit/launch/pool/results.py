@@ -7,10 +7,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.launch.pool.workers import WorkersStopped
 from notebook_kit.live.observer import LaunchSummary, RankSummary
+from notebook_kit.runtime.messages import PoolAnswer
 
 if TYPE_CHECKING:
-    from notebook_kit.launch.pool_workers import RunOutcome
+    from notebook_kit.launch.pool.workers import RunOutcome
 
 __all__ = ["PoolRunError", "ShownText", "decode_value", "failures_of", "run_summary"]
 
@@ -26,11 +28,12 @@ class PoolRunError(WorkerError):
     ``aftermath`` says what became of the workers (still running, or stopped and restarted at
     the next run). Catch :class:`~notebook_kit.errors.WorkerError` to handle either kind.
 
-    Example:
-        >>> try:
-        ...     pool.run(train)
-        ... except WorkerError as error:
-        ...     print(error.rank, error.failure.exception_type)
+    Example::
+
+        try:
+            pool.run(train)
+        except WorkerError as error:
+            print(error.rank, error.failure.exception_type)
     """
 
     def __init__(self, failures: list[WorkerFailure], world_size: int, aftermath: str) -> None:
@@ -59,23 +62,13 @@ class PoolRunError(WorkerError):
         return "\n".join(lines)
 
 
-def failures_of(answers: dict[int, dict[str, Any]]) -> list[WorkerFailure]:
+def failures_of(answers: dict[int, PoolAnswer]) -> list[WorkerFailure]:
     """The ranks whose answer is an error, as failures."""
-    failures = []
-    for rank, answer in sorted(answers.items()):
-        if answer["status"] == "error":
-            error = answer["error"]
-            failures.append(
-                WorkerFailure(
-                    rank=rank,
-                    exit_code=None,
-                    exception_type=error["type"],
-                    message=error["message"],
-                    traceback=error["traceback"],
-                    time=error["time"],
-                )
-            )
-    return failures
+    return [
+        answer.failure.on_rank(rank)
+        for rank, answer in sorted(answers.items())
+        if answer.status == "error" and answer.failure is not None
+    ]
 
 
 class ShownText:
@@ -88,14 +81,16 @@ class ShownText:
         return self.text
 
 
-def decode_value(payload: dict[str, Any], rank: int, *, for_display: bool) -> Any:
+def decode_value(payload: dict[str, Any] | None, rank: int, *, for_display: bool) -> Any:
     """Rebuild a rank's value in the kernel.
 
     Args:
-        payload: What the rank answered.
+        payload: The value the rank answered (``PoolAnswer.value``; None: none was asked).
         rank: Its rank, for the error message.
         for_display: A cell's result: when it cannot be rebuilt here, show its text instead.
     """
+    if payload is None:
+        return None
     if "repr" in payload:
         if for_display:
             return ShownText(payload["repr"])
@@ -142,12 +137,67 @@ def run_summary(
         interrupted=outcome.interrupted or isinstance(error, KeyboardInterrupt),
         stopped=stopped,
         error=error,
+        workers_kept=error is None,  # any exception out of a command stopped the workers
     )
 
 
-def _exit_code(answer: dict[str, Any] | None, exit_code: int | None) -> int | None:
+LOST = "Everything defined on the workers is lost; the next run starts new workers."
+KEPT = "the workers keep everything defined on them."
+
+
+def raise_for(
+    outcome: RunOutcome, error: BaseException | None, timeout: float | None, world_size: int
+) -> None:
+    """Raise what the command came to, saying each time what became of the workers.
+
+    ``error`` is what ended the command in the kernel: :class:`WorkersStopped`, or another
+    exception (Ctrl-C while a command was being sent) after which the workers were stopped.
+    """
+    if isinstance(error, WorkersStopped):
+        _raise_stopped(outcome, error, timeout, world_size)
+    if isinstance(error, KeyboardInterrupt):
+        print(
+            "Interrupted while the command was being sent or answered, so the workers were "
+            f"stopped. {LOST}",
+            flush=True,
+        )
+    if error is not None:
+        raise error
+    if outcome.interrupted:
+        print(f"Interrupted on every rank; {KEPT}", flush=True)
+        raise KeyboardInterrupt
+    failures = failures_of(outcome.answers)
+    if failures:
+        raise PoolRunError(failures, world_size, STILL_RUNNING)
+    if outcome.timed_out:
+        raise TimeoutError(
+            f"The run did not finish within timeout={timeout} s and was interrupted on every "
+            f"rank; {KEPT}"
+        )
+
+
+def _raise_stopped(
+    outcome: RunOutcome, error: WorkersStopped, timeout: float | None, world_size: int
+) -> None:
+    if outcome.interrupted:
+        print(f"Interrupted; the workers were stopped: {error.reason}. {LOST}", flush=True)
+        raise KeyboardInterrupt
+    if outcome.timed_out:
+        raise TimeoutError(
+            f"The run did not finish within timeout={timeout} s. It was interrupted on every "
+            f"rank, but {error.reason}, so the workers were stopped. {LOST}"
+        ) from None
+    failures = failures_of(outcome.answers) + error.failures
+    if not failures:
+        raise RuntimeError(f"The pool's workers were stopped: {error.reason}. {LOST}")
+    raise PoolRunError(
+        failures, world_size, f"The workers were stopped: {error.reason}. {LOST}"
+    ) from None
+
+
+def _exit_code(answer: PoolAnswer | None, exit_code: int | None) -> int | None:
     if exit_code is not None:
         return exit_code
     if answer is None:
         return None
-    return 0 if answer["status"] == "ok" else 1
+    return 0 if answer.status == "ok" else 1

@@ -1,7 +1,8 @@
 """The kernel's side of a pool's processes: fork them once, send commands, settle faults.
 
-The workers are forked by the launcher's own :func:`~notebook_kit.launch.forking.fork_workers`
-(same fork-time hygiene, process groups, death signal) and watched by its
+The workers are forked by the forked launcher's own fork, through
+:class:`~notebook_kit.launch.pool.persistent.PersistentLauncher` (same fork-time hygiene, process
+groups, death signal), and watched by its
 :class:`~notebook_kit.launch.supervisor.Supervisor`, which relays their output and messages.
 Here a relay observer sorts those messages: command answers and readiness come to this module,
 everything else (metrics, progress) goes to the view of the run in progress.
@@ -9,14 +10,13 @@ everything else (metrics, progress) goes to the view of the run in progress.
 A command is sent to the ranks it concerns and answered by each. When one rank fails or the
 user interrupts, the others are interrupted too and get a short grace period; then a small
 all-reduce with a deadline checks that the ranks still meet. Anything else — a rank that died,
-did not stop, or a group out of step — ends with the workers stopped (:class:`Ending`).
+did not stop, or a group out of step — ends with the workers stopped (:class:`WorkersStopped`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import multiprocessing
 import os
 import pickle
 import time
@@ -27,19 +27,25 @@ from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.launch.forking import fork_workers, open_listener
-from notebook_kit.launch.supervisor import Supervisor, interrupts_deferred
+from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred
+from notebook_kit.launch.supervisor import Supervisor
 from notebook_kit.live.observer import LaunchObserver, Stream
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.worker.pool_loop import OUTCOME_KIND, READY_KIND, PoolChannels, serve_pool
+from notebook_kit.runtime.messages import (
+    MetricsBatch,
+    OutputLine,
+    PoolAnswer,
+    Started,
+    WorkerMessage,
+)
+from notebook_kit.worker.pool.command_loop import PoolChannels
 
-__all__ = ["Ending", "PoolProcesses", "RunOutcome"]
+__all__ = ["PoolProcesses", "RunOutcome", "WorkersStopped", "hold_kernel_ends"]
 
 _TICK_SECONDS = 0.25
 _SETTLE_SECONDS = 1.0  # after a failure or interrupt: how long the other ranks get to stop
 _CHECK_SECONDS = 0.4  # the all-reduce that checks the group after a fault
 _CLOSE_SECONDS = 3.0  # for workers to leave the group cleanly when the pool closes
-_READY_SLACK = 30.0  # beyond the rendezvous timeout, to import and form the group
 
 _kernel_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
 
@@ -56,7 +62,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_kernel_ends)
 
 
-class Ending(Exception):
+def hold_kernel_ends(channels: PoolChannels) -> None:
+    """The kernel's write ends of a pool's pipes: closed in every child forked from now on."""
+    _kernel_ends.update(channels.senders + channels.interrupters)
+
+
+class WorkersStopped(Exception):
     """The workers had to be stopped; ``reason`` says why, ``failures`` what was seen.
 
     ``outcome`` holds the answers that came before (set when a command was running).
@@ -71,9 +82,9 @@ class Ending(Exception):
 
 @dataclass
 class RunOutcome:
-    """Every rank's answer to one command (``{"status", "error", "payload"}`` per rank)."""
+    """Every rank's answer to one command."""
 
-    answers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    answers: dict[int, PoolAnswer] = field(default_factory=dict)
     interrupted: bool = False
     timed_out: bool = False
 
@@ -82,7 +93,7 @@ class RunOutcome:
         return (
             self.interrupted
             or self.timed_out
-            or any(answer["status"] != "ok" for answer in self.answers.values())
+            or any(answer.status != "ok" for answer in self.answers.values())
         )
 
 
@@ -91,9 +102,9 @@ class _Relay:
 
     def __init__(self) -> None:
         self.view: LaunchObserver | None = None
-        self.answers: dict[int, dict[str, Any]] = {}
+        self.answers: dict[int, PoolAnswer] = {}
         self.ready: set[int] = set()
-        self.held: list[tuple[int, Stream, str]] = []  # output while no run was shown
+        self.held: list[OutputLine] = []  # output while no run was shown
 
     def on_start(self, info: Any) -> None:
         """The pool tells each run's view itself."""
@@ -102,15 +113,18 @@ class _Relay:
         if self.view is not None:
             self.view.on_output(rank, stream, line)
         else:
-            self.held.append((rank, stream, line))
+            self.held.append(OutputLine(rank, stream, line))
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        if kind == OUTCOME_KIND:
-            self.answers[rank] = payload
-        elif kind == READY_KIND:
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        if self.view is not None:
+            self.view.on_metrics(batch)
+
+    def on_other(self, rank: int, message: WorkerMessage) -> None:
+        """The supervisor hands over what a launch does not know: answers and readiness."""
+        if isinstance(message, PoolAnswer):
+            self.answers[rank] = message
+        elif isinstance(message, Started):
             self.ready.add(rank)
-        elif self.view is not None:
-            self.view.on_message(rank, kind, payload)
 
     def on_tick(self) -> None:
         """The pool ticks the view itself (:meth:`tick`), outside the part that defers Ctrl-C."""
@@ -126,67 +140,33 @@ class _Relay:
 class PoolProcesses:
     """One generation of a pool's workers, from fork to stop.
 
-    Example:
-        >>> processes = PoolProcesses.start(plan, StopFlag(), generation=0)
-        >>> outcome = processes.execute("cell", body, ranks=[0, 1], want=[0])
-        >>> processes.close()
+    Started by :func:`~notebook_kit.launch.pool.persistent.start_workers`::
+
+        processes = start_workers(plan, StopFlag(), generation=0)
+        outcome = processes.execute("cell", body, ranks=[0, 1], want=[0])
+        processes.close()
     """
 
     def __init__(self, plan: LaunchPlan, stop_flag: StopFlag) -> None:
         self.plan = plan
         self.stop_flag = stop_flag
         self.relay = _Relay()
-        self.supervisor = Supervisor([], self.relay)
+        self.supervisor = Supervisor([], self.relay, on_other=self.relay.on_other)
         self.channels: PoolChannels | None = None
         self.alive = False
         self._numbers = itertools.count(1)
+        self.first_rank = plan.global_rank(0)  # ranks are global; the pipes are per local rank
+        self.check_after_fault = True  # a cluster node leaves the group check to the kernel
 
-    @classmethod
-    def start(cls, plan: LaunchPlan, stop_flag: StopFlag, generation: int) -> PoolProcesses:
-        """Fork every worker and wait until each has joined the process group."""
-        processes = cls(plan, stop_flag)
-        try:
-            processes._fork(generation)
-            processes._wait_ready()
-        except BaseException:
-            processes.kill()
-            raise
-        return processes
-
-    def _fork(self, generation: int) -> None:
-        count = self.plan.num_processes
-        commands = [multiprocessing.Pipe(duplex=False) for _ in range(count)]
-        interrupts = [multiprocessing.Pipe(duplex=False) for _ in range(count)]
-        self.channels = PoolChannels(
-            commands=[reader for reader, _ in commands],
-            interrupts=[reader for reader, _ in interrupts],
-            senders=[writer for _, writer in commands],
-            interrupters=[writer for _, writer in interrupts],
-        )
-        _kernel_ends.update(self.channels.senders + self.channels.interrupters)
-        self.alive = True
-        call = (serve_pool, (self.channels,), {})
-        with open_listener(self.plan) or contextlib.nullcontext() as listener:
-            try:
-                self.supervisor.guardian = fork_workers(
-                    call, self.plan, listener, self.stop_flag, frozenset(),
-                    self.supervisor.workers, generation,
-                )  # fmt: skip
-            finally:
-                self.channels.close_readers()
+    @property
+    def ranks(self) -> list[int]:
+        """This node's global ranks, whose answers and failures the supervisor reports."""
+        return list(range(self.first_rank, self.first_rank + self.plan.num_processes))
 
     @property
     def pids(self) -> list[int]:
         """The workers' process ids, as their guardian reported them (empty when stopped)."""
         return [worker.pid for worker in self.supervisor.workers] if self.alive else []
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.plan.rendezvous_timeout + _READY_SLACK
-        while len(self.relay.ready) < self.plan.num_processes:
-            self._raise_if_dead("while starting")
-            if time.monotonic() > deadline:
-                raise Ending("the workers did not form their process group in time", [])
-            self._serve(wait(self.supervisor.waitables(), _TICK_SECONDS))
 
     # -- commands ------------------------------------------------------------------------
 
@@ -201,24 +181,28 @@ class PoolProcesses:
         """Run one command on ``ranks`` (local ranks); ``want``: whose value comes back.
 
         Raises:
-            Ending: the workers were stopped (a rank died, did not stop in time, or the
+            WorkersStopped: the workers were stopped (a rank died, did not stop in time, or the
                 group is out of step after a fault).
         """
         command = next(self._numbers)
         self._poll()
-        self._raise_if_dead("before the command started")
+        self.raise_if_dead("before the command started")
         self.relay.answers = {}
         for rank in ranks:
             self._send(rank, (kind, command, rank in want), body)
         outcome = RunOutcome()
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.supervisor.stall.start(self.plan.stall_seconds)
         try:
             self._collect(command, set(ranks), outcome, deadline)
-            if outcome.faulted and len(ranks) == self.plan.num_processes:
-                self._check_group()
-        except Ending as ending:
+            whole = len(ranks) == self.plan.num_processes
+            if outcome.faulted and whole and self.check_after_fault:
+                self.check_group()
+        except WorkersStopped as ending:
             ending.outcome = outcome
             raise
+        finally:
+            self.supervisor.stall.stop()
         return outcome
 
     def _collect(
@@ -232,6 +216,7 @@ class PoolProcesses:
                     return
             except KeyboardInterrupt:  # wherever it lands; a second one changes nothing
                 outcome.interrupted = True
+                interrupt_taken()  # the repeats of this press are absorbed
 
     def _collect_step(
         self,
@@ -245,9 +230,9 @@ class PoolProcesses:
         pending = ranks - set(outcome.answers)
         if not pending:
             return True
-        self._raise_if_dead("during the command")
+        self.raise_if_dead("during the command")
         now = time.monotonic()
-        failed = any(a["status"] != "ok" for a in outcome.answers.values())
+        failed = any(a.status != "ok" for a in outcome.answers.values())
         if deadline is not None and now >= deadline:
             outcome.timed_out = True
         if not settle and (failed or outcome.interrupted or outcome.timed_out):
@@ -260,7 +245,7 @@ class PoolProcesses:
         if settle and now >= settle[0] and pending:
             noun = "rank" if len(pending) == 1 else "ranks"
             ranks_text = ", ".join(str(r) for r in sorted(pending))
-            raise Ending(
+            raise WorkersStopped(
                 f"{noun} {ranks_text} did not stop within {_SETTLE_SECONDS:g} s (blocked in "
                 "native code, or in a collective operation waiting for a rank that had "
                 "already stopped)",
@@ -269,28 +254,28 @@ class PoolProcesses:
         limit = settle[0] - now if settle else _TICK_SECONDS
         if deadline is not None and not outcome.timed_out:
             limit = min(limit, deadline - now)
-        self._serve(wait(self.supervisor.waitables(), max(limit, 0.0)))
+        self.serve(wait(self.supervisor.waitables(), max(limit, 0.0)))
         if not settle:  # drawing (a first matplotlib import) may be interrupted; not after
             self.relay.tick()
         return False
 
-    def _check_group(self) -> None:
+    def check_group(self) -> None:
         """After a fault: do all ranks still meet in a collective? If not, stop them."""
         command = next(self._numbers)
         self.relay.answers = {}
-        ranks = set(range(self.plan.num_processes))
+        ranks = set(self.ranks)
         for rank in ranks:
             self._send(rank, ("check", command, False), pickle.dumps(_CHECK_SECONDS))
         deadline = time.monotonic() + _CHECK_SECONDS + 0.3
         with interrupts_deferred():  # short and bounded: Ctrl-C waits for it
             while set(self.relay.answers) != ranks and time.monotonic() < deadline:
-                self._raise_if_dead("while checking the process group")
-                self._serve(wait(self.supervisor.waitables(), deadline - time.monotonic()))
+                self.raise_if_dead("while checking the process group")
+                self.serve(wait(self.supervisor.waitables(), deadline - time.monotonic()))
         answers = self.relay.answers
-        bad = [r for r in ranks if answers.get(r, {}).get("status") != "ok"]
+        bad = [r for r in ranks if r not in answers or answers[r].status != "ok"]
         if bad:
-            details = [answers[r]["error"]["message"] for r in bad if r in answers]
-            raise Ending(
+            details = [answers[r].detail for r in bad if r in answers and answers[r].detail]
+            raise WorkersStopped(
                 "the process group is out of step after the fault"
                 + (f" ({details[0]})" if details else ""),
                 list(self.supervisor.failures),
@@ -299,44 +284,46 @@ class PoolProcesses:
     def _send(self, rank: int, header: tuple[str, int, bool], body: bytes) -> None:
         assert self.channels is not None
         try:
-            self.channels.senders[rank].send_bytes(pickle.dumps(header))
-            self.channels.senders[rank].send_bytes(body)
+            sender = self.channels.senders[rank - self.first_rank]
+            sender.send_bytes(pickle.dumps(header))
+            sender.send_bytes(body)
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._poll()
-            self._raise_if_dead("when the command was sent")
+            self.raise_if_dead("when the command was sent")
             raise
 
     def _interrupt(self, command: int, ranks: set[int]) -> None:
         assert self.channels is not None
         for rank in ranks:
             with contextlib.suppress(OSError):
-                self.channels.interrupters[rank].send_bytes(command.to_bytes(8, "little"))
+                interrupter = self.channels.interrupters[rank - self.first_rank]
+                interrupter.send_bytes(command.to_bytes(8, "little"))
 
     # -- watching ------------------------------------------------------------------------
 
-    def _serve(self, ready: list[Any]) -> None:
+    def serve(self, ready: list[Any]) -> None:
         with interrupts_deferred():  # a message is read whole, or not at all
             self.supervisor.serve(ready)
 
     def _poll(self) -> None:
-        self._serve(wait(self.supervisor.waitables(), 0))
+        self.serve(wait(self.supervisor.waitables(), 0))
 
     def lost_rank(self) -> str | None:
         """Between runs: how a rank that died since the last run ended, or None."""
         self._poll()
         try:
-            self._raise_if_dead("while the pool was idle")
-        except Ending as ending:
+            self.raise_if_dead("while the pool was idle")
+        except WorkersStopped as ending:
             return ending.reason
         return None
 
-    def _raise_if_dead(self, when: str) -> None:
+    def raise_if_dead(self, when: str) -> None:
         failures = [f for f in self.supervisor.failures if f.exit_code is not None]
         errors = [f for f in self.supervisor.failures if f.exit_code is None]
         if failures or errors:
             root = (errors or failures)[0]
             failures = list(self.supervisor.failures)
-            raise Ending(f"rank {root.rank} {root.summary()} {when}", failures)
+            raise WorkersStopped(f"rank {root.rank} {root.summary()} {when}", failures)
 
     # -- the end -------------------------------------------------------------------------
 
@@ -345,7 +332,7 @@ class PoolProcesses:
         if not self.alive:
             return
         with interrupts_deferred():
-            for rank in range(self.plan.num_processes):
+            for rank in self.ranks:
                 with contextlib.suppress(OSError, AssertionError):
                     self._send(rank, ("close", 0, False), b"")
             deadline = time.monotonic() + _CLOSE_SECONDS
@@ -364,7 +351,7 @@ class PoolProcesses:
                     connection.close()
             self.alive = False
 
-    def take_held_output(self) -> list[tuple[int, Stream, str]]:
+    def take_held_output(self) -> list[OutputLine]:
         """Lines printed while no run was shown (background threads between runs)."""
         held, self.relay.held = self.relay.held, []
         return held

@@ -30,7 +30,7 @@ from typing import Any
 
 import cloudpickle
 
-from notebook_kit.worker.pool_namespace import (
+from notebook_kit.worker.pool.namespace import (
     EMPTY_CELL,
     make_function,
     named,
@@ -40,7 +40,7 @@ from notebook_kit.worker.pool_namespace import (
 __all__ = [
     "DEFAULT_SEND_LIMIT",
     "SendTooLargeError",
-    "Shipping",
+    "WorkerHoldings",
     "code_names",
     "hidden_names",
     "names_used_by",
@@ -67,11 +67,11 @@ class _Same:
         self.value = value
 
 
-class Shipping:
+class WorkerHoldings:
     """The kernel's record of what the workers hold, and the pickler that uses it.
 
     Example:
-        >>> shipping = Shipping(sys.modules["__main__"].__dict__); shipping.remember_all()
+        >>> shipping = WorkerHoldings(sys.modules["__main__"].__dict__); shipping.remember_all()
         >>> shipping.needed({"train"})  # {} until ``train`` is redefined in the kernel
         {}
     """

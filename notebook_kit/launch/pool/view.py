@@ -15,24 +15,14 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from typing import Any
 
 from notebook_kit.launch.supervisor import interrupts_deferred
-from notebook_kit.live.display import default_observer, notebook_front_end
+from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, Stream
 from notebook_kit.live.record import RunRecorder
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
-__all__ = ["LIVE_AFTER", "GroupedText", "RunView", "prepare_live_view"]
-
-
-def prepare_live_view(live: bool | None) -> None:
-    """Import the live view's modules now (seconds, the first time), not during a run.
-
-    Example:
-        >>> prepare_live_view(None)  # in a notebook: ipywidgets and matplotlib are loaded
-    """
-    if live is not False and notebook_front_end():
-        import notebook_kit.live.notebook_view  # noqa: F401
+__all__ = ["LIVE_AFTER", "GroupedText", "RunView"]
 
 
 LIVE_AFTER = 0.5  # seconds a run lasts before its live view opens
@@ -85,8 +75,9 @@ class GroupedText:
 class RunView:
     """The observer of one pool run (see the module docstring).
 
-    Example:
-        >>> view = RunView(live=None, text=True); view.on_start(info); ...; view.on_finish(s)
+    Example::
+
+        view = RunView(live=None, text=True); view.on_start(info); ...; view.on_finish(s)
     """
 
     def __init__(
@@ -101,9 +92,9 @@ class RunView:
         self.inner: LaunchObserver | None = None
         self._tried = False
         self._started = time.monotonic()
-        self._lines: list[tuple[int, Stream, str]] = []
+        self._lines: list[OutputLine] = []
         self._printed = time.monotonic()
-        self._messages: list[tuple[int, str, Any]] = []
+        self._batches: list[MetricsBatch] = []
 
     def on_start(self, info: LaunchInfo) -> None:
         self.info = info
@@ -115,13 +106,13 @@ class RunView:
         elif self.inner is not None:
             self.inner.on_output(rank, stream, line)
         else:
-            self._lines.append((rank, stream, line))
+            self._lines.append(OutputLine(rank, stream, line))
 
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+    def on_metrics(self, batch: MetricsBatch) -> None:
         if self.inner is not None:
-            self.inner.on_message(rank, kind, payload)
+            self.inner.on_metrics(batch)
         else:
-            self._messages.append((rank, kind, payload))
+            self._batches.append(batch)
 
     def on_tick(self) -> None:
         late = time.monotonic() - self._started >= self.live_after
@@ -139,11 +130,11 @@ class RunView:
         else:
             if self.record:
                 recorder = RunRecorder()
-                for rank, kind, payload in self._messages:
-                    recorder.on_message(rank, kind, payload)
+                for batch in self._batches:
+                    recorder.on_metrics(batch)
                 recorder.finish(summary)
-            for rank, stream, line in self._lines:
-                self.text.add(rank, stream, line)
+            for line in self._lines:
+                self.text.add(line.rank, line.stream, line.text)
         self.text.flush()
 
     def _open_live_view(self) -> None:
@@ -154,15 +145,15 @@ class RunView:
             with interrupts_deferred():
                 inner = default_observer(self.live)
                 inner.on_start(self.info)
-                for rank, stream, line in self._lines:
-                    inner.on_output(rank, stream, line)
-                for rank, kind, payload in self._messages:
-                    inner.on_message(rank, kind, payload)
+                for line in self._lines:
+                    inner.on_output(line.rank, line.stream, line.text)
+                for batch in self._batches:
+                    inner.on_metrics(batch)
         except Exception as error:  # a display problem must never end the run
             warnings.warn(f"The live view could not be shown: {error!r}", stacklevel=2)
             return
         self.inner = inner
-        self._lines, self._messages = [], []
+        self._lines, self._batches = [], []
 
 
 def _last_segment(line: str) -> str:

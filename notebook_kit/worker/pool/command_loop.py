@@ -1,6 +1,6 @@
 """A pool worker's life: wait for a command from the kernel, run it, answer, until closed.
 
-``WorkerPool`` (``launch/pool.py``) forks its workers through the launcher's own path, and the
+``WorkerPool`` (``launch/pool/``) forks its workers through the launcher's own path, and the
 function they run is :func:`serve_pool`: the worker entry has already detached from the kernel,
 formed the process group and set the launch context when it starts, and tears them down when
 it returns. Each command runs on this same thread (torch's thread pool, compiled graphs and the
@@ -9,7 +9,7 @@ progress and the Stop button work per run exactly as in a launch.
 
 Commands: ``cell`` (source code for the namespace), ``call`` (a function and its arguments),
 ``push``/``pull`` (names), ``check`` (is the process group still in step?) and ``close``.
-Every command is answered with one ``pool_outcome`` message.
+Every command is answered with one :class:`~notebook_kit.runtime.messages.PoolAnswer`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import functools
 import os
 import pickle
 import sys
-import time
-import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -31,15 +29,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
-from notebook_kit.worker import pool_namespace
-from notebook_kit.worker.pool_interrupt import INTERRUPTED, Guard
-from notebook_kit.worker.pool_namespace import dumps_by_value, namespace, run_cell
+from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
+from notebook_kit.worker.pool import namespace as pool_namespace
+from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
+from notebook_kit.worker.pool.namespace import dumps_by_value, namespace, run_cell
 
-__all__ = ["OUTCOME_KIND", "READY_KIND", "PoolChannels", "serve_pool"]
+__all__ = ["PoolChannels", "serve_pool"]
 
-OUTCOME_KIND = "pool_outcome"
-READY_KIND = "pool_ready"
 # Frames of these files come before the user's code in a traceback: not shown.
 _HIDDEN_FILES = (__file__, sys.modules[Guard.__module__].__file__, pool_namespace.__file__)
 
@@ -85,7 +83,7 @@ def serve_pool(channels: PoolChannels) -> None:
     guard.watch()
     loop = _Loop(base, guard)
     assert base.send is not None, "a pool worker talks to its kernel"
-    base.send(READY_KIND, {"pid": os.getpid()})
+    messages.send(base.send, Started(base.rank, os.getpid()))
     with contextlib.suppress(EOFError, OSError):  # the kernel went away: leave quietly
         while loop.serve(pickle.loads(commands.recv_bytes()), commands):
             pass
@@ -97,7 +95,9 @@ class _Loop:
     def __init__(self, base: LaunchContext, guard: Guard) -> None:
         self.base = base
         self.guard = guard
-        self.check_group = dist.new_group(backend="gloo") if base.backend == "nccl" else None
+        # The check meets in a group of its own: in the default group it could pair with a
+        # collective that one rank left pending there and pass.
+        self.check_group = dist.new_group(backend="gloo")
         self.collective_commands = 0  # commands every rank ran: the same on all of them
 
     def serve(self, header: tuple[str, int, bool], commands: Connection) -> bool:
@@ -107,9 +107,12 @@ class _Loop:
         if kind == "close":
             return False
         if kind == "check":
-            self._answer(command, *self._check(float(pickle.loads(body))), None)
+            status, detail = self._check(float(pickle.loads(body)))
+            self._answer(PoolAnswer(command, status, detail=detail))
             return True
-        context = dataclasses.replace(self.base, prepared_models=[], extensions={})
+        context = dataclasses.replace(
+            self.base, prepared_models=[], extensions={}, weight_gatherers={}, gathered_weights={}
+        )
         with active_launch(context):
             status, value = self.guard.run(command, lambda: self._run(kind, body, context))
             context.close()  # metrics still buffered reach the kernel before the answer
@@ -125,7 +128,12 @@ class _Loop:
         if kind == "call":
             function, args, kwargs = request["call"]
             value = function(*args, **kwargs)
-            return value, _home_weights(context, request["home"])
+            # Sharded models are gathered by every rank, before rank 0 sends them home.
+            context.gather_weights(id(model) for model in request["home"].values())
+            # The kernel's models arrived as copies: map each copy's id to the kernel's.
+            kernel_ids = {id(model): kernel_id for kernel_id, model in request["home"].items()}
+            gathered = context.gathered_weights
+            return value, weights_of(context.prepared_models, kernel_ids, gathered)
         if kind == "push":
             space.update(request["values"])
             return None, {}
@@ -137,38 +145,57 @@ class _Loop:
 
     def _answer_run(self, command: int, status: str, value: Any, want_value: bool) -> None:
         if status == "error":
-            self._answer(command, "error", _error_payload(value), None)
+            failure = Failure.from_exception(value, value.__traceback__, _HIDDEN_FILES, False)
+            self._answer(PoolAnswer(command, "error", failure=failure))
             return
         if status == INTERRUPTED:
-            self._answer(command, INTERRUPTED, None, None)
+            self._answer(PoolAnswer(command, INTERRUPTED))
             return
         result, weights = value
-        payload: dict[str, Any] = {"weights": weights}
-        if want_value:
-            payload.update(_encode_value(result))
-        self._answer(command, "ok", None, payload)
+        encoded = _encode_value(result) if want_value else None
+        self._answer(PoolAnswer(command, "ok", weights=weights, value=encoded))
 
-    def _answer(self, command: int, status: str, error: Any, payload: Any) -> None:
+    def _answer(self, answer: PoolAnswer) -> None:
         libc_flush()  # what C code printed reaches the kernel before the answer
-        answer = {"command": command, "status": status, "error": error, "payload": payload}
         assert self.base.send is not None
-        self.base.send(OUTCOME_KIND, answer)
+        messages.send(self.base.send, answer)
 
-    def _check(self, timeout: float) -> tuple[str, Any]:
-        """One small all-reduce with a deadline: do all ranks still meet in the same place?"""
+    def _check(self, timeout: float) -> tuple[str, str | None]:
+        """One small all-reduce with a deadline: do all ranks still meet in the same place?
+
+        Each rank votes the commands it ran and the collectives it started in the default
+        group (its sequence number); MAX of a number and of its negation differ unless every
+        rank voted the same, so a collective one rank left pending is found every time.
+        """
         self.collective_commands += 1
         count = self.collective_commands
-        ballot = torch.tensor([count, -count], dtype=torch.int64)
+        calls = _default_group_calls()
+        ballot = torch.tensor([count, -count, calls, -calls], dtype=torch.int64)
         try:
             work = dist.all_reduce(
                 ballot, op=dist.ReduceOp.MAX, group=self.check_group, async_op=True
             )
             work.wait(timeout=timedelta(seconds=timeout))
         except Exception as error:
-            return "error", {"message": f"{type(error).__name__}: {error}"}
+            return "error", f"{type(error).__name__}: {error}"
         if int(ballot[0]) != -int(ballot[1]):
-            return "error", {"message": "the ranks have run different numbers of commands"}
+            return "error", "the ranks have run different numbers of commands"
+        if int(ballot[2]) != -int(ballot[3]):
+            return "error", (
+                "the ranks have started different numbers of collectives in the default "
+                f"process group (between {-int(ballot[3])} and {int(ballot[2])}): one was left "
+                "pending on some rank"
+            )
         return "ok", None
+
+
+def _default_group_calls() -> int:
+    """How many collectives this rank has started in the default group (-1: not known)."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return int(group._get_sequence_number_for_group())
+    except (AttributeError, RuntimeError):  # a torch without it: the command count alone
+        return -1
 
 
 def _encode_value(value: Any) -> dict[str, Any]:
@@ -186,35 +213,6 @@ def _safe_repr(value: Any) -> str:
         return repr(value)
     except Exception as error:
         return f"<{type(value).__qualname__} object; repr failed: {error}>"
-
-
-def _home_weights(context: LaunchContext, home: dict[int, Any]) -> dict[int, dict[str, Any]]:
-    """State dicts of prepared models that the kernel holds, keyed by the kernel's id."""
-    kernel_ids = {id(model): kernel_id for kernel_id, model in home.items()}
-    weights = {}
-    for model in context.prepared_models:
-        kernel_id = kernel_ids.get(id(model))
-        if kernel_id is not None:
-            weights[kernel_id] = {
-                key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-                for key, value in model.state_dict().items()
-            }
-    return weights
-
-
-def _error_payload(error: BaseException) -> dict[str, Any]:
-    """The exception as data, its traceback starting in the user's code."""
-    trace = error.__traceback__
-    while trace is not None and trace.tb_frame.f_code.co_filename in _HIDDEN_FILES:
-        trace = trace.tb_next
-    text = "".join(traceback.format_exception(type(error), error, trace))
-    qualified = f"{type(error).__module__}.{type(error).__qualname__}"
-    return {
-        "type": qualified.removeprefix("builtins."),
-        "message": str(error),
-        "traceback": text,
-        "time": time.monotonic(),
-    }
 
 
 def libc_flush() -> None:

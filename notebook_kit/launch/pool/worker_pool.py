@@ -16,40 +16,45 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from notebook_kit.config import arguments
 from notebook_kit.config.launch_config import LaunchConfig
-from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, LaunchPlan
-from notebook_kit.launch.homecoming import find_kernel_models, load_home_weights
-from notebook_kit.launch.launcher import resolve_plan
-from notebook_kit.launch.pool_results import (
-    STILL_RUNNING,
-    PoolRunError,
-    decode_value,
-    failures_of,
-    run_summary,
+from notebook_kit.config.launch_plan import (
+    DEFAULT_RENDEZVOUS_TIMEOUT,
+    DEFAULT_STALL_SECONDS,
+    LaunchPlan,
 )
-from notebook_kit.launch.pool_shipping import (
+from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
+from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
+from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.pool.persistent import start_workers
+from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
+from notebook_kit.launch.pool.shipping import (
     DEFAULT_SEND_LIMIT,
-    Shipping,
+    WorkerHoldings,
     code_names,
     hidden_names,
     names_used_by,
     stored_names,
 )
-from notebook_kit.launch.pool_view import RunView, prepare_live_view
-from notebook_kit.launch.pool_workers import Ending, PoolProcesses, RunOutcome
+from notebook_kit.launch.pool.turns import Turns, one_command_at_a_time
+from notebook_kit.launch.pool.view import RunView
+from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
 from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.live.display import prepare_live_view
 from notebook_kit.live.observer import LaunchInfo
 from notebook_kit.runtime.context import StopFlag
+
+if TYPE_CHECKING:
+    from notebook_kit.launch.cluster.pool import ClusterPool
 
 __all__ = ["WorkerPool"]
 
 _cells = itertools.count(1)
 
 
-class _Holder:
+class _LiveProcesses:
     """What the finalizer needs, without the pool itself: the live processes."""
 
     def __init__(self) -> None:
@@ -57,11 +62,11 @@ class _Holder:
         self.pid = os.getpid()
 
 
-def _stop_at_exit(holder: _Holder) -> None:
+def _stop_at_exit(live: _LiveProcesses) -> None:
     """The pool was collected or the kernel is exiting: stop its workers (in the kernel only)."""
-    if os.getpid() == holder.pid and holder.processes is not None:
-        holder.processes.kill()
-        holder.processes = None
+    if os.getpid() == live.pid and live.processes is not None:
+        live.processes.kill()
+        live.processes = None
 
 
 class WorkerPool:
@@ -77,16 +82,20 @@ class WorkerPool:
         num_processes: Workers (one per GPU when every worker gets one, else on the CPU).
         send_limit: Bytes above which a value a run would copy to every worker is refused
             with a hint to ``push`` it once instead.
+        cluster: A Dask ``Client`` (or anything with ``.get_client()``): keep
+            ``num_processes`` ranks warm on each of ``num_nodes`` Dask workers instead of
+            forking here. Only :meth:`run` is supported there yet (docs/cluster.md).
         Others: as for ``notebook_launcher`` (``timeout`` applies to each run;
             ``max_restarts`` and ``isolate`` are accepted but a pool never retries a run).
 
-    Example:
-        >>> pool = WorkerPool(num_processes=2)
-        >>> pool.run(lambda: torch.distributed.get_rank(), ranks="all")
-        [0, 1]
-        >>> pool.push(lr=0.1); pool.run_cell("lr * 10")
-        1.0
-        >>> pool.close()
+    Example::
+
+        pool = WorkerPool(num_processes=2)
+        pool.run(lambda: torch.distributed.get_rank(), ranks="all")
+        # [0, 1]
+        pool.push(lr=0.1); pool.run_cell("lr * 10")
+        # 1.0
+        pool.close()
     """
 
     def __init__(
@@ -94,23 +103,30 @@ class WorkerPool:
         num_processes: int | None = None,
         *,
         mixed_precision: arguments.MixedPrecision | None = None,
-        use_port: int | None = None,
-        master_addr: str | None = None,
-        node_rank: int | None = None,
-        num_nodes: int | None = None,
-        backend: arguments.Backend | None = None,
-        threads_per_process: int | None = None,
-        timeout: float | None = None,
         gradient_accumulation_steps: int | None = None,
-        rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
-        max_restarts: int | None = None,
+        backend: arguments.Backend | None = None,
         seed: int | None = None,
+        master_addr: str | None = None,
+        use_port: int | None = None,
+        num_nodes: int | None = None,
+        node_rank: int | None = None,
+        threads_per_process: int | None = None,
         live: bool | None = None,
+        max_restarts: int | None = None,
+        fsdp: bool | None = None,
+        timeout: float | None = None,
+        rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
         isolate: bool = True,
+        stall_seconds: float | None = DEFAULT_STALL_SECONDS,
         config: LaunchConfig | None = None,
         send_limit: int = DEFAULT_SEND_LIMIT,
+        cluster: Any = None,
     ) -> None:
         options = {k: v for k, v in locals().items() if k not in ("self", "send_limit")}
+        self._cluster: ClusterPool | None = None
+        if options.pop("cluster") is not None:
+            self._start_on_cluster(cluster, options, send_limit)
+            return
         self.plan: LaunchPlan = resolve_plan(options, "WorkerPool", isolate=True)
         if self.plan.num_nodes != 1:
             raise ValueError(
@@ -119,27 +135,35 @@ class WorkerPool:
             )
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
         check_fork_safety(self.plan.kernel)
-        prepare_live_view(self.plan.live)
+        prepare_live_view(self.plan.live)  # seconds the first time: not during a run
         main = sys.modules["__main__"].__dict__
-        self._shipping = Shipping(main, hidden_names(), send_limit)
+        self._holdings = WorkerHoldings(main, hidden_names(), send_limit)
         self._stop_flag = StopFlag()
-        self._holder = _Holder()
+        self._live = _LiveProcesses()
         self._generation = 0
         self._stopped_because: str | None = None
         self._closed = False
-        self._finalizer = weakref.finalize(self, _stop_at_exit, self._holder)
-        self._start()
+        self._turns = Turns()
+        self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
+        with interrupt_latch():
+            self._start()
 
     # -- public API ----------------------------------------------------------------------
 
     @property
     def num_processes(self) -> int:
+        """Ranks of this machine (of each node, with ``cluster=``)."""
+        if self._cluster is not None:
+            return self._cluster.num_processes
         return self.plan.num_processes
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the running workers (empty while stopped)."""
-        processes = self._holder.processes
+        """Process ids of the running workers (empty while stopped); with ``cluster=``,
+        every rank's, node by node."""
+        if self._cluster is not None:
+            return self._cluster.pids
+        processes = self._live.processes
         return list(processes.pids) if processes is not None else []
 
     @property
@@ -147,6 +171,7 @@ class WorkerPool:
         """How many times the workers were started again after a fault."""
         return self._generation
 
+    @one_command_at_a_time
     def run(
         self, function: Callable[..., Any], *args: Any, ranks: int | Literal["all"] = 0,
         **kwargs: Any,
@@ -162,91 +187,126 @@ class WorkerPool:
                 workers kept running.
             SendTooLargeError: An argument or global is too large to copy at every call.
 
-        Example:
-            >>> pool.run(train, epochs=3)
-            0.12
+        Example::
+
+            pool.run(train, epochs=3)
+            # 0.12
         """
         function = arguments.check_function(function)
+        if self._cluster is not None:
+            return self._cluster.run(function, args, kwargs, ranks)
         wanted = self._wanted(ranks)
         home = find_kernel_models(function, args, kwargs)
         names = set().union(*(names_used_by(v) for v in (function, *args, *kwargs.values())))
-        shipped = self._shipping.needed(names)
+        shipped = self._holdings.needed(names)
         request = {"shipped": shipped, "call": (function, args, kwargs), "home": home}
-        body = self._shipping.dumps(request, "pool.run")
+        body = self._holdings.dumps(request, "pool.run")
         what = f"run {getattr(function, '__qualname__', type(function).__name__)}"
         outcome = self._execute("call", body, wanted, what, text=False, shipped=shipped)
         answers = outcome.answers
-        load_home_weights(home, answers[0]["payload"]["weights"])
-        values = [decode_value(answers[r]["payload"], r, for_display=False) for r in wanted]
+        load_home_weights(home, answers[0].weights)
+        values = [decode_value(answers[r].value, r, for_display=False) for r in wanted]
         return values if ranks == "all" else values[0]
 
+    @one_command_at_a_time
     def run_cell(self, source: str) -> Any:
         """Run ``source`` as a cell on every rank; the value of rank 0's last expression.
 
         What the cell defines stays on the workers for the next cell. A trailing ``;``
         hides the value, as in a notebook. Worker output is printed grouped by rank.
 
-        Example:
-            >>> pool.run_cell("import torch.distributed as dist\\nrank = dist.get_rank()")
-            >>> pool.run_cell("rank")
-            0
+        Example::
+
+            pool.run_cell("import torch.distributed as dist\\nrank = dist.get_rank()")
+            pool.run_cell("rank")
+            # 0
         """
+        self._refuse_on_cluster(
+            "pool.run_cell (and the %%distributed magic)",
+            "put the cell's code in a function and call pool.run(function); globals it sets "
+            "stay on each rank for the next pool.run.",
+        )
         if not isinstance(source, str):
             raise TypeError(f"source must be a str of Python code, got {type(source).__name__}.")
         filename = f"<distributed cell {next(_cells)}>"
         code = compile(source, filename, "exec")  # a syntax error shows here, nothing is sent
-        shipped = self._shipping.needed(code_names(code))
+        shipped = self._holdings.needed(code_names(code))
         request = {"shipped": shipped, "source": source, "filename": filename}
-        body = self._shipping.dumps(request, "This cell")
+        body = self._holdings.dumps(request, "This cell")
         try:
             outcome = self._execute("cell", body, [0], "cell", text=True, shipped=shipped)
         finally:
-            self._shipping.mark_owned(stored_names(code))
-        value = decode_value(outcome.answers[0]["payload"], 0, for_display=True)
+            self._holdings.mark_owned(stored_names(code))
+        value = decode_value(outcome.answers[0].value, 0, for_display=True)
         return None if source.rstrip().endswith(";") else value
 
+    @one_command_at_a_time
     def push(self, **values: Any) -> None:
         """Define ``name=value`` on every worker (sent once; tensors keep their device).
 
-        Example:
-            >>> pool.push(data=torch.randn(10_000, 512), lr=0.1)
+        Example::
+
+            pool.push(data=torch.randn(10_000, 512), lr=0.1)
         """
+        self._refuse_on_cluster(
+            "pool.push",
+            "pass the values as arguments to pool.run(function, ...), whose function can "
+            "keep them in a global on each rank.",
+        )
         for name in values:
             if not name.isidentifier():
                 raise ValueError(f"push names must be Python identifiers, got {name!r}.")
         if values:
             request = {"values": values}
-            body = self._shipping.dumps(request, "pool.push", limit=False, by_name=False)
+            body = self._holdings.dumps(request, "pool.push", limit=False, by_name=False)
             self._execute("push", body, [], "push", text=True, record=False)
             for name, value in values.items():
-                self._shipping.remember(name, value)
+                self._holdings.remember(name, value)
 
+    @one_command_at_a_time
     def pull(self, name: str, rank: int = 0) -> Any:
         """The value of ``name`` on ``rank``; tensors arrive on the CPU.
 
-        Example:
-            >>> model = pool.pull("model")
+        Example::
+
+            model = pool.pull("model")
         """
+        self._refuse_on_cluster(
+            "pool.pull",
+            "return the value from a function given to pool.run (ranks='all' for every rank's).",
+        )
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"name must be a Python identifier, got {name!r}.")
         rank = arguments.check_int("rank", rank, minimum=0, maximum=self.num_processes - 1)
-        body = self._shipping.dumps({"name": name}, "pool.pull")
+        body = self._holdings.dumps({"name": name}, "pool.pull")
         outcome = self._execute("pull", body, [rank], f"pull {name}", text=True, record=False)
-        return decode_value(outcome.answers[rank]["payload"], rank, for_display=False)
+        return decode_value(outcome.answers[rank].value, rank, for_display=False)
 
+    @one_command_at_a_time
     def restart(self) -> None:
-        """Stop the workers and start new ones (everything defined on them is lost)."""
+        """Stop the workers and start new ones (everything defined on them is lost).
+
+        Raises:
+            ForkSafetyError: The kernel can no longer fork (a CUDA context or a process group
+                appeared in it); the workers running now are kept.
+        """
+        self._refuse_on_cluster("pool.restart", "close the pool and create a new one.")
         self._check_usable()
+        check_fork_safety()  # before stopping: a refused restart must not cost the workers
         self._stop("restart() was called")
         self._generation += 1
         self._start()
 
+    @one_command_at_a_time
     def close(self) -> None:
         """Let the workers leave the process group and exit. Safe to call twice."""
-        if self._closed or os.getpid() != self._holder.pid:
+        if self._closed or os.getpid() != self._live.pid:
             return
         self._closed = True
-        processes, self._holder.processes = self._holder.processes, None
+        if self._cluster is not None:
+            self._cluster.close()
+            return
+        processes, self._live.processes = self._live.processes, None
         if processes is not None:
             processes.close()
         self._finalizer.detach()
@@ -259,8 +319,46 @@ class WorkerPool:
         self.close()
 
     def __repr__(self) -> str:
+        if self._cluster is not None:
+            state = "closed" if self._cluster.closed else "running"
+            nodes = len(self._cluster.workers)
+            return f"<WorkerPool {self.num_processes} processes on each of {nodes} nodes, {state}>"
         state = "closed" if self._closed else "running" if self.pids else "stopped"
         return f"<WorkerPool {self.num_processes} processes, {state}, pids {self.pids}>"
+
+    # -- on a cluster --------------------------------------------------------------------
+
+    def _start_on_cluster(self, cluster: Any, options: dict[str, Any], send_limit: int) -> None:
+        """Check what a cluster pool can honour, then start every node (docs/cluster.md)."""
+        from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
+        from notebook_kit.launch.cluster.pool import ClusterPool
+
+        refused = {
+            "timeout": "interrupt a run with Ctrl-C instead",
+            "stall_seconds": "leave it at its default",
+            "send_limit": "leave it at its default (64 MiB is sent to every node at most)",
+        }
+        given = {
+            "timeout": options.get("timeout") is not None,
+            "stall_seconds": options.get("stall_seconds") != DEFAULT_STALL_SECONDS,
+            "send_limit": send_limit != DEFAULT_SEND_LIMIT,
+        }
+        for name, fix in refused.items():
+            if given[name]:
+                raise ValueError(f"{name}= is not supported with cluster= yet: {fix}.")
+        options = {k: v for k, v in options.items() if k not in ("isolate", "stall_seconds")}
+        options.pop("max_restarts", None)  # a pool never retries a run
+        plan = resolve_cluster_plan(cluster, options)
+        self._live = _LiveProcesses()
+        self._turns = Turns()
+        self._closed = False
+        self._cluster = ClusterPool(plan, float(plan.settings["rendezvous_timeout"]))
+
+    def _refuse_on_cluster(self, call: str, instead: str) -> None:
+        if self._cluster is not None:
+            from notebook_kit.launch.cluster.pool import unsupported
+
+            raise unsupported(call, f"{instead}")
 
     # -- running -------------------------------------------------------------------------
 
@@ -286,53 +384,29 @@ class WorkerPool:
         view = RunView(self.plan.live if record else False, text=text, record=record)
         view.on_start(self._info(what))
         for line in processes.take_held_output():
-            view.on_output(*line)
+            view.on_output(line.rank, line.stream, line.text)
         self._stop_flag.clear()
         processes.relay.view = view
         started = time.monotonic()
         outcome, error = RunOutcome(), None
         try:
             outcome = processes.execute(kind, body, ranks, wanted, self.plan.timeout)
-        except BaseException as raised:  # Ending, or Ctrl-C outside the wait: stop them
+        except BaseException as raised:  # WorkersStopped, or Ctrl-C outside the wait: stop them
             error = raised
-            if isinstance(raised, Ending):
+            if isinstance(raised, KeyboardInterrupt):
+                interrupt_taken()  # the command ends for it: more presses only repeat it
+            if isinstance(raised, WorkersStopped):
                 outcome = raised.outcome or outcome
-            self._stop(raised.reason if isinstance(raised, Ending) else "interrupted")
+            self._stop(raised.reason if isinstance(raised, WorkersStopped) else "interrupted")
         finally:
             processes.relay.view = None
             codes = {w.rank: w.exit_code for w in processes.supervisor.workers}
             stopped = self._stop_flag.is_set()
             view.on_finish(run_summary(outcome, error, codes, started, stopped))
         for name, value in (shipped or {}).items():
-            self._shipping.remember(name, value)
-        self._raise_for(outcome, error)
+            self._holdings.remember(name, value)
+        raise_for(outcome, error, self.plan.timeout, self.plan.world_size)
         return outcome
-
-    def _raise_for(self, outcome: RunOutcome, error: BaseException | None) -> None:
-        lost = "Everything defined on the workers is lost; the next run starts new workers."
-        if isinstance(error, Ending):
-            if outcome.interrupted:
-                print(f"Interrupted; the workers were stopped: {error.reason}. {lost}")
-                raise KeyboardInterrupt
-            failures = failures_of(outcome.answers) + error.failures
-            if not failures:
-                raise RuntimeError(f"The pool's workers were stopped: {error.reason}. {lost}")
-            raise PoolRunError(
-                failures, self.plan.world_size, f"The workers were stopped: {error.reason}. {lost}"
-            ) from None
-        if error is not None:
-            raise error
-        if outcome.interrupted:
-            print("Interrupted on every rank; the workers keep everything defined on them.")
-            raise KeyboardInterrupt
-        failures = failures_of(outcome.answers)
-        if failures:
-            raise PoolRunError(failures, self.plan.world_size, STILL_RUNNING)
-        if outcome.timed_out:
-            raise TimeoutError(
-                f"The run did not finish within timeout={self.plan.timeout} s and was "
-                "interrupted on every rank; the workers keep everything defined on them."
-            )
 
     def _info(self, what: str) -> LaunchInfo:
         where = self.plan.banner().removeprefix("Launching ")
@@ -345,17 +419,17 @@ class WorkerPool:
     # -- the workers' lifetime -----------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if os.getpid() != self._holder.pid:
+        if os.getpid() != self._live.pid:
             raise RuntimeError("A WorkerPool can only be used from the process that made it.")
         if self._closed:
             raise RuntimeError("This WorkerPool is closed; create a new one.")
 
     def _ensure_running(self) -> PoolProcesses:
         self._check_usable()
-        lost = self._holder.processes.lost_rank() if self._holder.processes else None
+        lost = self._live.processes.lost_rank() if self._live.processes else None
         if lost is not None:
             self._stop(lost)
-        if self._holder.processes is None:
+        if self._live.processes is None:
             self._generation += 1
             reason = (self._stopped_because or "").split(" (")[0]
             print(
@@ -365,16 +439,16 @@ class WorkerPool:
             )
             check_fork_safety()
             self._start()
-        assert self._holder.processes is not None
-        return self._holder.processes
+        assert self._live.processes is not None
+        return self._live.processes
 
     def _start(self) -> None:
-        self._shipping.remember_all()  # the workers are about to hold all of this
-        self._holder.processes = PoolProcesses.start(self.plan, self._stop_flag, self._generation)
+        self._holdings.remember_all()  # the workers are about to hold all of this
+        self._live.processes = start_workers(self.plan, self._stop_flag, self._generation)
         self._stopped_because = None
 
     def _stop(self, reason: str) -> None:
-        processes, self._holder.processes = self._holder.processes, None
+        processes, self._live.processes = self._live.processes, None
         self._stopped_because = reason
         if processes is not None:
             processes.kill()

@@ -3,7 +3,7 @@
 A pool worker is forked from the kernel, so its ``__main__`` namespace starts as a copy of the
 kernel's as it was when the pool started; cells and calls run in it, and what they define stays
 for the next one. What the kernel sends later arrives pickled (cloudpickle), with two twists
-decided by the kernel's pickler (``launch/pool_shipping.py``) and undone here:
+decided by the kernel's pickler (``launch/pool/shipping.py``) and undone here:
 
 - an object the workers already hold (inherited at the fork, pushed, or sent before) travels as
   its name and is looked up here (:func:`named`), so it is never copied again;
@@ -24,7 +24,7 @@ from typing import Any
 
 import cloudpickle
 
-from notebook_kit.worker.homeward import reduce_on_host
+from notebook_kit.worker.host_pickling import reduce_on_host
 
 __all__ = [
     "EMPTY_CELL",
@@ -128,9 +128,10 @@ class _HostCloudPickler(cloudpickle.Pickler):
 def dumps_by_value(obj: Any) -> bytes:
     """Pickle a value for the kernel: classes and functions defined on the workers by value.
 
-    Example:
-        >>> pickle.loads(dumps_by_value({"w": torch.ones(2, device="cuda")}))["w"].device
-        device(type='cpu')
+    Example::
+
+        pickle.loads(dumps_by_value({"w": torch.ones(2, device="cuda")}))["w"].device
+        # device(type='cpu')
     """
     buffer = io.BytesIO()
     _HostCloudPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)

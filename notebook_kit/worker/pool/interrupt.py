@@ -29,10 +29,11 @@ INTERRUPTED = "interrupted"
 class Guard:
     """Runs user code on the current thread, interruptible from the kernel by command number.
 
-    Example:
-        >>> guard = Guard(interrupts); guard.watch()
-        >>> status, value = guard.run(7, lambda: 6 * 7)
-        ('ok', 42)
+    Example::
+
+        guard = Guard(interrupts); guard.watch()
+        status, value = guard.run(7, lambda: 6 * 7)
+        # ('ok', 42)
     """
 
     def __init__(self, interrupts: Connection) -> None:

@@ -1,0 +1,230 @@
+"""Forked workers: the guardian forks ``num_processes`` workers from the kernel, supervised here.
+
+The view is built while the workers start, not before: the fork comes first (a few ms), then
+the observer (the live view's widgets take tens of ms) is made and told, while the workers
+import and meet. Nothing they send is lost meanwhile: it waits in their pipes, which the wait
+loop reads only once the view is there, so it is drawn once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.errors import WorkerError
+from notebook_kit.launch.forking import NodeSeat, fork_workers, open_listener
+from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred, interrupts_held
+from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
+from notebook_kit.launch.launchers.base import Launcher, Steps
+from notebook_kit.launch.plan import Call
+from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
+from notebook_kit.launch.warmup import wait_for_warmup
+from notebook_kit.live.display import prepare_live_view
+from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
+from notebook_kit.runtime.context import StopFlag
+
+__all__ = ["ForkedLauncher"]
+
+
+class ForkedLauncher(Launcher):
+    """``num_processes`` forked workers, started again after a failure up to ``max_restarts``.
+
+    Example::
+
+        value = run_blocking(ForkedLauncher(plan).run(call, observer=None))
+
+    ``seat`` places this node in a run whose nodes something else started (a cluster run's
+    node process): node 0's bound socket, the store prefix, and where rank 0's weights go.
+    """
+
+    def __init__(self, plan: LaunchPlan, seat: NodeSeat | None = None) -> None:
+        super().__init__(plan)
+        self.seat = seat
+
+    def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
+        check_fork_safety(self.plan.kernel)  # the kernel runs nothing between attempts: once
+        kernel_models = find_kernel_models(*call)
+        if observer is None:
+            prepare_live_view(self.plan.live)  # imported before the fork, built after it
+        shown: list[LaunchObserver] = []  # built once, at the first fork, kept for restarts
+
+        def view() -> LaunchObserver:
+            if not shown:
+                shown.append(self.view(observer))
+            return shown[0]
+
+        restart = 0
+        while True:
+            attempt = _Attempt(self, call, view, kernel_models, restart)
+            error: BaseException | None = None
+            try:
+                attempt.start()
+                while (limit := attempt.supervisor.wait_limit()) is not None:
+                    attempt.supervisor.serve((yield attempt.supervisor.waitables(), limit))
+            except BaseException as raised:
+                error = raised
+                if isinstance(raised, KeyboardInterrupt):
+                    interrupt_taken()  # the launch ends for it: more presses only repeat it
+            done, value = attempt.conclude(error)
+            if done:
+                return value
+            restart += 1
+
+    def fork(
+        self,
+        call: Call,
+        supervisor: Supervisor,
+        stop_flag: StopFlag,
+        home_model_ids: frozenset[int],
+        restart_count: int,
+    ) -> None:
+        """Fork the guardian and the workers that run ``call``, watched by ``supervisor``.
+
+        The step every forked way to run shares: a one-off launch, and the pool's workers.
+        """
+        with open_listener(self.plan, self.seat) or contextlib.nullcontext() as listener:
+            supervisor.guardian = fork_workers(
+                call,
+                self.plan,
+                listener,
+                stop_flag,
+                home_model_ids,
+                supervisor.workers,
+                restart_count,
+                self.seat,
+            )
+
+
+class _Attempt:
+    """One attempt of a launch: ``start``, a wait loop over ``supervisor``, then ``conclude``."""
+
+    def __init__(
+        self,
+        launcher: ForkedLauncher,
+        call: Call,
+        view: Callable[[], LaunchObserver],
+        kernel_models: dict[int, Any],
+        restart_count: int,
+    ) -> None:
+        self.launcher = launcher
+        self.call = call
+        self.restart_count = restart_count
+        self.plan: LaunchPlan = launcher.plan
+        self.view = view
+        self.observer: LaunchObserver | None = None  # told once the workers are forked
+        self.stop_flag = StopFlag()
+        self.supervisor = Supervisor([], _NOT_YET_SHOWN)
+        self.kernel_models = kernel_models
+        self._started: float | None = None  # set once the observer has been told
+
+    def start(self) -> None:
+        """Fork every worker, then build and tell the view while they start.
+
+        Ctrl-C is held until the guardian is known, so nothing forked escapes the cleanup.
+        """
+        info = self._info()  # built before interrupts are held: nothing sized by the plan runs then
+        # The fork waits for the warm-up imports anyway (an at-fork hook), but Ctrl-C during a
+        # wait inside os.fork is swallowed: wait here, where it interrupts the launch.
+        wait_for_warmup()
+        with interrupts_deferred():
+            started = time.monotonic()
+            self.launcher.fork(
+                self.call,
+                self.supervisor,
+                self.stop_flag,
+                frozenset(self.kernel_models),
+                self.restart_count,
+            )
+            self.observer = self.supervisor.observer = self.view()
+            self.observer.on_start(info)
+            self._started = started
+        self.supervisor.start_clock(self.plan.timeout, self.plan.stall_seconds)
+
+    def _info(self) -> LaunchInfo:
+        ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
+        return LaunchInfo(
+            self.plan.banner(),
+            self.plan.num_processes,
+            self.plan.world_size,
+            ranks,
+            self.stop_flag,
+        )
+
+    def conclude(self, error: BaseException | None) -> tuple[bool, Any]:
+        """Finish this attempt: ``(True, value)``, ``(False, None)`` to restart, or raise."""
+        try:
+            return True, self.finish(error)
+        except WorkerError as failure:
+            if error is not None or self.restart_count >= self.plan.max_restarts:
+                raise
+            print(
+                f"Rank {failure.rank} failed ({failure.failure.summary()}); restarting all "
+                f"workers (restart {self.restart_count + 1} of {self.plan.max_restarts}).",
+                flush=True,
+            )
+            return False, None
+
+    def finish(self, error: BaseException | None) -> Any:
+        """Stop what still runs, tell the observer, return rank 0's value or raise.
+
+        Ctrl-C during the clean-up waits for it, then ends the launch as interrupted: the
+        summary says so and one KeyboardInterrupt is raised after it.
+        """
+        with interrupts_held() as held:
+            self.supervisor.shutdown()
+        if held.pressed and error is None:
+            error = KeyboardInterrupt()
+        outcome = self.supervisor.outcome()
+        try:
+            if self._started is not None and self.observer is not None:
+                self.observer.on_finish(self._summary(outcome, error, self._started))
+        finally:
+            with interrupts_deferred():
+                self.supervisor.release()  # the guardian's exit overlapped with on_finish
+            self.stop_flag.close()
+        if error is not None:
+            raise error
+        if outcome.timed_out:
+            raise TimeoutError(
+                f"The launch did not finish within timeout={self.plan.timeout} s; all "
+                f"{self.plan.num_processes} workers were stopped. Raise timeout or pass None."
+            )
+        if outcome.failures:
+            raise WorkerError(outcome.failures, self.plan.world_size)
+        if outcome.result is None:
+            return None
+        if self.launcher.seat is not None:
+            self.launcher.seat.weights.update(outcome.result.weights)
+        load_home_weights(self.kernel_models, outcome.result.weights)
+        return outcome.result.value
+
+    def _summary(
+        self, outcome: LaunchOutcome, error: BaseException | None, started: float
+    ) -> LaunchSummary:
+        return LaunchSummary(
+            ranks=self.supervisor.rank_summaries(),
+            duration=time.monotonic() - started,
+            failures=tuple(outcome.failures),
+            timed_out=outcome.timed_out,
+            interrupted=isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)),
+            stopped=self.stop_flag.is_set(),
+            error=error,
+        )
+
+
+class _NotYetShown:
+    """The supervisor's observer until the view exists: the loop reads nothing before it."""
+
+    def on_start(self, info: LaunchInfo) -> None: ...
+    def on_output(self, rank: int, stream: Any, line: str) -> None: ...
+    def on_metrics(self, batch: Any) -> None: ...
+    def on_tick(self) -> None: ...
+    def on_finish(self, summary: LaunchSummary) -> None: ...
+
+
+_NOT_YET_SHOWN = _NotYetShown()

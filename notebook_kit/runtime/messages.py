@@ -1,0 +1,345 @@
+"""What a worker tells the kernel, as typed data: one frozen dataclass per kind of message.
+
+A worker hands a message to ``LaunchContext.send`` as ``(kind, payload)``, the payload being
+plain builtins: the kernel unpickles it without needing any class of the worker's, and a
+torchrun process or an older worker speaks the same. Each kind is encoded in one place (its
+``payload`` method, or the ``from_…`` constructor that builds it in the worker) and decoded in
+one place (:func:`decode`), so the kernel side (supervisor, pool, live view) only ever sees
+these classes. Output lines do not travel here (they come through the worker's stdout and
+stderr pipes) but have their type too, :class:`OutputLine`, for whoever keeps them.
+
+Lives in ``runtime`` because both sides import it: the worker to encode, the kernel to decode.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, Literal
+
+from notebook_kit.errors import WorkerFailure
+
+__all__ = [
+    "Failure",
+    "Finished",
+    "MetricsBatch",
+    "OutputLine",
+    "PoolAnswer",
+    "Progress",
+    "Record",
+    "Result",
+    "Stacks",
+    "Started",
+    "WorkerMessage",
+    "decode",
+    "plain_values",
+    "weights_of",
+]
+
+Record = tuple[int, int | None, dict[str, float]]  # rank, step (None: count the calls), values
+Send = Callable[[str, Any], None]
+
+
+@dataclass(frozen=True)
+class Started:
+    """A persistent (pool) worker formed the process group and waits for commands."""
+
+    KIND: ClassVar[str] = "started"
+    rank: int
+    pid: int
+
+    def payload(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": self.pid}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Rank 0's progress counters, carried with each metrics batch it sends."""
+
+    steps: int | None = None  # None: this batch says nothing about the count
+    total: int | None = None
+    epoch_length: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricsBatch:
+    """Records a rank logged since its last batch, how many it had to drop, and its progress.
+
+    A single record sent on its own (``SINGLE_KIND``, no progress, no drop count) decodes to
+    a batch of one with ``progress=None`` and ``dropped=None``.
+    """
+
+    KIND: ClassVar[str] = "metrics"
+    SINGLE_KIND: ClassVar[str] = "log"
+    rank: int
+    records: tuple[Record, ...]
+    dropped: int | None = 0
+    progress: Progress | None = None
+
+    def payload(self) -> dict[str, Any]:
+        progress = self.progress or Progress()
+        return {
+            "rank": self.rank,
+            "records": list(self.records),
+            "dropped": self.dropped or 0,
+            "steps": progress.steps or 0,
+            "total": progress.total,
+            "epoch_length": progress.epoch_length,
+        }
+
+
+@dataclass(frozen=True)
+class OutputLine:
+    """A whole line a worker printed (without its newline), read from its stdout or stderr."""
+
+    rank: int
+    stream: Literal["stdout", "stderr"]
+    text: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception a worker raised, as data: what the kernel turns into a ``WorkerFailure``."""
+
+    KIND: ClassVar[str] = "error"
+    exception_type: str
+    message: str
+    traceback: str
+    time: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def from_exception(
+        cls,
+        error: BaseException | None,
+        trace: TracebackType | None,
+        hidden: Iterable[str],
+        keep_last_frame: bool = True,
+    ) -> Failure:
+        """The exception, its traceback starting at the first frame outside ``hidden`` files.
+
+        The frames of ``hidden`` files come before the user's code (the worker's own entry);
+        ``keep_last_frame`` keeps the raising frame even when it is one of them.
+
+        Example::
+
+            failure = Failure.from_exception(error, error.__traceback__, [__file__])
+            failure.on_rank(1)  # the WorkerFailure the kernel shows
+        """
+        hidden = set(hidden)
+        while trace is not None and trace.tb_frame.f_code.co_filename in hidden:
+            if keep_last_frame and trace.tb_next is None:
+                break
+            trace = trace.tb_next
+        kind = type(error) if error is not None else Exception
+        text = "".join(traceback.format_exception(kind, error, trace))
+        qualified = f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
+        return cls(qualified, str(error), text)
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "type": self.exception_type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "time": self.time,
+        }
+
+    def on_rank(self, rank: int) -> WorkerFailure:
+        """The failure model the launcher, the pool and the views share."""
+        return WorkerFailure(
+            rank=rank,
+            exit_code=None,
+            exception_type=self.exception_type,
+            message=self.message,
+            traceback=self.traceback,
+            time=self.time,
+        )
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A rank's function ended (how, and when): sent by every rank but the one with the result."""
+
+    KIND: ClassVar[str] = "done"
+    ended: str  # "returned", or "called sys.exit(0)"
+    time: float
+
+    def payload(self) -> dict[str, Any]:
+        return {"ended": self.ended, "time": self.time}
+
+
+@dataclass(frozen=True)
+class Result:
+    """Each node's first rank: the function's value and the trained weights of kernel models.
+
+    ``weights`` maps the kernel's ``id`` of a model to its state dict (tensors on the CPU).
+    """
+
+    KIND: ClassVar[str] = "result"
+    value: Any
+    weights: dict[int, dict[str, Any]]
+    ended: str = "returned"
+    time: float = field(default_factory=time.monotonic)
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "weights": self.weights,
+            "ended": self.ended,
+            "time": self.time,
+        }
+
+
+@dataclass(frozen=True)
+class PoolAnswer:
+    """A pool worker's answer to one command: ``ok`` with its value, ``error``, or interrupted.
+
+    ``value`` is the encoded value (``{"value": bytes}`` or, when it could not be pickled,
+    ``{"repr", "unpicklable"}``), or None when the kernel did not ask for it.
+    """
+
+    KIND: ClassVar[str] = "pool_answer"
+    command: int
+    status: str  # "ok", "error" or "interrupted"
+    failure: Failure | None = None
+    weights: dict[int, dict[str, Any]] = field(default_factory=dict)
+    value: dict[str, Any] | None = None
+    detail: str | None = None  # what a group check found wrong
+
+    def payload(self) -> dict[str, Any]:
+        failure = self.failure.payload() if self.failure is not None else None
+        return {
+            "command": self.command,
+            "status": self.status,
+            "failure": failure,
+            "weights": self.weights,
+            "value": self.value,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """A worker's threads as they are, asked for when a run stalls (the run goes on).
+
+    Each thread is ``{"name", "main", "collective", "stack"}``: the collective it waits in
+    (``dist.barrier``, the Stop vote of ``should_stop()``) or None, and its stack as text.
+    """
+
+    KIND: ClassVar[str] = "stacks"
+    threads: tuple[dict[str, Any], ...]
+
+    def payload(self) -> dict[str, Any]:
+        return {"threads": list(self.threads)}
+
+
+WorkerMessage = Started | MetricsBatch | Failure | Finished | Result | PoolAnswer | Stacks
+
+
+def send(deliver: Send, message: WorkerMessage) -> None:
+    """Hand ``message`` to a context's ``send``: the one place a message becomes its payload."""
+    deliver(message.KIND, message.payload())
+
+
+def decode(rank: int, kind: str, payload: Any) -> WorkerMessage | None:
+    """The message a worker of ``rank`` sent as ``(kind, payload)``; None for a foreign kind.
+
+    Payloads may omit fields (an older or hand-made sender): what is missing takes its default.
+
+    Example:
+        >>> decode(0, "log", {"rank": 0, "step": 3, "values": {"loss": 1.0}}).records
+        ((0, 3, {'loss': 1.0}),)
+    """
+    decoder = _DECODERS.get(kind)
+    return None if decoder is None else decoder(rank, payload)
+
+
+def _metrics(rank: int, payload: Mapping[str, Any]) -> MetricsBatch:
+    progress = Progress(payload.get("steps"), payload.get("total"), payload.get("epoch_length"))
+    return MetricsBatch(
+        int(payload.get("rank", rank)),
+        tuple(payload.get("records", ())),
+        payload.get("dropped", 0),
+        progress,
+    )
+
+
+def _single(rank: int, payload: Mapping[str, Any]) -> MetricsBatch:
+    sender = int(payload.get("rank", rank))
+    record = (sender, payload.get("step"), plain_values(dict(payload.get("values", {}))))
+    return MetricsBatch(sender, (record,), dropped=None, progress=None)
+
+
+def _failure(rank: int, payload: Mapping[str, Any]) -> Failure:
+    trace = payload["traceback"]
+    return Failure(payload["type"], payload["message"], trace, payload["time"])
+
+
+def _answer(rank: int, payload: Mapping[str, Any]) -> PoolAnswer:
+    failure = payload.get("failure")
+    return PoolAnswer(
+        command=payload["command"],
+        status=payload["status"],
+        failure=_failure(rank, failure) if failure is not None else None,
+        weights=payload.get("weights") or {},
+        value=payload.get("value"),
+        detail=payload.get("detail"),
+    )
+
+
+_DECODERS: dict[str, Callable[[int, Any], WorkerMessage]] = {
+    Started.KIND: lambda rank, p: Started(int(p.get("rank", rank)), int(p["pid"])),
+    MetricsBatch.KIND: _metrics,
+    MetricsBatch.SINGLE_KIND: _single,
+    Failure.KIND: _failure,
+    Finished.KIND: lambda rank, p: Finished(p["ended"], p["time"]),
+    Result.KIND: lambda rank, p: Result(
+        p.get("value"), p.get("weights") or {}, p.get("ended", "returned"), p.get("time", 0.0)
+    ),
+    PoolAnswer.KIND: _answer,
+    Stacks.KIND: lambda rank, p: Stacks(tuple(p.get("threads", ()))),
+}
+
+
+def weights_of(
+    models: Iterable[Any],
+    kernel_ids: Mapping[int, int],
+    gathered: Mapping[int, dict[str, Any]] | None = None,
+) -> dict[int, dict[str, Any]]:
+    """State dicts (tensors detached, on the CPU) of the ``models`` the kernel holds.
+
+    ``kernel_ids`` maps a model's ``id`` here to its ``id`` in the kernel: the same object in a
+    forked worker (``{i: i}``), or a pool's copy of a model the kernel shipped. ``gathered``
+    holds, by ``id`` here, the full state of sharded models (``LaunchContext.gather_weights``):
+    their own ``state_dict`` is only this rank's shard.
+    """
+    import torch  # loaded wherever a model was prepared
+
+    weights = {}
+    for model in models:
+        kernel_id = kernel_ids.get(id(model))
+        if kernel_id is not None:
+            state = (gathered or {}).get(id(model))
+            state = model.state_dict() if state is None else state
+            weights[kernel_id] = {
+                key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
+                for key, value in state.items()
+            }
+    return weights
+
+
+def plain_values(values: dict[str, Any]) -> dict[str, float]:
+    """Numbers only: what cannot become a float is left out rather than failing the send.
+
+    Runs on a worker's metrics sender thread, so nothing may escape it: a value that fails to
+    convert, for whatever reason (``10**400`` overflows), is dropped and the rest goes on.
+    """
+    plain = {}
+    for name, value in values.items():
+        try:
+            plain[str(name)] = float(value.item() if hasattr(value, "item") else value)
+        except Exception:  # a sender that raised would stop the live view for good
+            continue
+    return plain

@@ -1564,7 +1564,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (
             "tests/test_import.py::"
-            "test_the_import_cell_leaves_fsdp_and_dask_to_the_runs_that_use_them",
+            "test_the_import_cell_leaves_fsdp_dask_and_widgets_to_the_runs_that_use_them",
         ),
     ),
     Mutation(
@@ -1615,6 +1615,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             "tests/test_interrupts_integration.py::"
             "test_an_interrupt_inside_the_fork_stops_the_launch",
+        ),
+    ),
+    Mutation(
+        "headless-view-loads-the-widgets",
+        "importing the package loads no widgets: scripts and live=False runs never pay for them",
+        (
+            Edit(
+                "live/headless.py",
+                "from notebook_kit.live.console import ConsolePrinter, last_segment\n",
+                "from notebook_kit.live.console import ConsolePrinter\n"
+                "from notebook_kit.live.rank_output import last_segment\n",
+            ),
+            Edit(
+                "live/rank_output.py",
+                '__all__ = ["RankOutput"]\n',
+                '__all__ = ["RankOutput", "last_segment"]\n',
+            ),
+        ),
+        (
+            "tests/test_import.py::"
+            "test_the_import_cell_leaves_fsdp_dask_and_widgets_to_the_runs_that_use_them",
         ),
     ),
 )

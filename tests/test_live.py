@@ -9,11 +9,12 @@ from matplotlib.figure import Figure
 
 import notebook_kit.live.notebook_view as notebook_view
 from notebook_kit.errors import WorkerFailure
+from notebook_kit.live.console import last_segment
 from notebook_kit.live.display import default_observer, notebook_front_end
 from notebook_kit.live.headless import HeadlessObserver, QuietObserver
 from notebook_kit.live.notebook_view import LiveObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
-from notebook_kit.live.rank_output import RankOutput, last_segment
+from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import last_run
 from notebook_kit.live.stop_button import StopButton
 from notebook_kit.runtime.context import StopFlag

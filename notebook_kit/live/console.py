@@ -7,7 +7,7 @@ import sys
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream, rank_label
 from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["ConsolePrinter"]
+__all__ = ["ConsolePrinter", "last_segment"]
 
 
 class ConsolePrinter:
@@ -35,3 +35,16 @@ class ConsolePrinter:
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.on_tick()
+
+
+def last_segment(line: str) -> str:
+    """What a terminal would show of a line redrawn with carriage returns (a tqdm bar).
+
+    Example:
+        >>> last_segment(" 10%|#   |\\r 20%|##  |")
+        ' 20%|##  |'
+    """
+    if "\r" not in line:
+        return line
+    segments = [segment for segment in line.split("\r") if segment.strip()]
+    return segments[-1] if segments else ""

@@ -9,11 +9,10 @@ from __future__ import annotations
 import sys
 import time
 
-from notebook_kit.live.console import ConsolePrinter
+from notebook_kit.live.console import ConsolePrinter, last_segment
 from notebook_kit.live.metric_names import named_values
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.live.progress import RateClock, format_duration
-from notebook_kit.live.rank_output import last_segment
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch
 

@@ -15,10 +15,11 @@ import html
 
 import ipywidgets as widgets
 
+from notebook_kit.live.console import last_segment
 from notebook_kit.live.observer import RankSummary, Stream, rank_label
 from notebook_kit.live.shared_models import SharedModels
 
-__all__ = ["RankOutput", "last_segment"]
+__all__ = ["RankOutput"]
 
 _KEPT_LINES = 400  # per rank; older lines scroll away
 ERROR_COLOUR = "#b00020"
@@ -27,19 +28,6 @@ TABS_HEIGHT = "200px"
 _OPEN_LINES = 15  # a rank's output this short is shown open after the run
 _PRE_STYLE = "margin:0;font-size:12px;line-height:1.3;white-space:pre-wrap"
 _NOTHING = '<span style="color:#888">nothing printed yet</span>'
-
-
-def last_segment(line: str) -> str:
-    """What a terminal would show of a line redrawn with carriage returns (a tqdm bar).
-
-    Example:
-        >>> last_segment(" 10%|#   |\\r 20%|##  |")
-        ' 20%|##  |'
-    """
-    if "\r" not in line:
-        return line
-    segments = [segment for segment in line.split("\r") if segment.strip()]
-    return segments[-1] if segments else ""
 
 
 class RankOutput:

@@ -17,6 +17,7 @@ import time
 import warnings
 
 from notebook_kit.launch.supervisor import interrupts_deferred
+from notebook_kit.live.console import last_segment
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, Stream
 from notebook_kit.live.record import RunRecorder
@@ -51,7 +52,7 @@ class GroupedText:
 
     def add(self, rank: int, stream: Stream, line: str) -> None:
         if stream in self.streams:
-            self._lines.setdefault((rank, stream), []).append(_last_segment(line))
+            self._lines.setdefault((rank, stream), []).append(last_segment(line))
 
     def flush(self) -> None:
         if not self._lines:
@@ -154,11 +155,3 @@ class RunView:
             return
         self.inner = inner
         self._lines, self._batches = [], []
-
-
-def _last_segment(line: str) -> str:
-    """What a terminal shows of a line redrawn with carriage returns (a tqdm bar)."""
-    if "\r" not in line:
-        return line
-    segments = [segment for segment in line.split("\r") if segment.strip()]
-    return segments[-1] if segments else ""

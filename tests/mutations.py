@@ -513,7 +513,10 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "        return False\n",
             ),
         ),
-        (f"{_CLUSTER}test_a_dead_kernel_ends_every_node_through_its_lease",),
+        (
+            f"{_CLUSTER}test_a_dead_kernel_ends_every_node_through_its_lease",
+            f"{_CLUSTER}test_a_dead_kernel_ends_an_idle_cluster_pools_nodes_through_its_lease",
+        ),
     ),
     Mutation(
         "cluster-rerun-trains-again",
@@ -1637,5 +1640,32 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/test_import.py::"
             "test_the_import_cell_leaves_fsdp_dask_and_widgets_to_the_runs_that_use_them",
         ),
+    ),
+    Mutation(
+        "cluster-pool-interrupt-not-sent",
+        "Ctrl-C during a cluster pool's run interrupts every rank, which keeps its state",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                "                if (failed or interrupted) and not interrupt_sent:\n",
+                "                if failed and not interrupt_sent:\n",
+            ),
+        ),
+        (
+            f"{_CLUSTER}"
+            "test_ctrl_c_during_a_cluster_pool_run_raises_once_and_the_ranks_keep_their_state",
+        ),
+    ),
+    Mutation(
+        "cluster-topics-dropped-before-unsubscribed",
+        "a cluster run leaves no event topic on the scheduler, even one unsubscribed late",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                "    while time.monotonic() < deadline and any(\n",
+                "    while False and any(\n",
+            ),
+        ),
+        (f"{_CLUSTER}test_an_unsubscribe_that_arrives_after_the_clean_up_leaves_no_topic",),
     ),
 )

@@ -487,6 +487,118 @@ def test_a_dead_kernel_ends_every_node_through_its_lease(client, tmp_path):
     assert time.monotonic() - killed < KERNEL_DEATH_BOUND_S
 
 
+_POOL_KERNEL = """
+import pathlib, sys, time
+import torch.distributed as dist
+from distributed import Client
+from notebook_kit import WorkerPool
+
+def mark(marker):
+    pathlib.Path(marker + str(dist.get_rank())).touch()
+
+pool = WorkerPool(cluster=Client(sys.argv[1]), num_nodes=2, num_processes=1, live=False)
+pool.run(mark, sys.argv[2], ranks="all")
+time.sleep(600)  # an idle pool, waiting for the next cell
+"""
+
+
+def test_a_dead_kernel_ends_an_idle_cluster_pools_nodes_through_its_lease(client, tmp_path):
+    marker = str(tmp_path / "rank")
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", _POOL_KERNEL, client.scheduler.address, marker],
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())},
+    )
+    try:
+        _wait_for([marker + "0", marker + "1"])
+        assert len(node_processes()) >= 2  # the pool's nodes wait for the next run
+        kernel.kill()
+        killed = time.monotonic()
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert_nothing_left(client, within=KERNEL_DEATH_BOUND_S)
+    assert time.monotonic() - killed < KERNEL_DEATH_BOUND_S
+
+
+def _wait_on_every_rank(marker: str):
+    Path(marker + str(dist.get_rank())).touch()
+    for _ in range(600):  # short sleeps: the pool's interrupt enters between them
+        time.sleep(0.1)
+    return "never interrupted"
+
+
+def test_ctrl_c_during_a_cluster_pool_run_raises_once_and_the_ranks_keep_their_state(
+    client, tmp_path
+):
+    from notebook_kit import WorkerPool
+
+    keep, kept = _cell_functions()
+    marker = str(tmp_path / "rank")
+    pressed = {}
+
+    def press() -> None:
+        _wait_for([marker + "0", marker + "1"])
+        pressed["at"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    pool = WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False)
+    try:
+        ranks = pool.pids
+        assert pool.run(keep, "before the interrupt") == 0
+        presser = threading.Thread(target=press, daemon=True)
+        presser.start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(_wait_on_every_rank, marker)
+        raised = time.monotonic() - pressed["at"]
+        assert raised < INTERRUPT_BOUND_S + 1.0, f"KeyboardInterrupt came {raised:.1f} s later"
+        assert pool.run(kept, ranks="all") == [
+            ("before the interrupt", 0, ranks[0]),
+            ("before the interrupt", 1, ranks[1]),
+        ]
+        assert pool.pids == ranks
+    finally:
+        pool.close()
+    assert_nothing_left(client)
+
+
+def test_an_unsubscribe_that_arrives_after_the_clean_up_leaves_no_topic(client):
+    """A client's unsubscribe goes on its batched stream and may reach the scheduler after the
+    clean-up call: the scheduler must not keep an empty topic for it."""
+    from distributed import Client
+
+    from notebook_kit.launch.cluster.attempt import _forget
+
+    topic = f"notebook_kit-{secrets.token_hex(8)}-events"
+    with Client(client.scheduler.address) as late:
+        late.subscribe_topic(topic, lambda event: None)
+        client.log_event(topic, "an event")
+        _wait_until(lambda: client.run_on_scheduler(_subscribed, topic))
+        forgotten = threading.Thread(
+            target=client.run_on_scheduler, args=(_forget, [], [topic]), daemon=True
+        )
+        forgotten.start()
+        time.sleep(0.3)  # the clean-up runs on the scheduler while the subscriber is still there
+        late.unsubscribe_topic(topic)
+        forgotten.join(timeout=30)
+    time.sleep(0.5)  # anything still on its way has arrived
+    assert not client.run_on_scheduler(_known_topic, topic)
+
+
+def _subscribed(topic: str, dask_scheduler=None) -> bool:
+    return bool(dask_scheduler._broker._topics[topic].subscribers)
+
+
+def _known_topic(topic: str, dask_scheduler=None) -> bool:
+    return topic in dask_scheduler._broker._topics
+
+
+def _wait_until(condition, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
+
+
 def test_a_node_task_run_again_refuses_to_train(client, tmp_path):
     """Dask may run a task again after its worker died: the node must not train twice."""
     from distributed import Variable

@@ -117,7 +117,10 @@ def test_click_during_an_awaited_launch_without_subshells(kernel: tuple[Any, Any
     code = (
         "import notebook_kit.live.stop_button as stop_button\n"
         "stop_button._self_client = lambda: None  # as on a kernel without subshells\n"
-        "stop_button._KEPT = None  # (an earlier launch's route is kept)\n"
+        # An earlier launch's route is kept: close it (dropped unclosed, its client's zmq
+        # context would block the kernel when the garbage collector ends it).
+        "if stop_button._KEPT is not None:\n"
+        "    stop_button._KEPT.forget()\n"
         "result = await notebook_launcher_async(train, num_processes=2)" + REPORT
     )
     messages = cell_messages(client, client.execute(code), timeout=90, on_message=clicker)

@@ -13,6 +13,7 @@ queues them and writes a byte to ``wake``, a socket the launcher's steps yield t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pickle
 import queue
@@ -50,6 +51,7 @@ __all__ = [
 NODE_SILENCE_SECONDS = 15.0  # no event from a node this long: it is lost
 _WORKER_CHECK_SECONDS = 0.5  # how often the scheduler's worker list is read
 END_GRACE_SECONDS = 8.0  # after an abort, the nodes get this long to report
+_UNSUBSCRIBED_SECONDS = 2.0  # at most this long, the run's topics wait for subscribers to leave
 
 
 @dataclass
@@ -330,6 +332,11 @@ async def _forget(names: list[str], topics: list[str], dask_scheduler: Any = Non
     logs to a topic named after it. The scheduler keeps up to
     ``distributed.admin.low-level-log-length`` events per topic and has no call to forget a
     topic; its event broker is asked directly, if it is there.
+
+    An unsubscribe (the kernel's from the events, a pool node's from the commands) travels on
+    its client's batched stream, not with this call, and one handled after the topic is gone
+    would bring it back empty: each topic is dropped once its last subscriber has left, or
+    after ``_UNSUBSCRIBED_SECONDS`` at most.
     """
     variables = dask_scheduler.extensions.get("variables")
     for name in names:
@@ -337,6 +344,12 @@ async def _forget(names: list[str], topics: list[str], dask_scheduler: Any = Non
             await variables.delete(name=name)
     broker = getattr(dask_scheduler, "_broker", None)
     known = getattr(broker, "_topics", None)
-    if isinstance(known, dict):
-        for topic in topics:
-            known.pop(topic, None)
+    if not isinstance(known, dict):
+        return
+    deadline = time.monotonic() + _UNSUBSCRIBED_SECONDS
+    while time.monotonic() < deadline and any(
+        getattr(known.get(topic), "subscribers", None) for topic in topics
+    ):
+        await asyncio.sleep(0.01)
+    for topic in topics:
+        known.pop(topic, None)

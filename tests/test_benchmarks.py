@@ -154,3 +154,41 @@ def test_versions_reads_the_step_overhead_ratios() -> None:
     )
     match = STEP_RATIO.match(line)
     assert match is not None and (match["label"], match["wall"]) == ("2 processes, DDP", "1.020")
+
+
+def test_the_gpu_benchmark_reports_every_figure_and_says_when_there_is_no_gpu() -> None:
+    """On a CPU machine only the measuring is skipped: the report it would write is built here
+    from figures of the shape the measurements return, and the command itself exits 0."""
+    from benchmarks import gpu
+
+    sizes = list(gpu.SIZES)
+    loops = ("plain autocast loop", "notebook_kit Accelerator", "Accelerate Accelerator")
+    results = {
+        "gpus": 2,
+        "launch": {"notebook_kit": 0.120, "torch-fork": 0.100},
+        "first step": {"first": 3.1, "repeat": 0.9, "cuda init (repeat)": 0.4},
+        "logging": {"log every step": 0.00102, "without log": 0.00100},
+        "steps": {
+            label: {name: 0.001 * (i + 1) for i, name in enumerate(loops)} for label in sizes
+        },
+        "fp16": {"SGD": {"steps": 200, "skipped": 3, "final loss": 0.25}},
+    }
+    report = gpu._report(results)
+    assert f"- {sizes[0]}: plain autocast loop 1.000 ms (x1.000)" in report
+    assert "notebook_kit Accelerator 2.000 ms (x2.000)" in report
+    assert "accelerator.log every step, forked worker: x1.020" in report
+    assert (
+        "(2 workers, nccl, one all_reduce): notebook_kit 120.0 ms vs torch fork 100.0 ms (x1.20)"
+        in report
+    )
+    assert "CUDA initialisation in a fresh forked worker 0.40 s" in report
+    assert "fp16 with GradScaler, SGD: 3 of 200 steps skipped for overflow" in report
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no CUDA GPU visible here" in done.stdout

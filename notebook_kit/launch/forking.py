@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import multiprocessing
 import os
 import secrets
 import socket
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -160,6 +162,24 @@ def _fds(ends: WriteEnds) -> tuple[int, int, int]:
     return ends[0], ends[1], ends[2].fileno()
 
 
+@contextlib.contextmanager
+def _kernel_objects_frozen() -> Iterator[None]:
+    """Around the fork: the kernel's objects are moved out of the garbage collector's reach.
+
+    A forked process inherits every object of the kernel (torch, the notebook's data), and
+    each collection there walks them, which takes milliseconds and writes to their pages, so
+    copy-on-write duplicates memory the workers would otherwise share. Frozen at the fork, the
+    workers never walk them; the kernel unfreezes its own, so its collector is as before.
+    """
+    gc.freeze()
+    parent = os.getpid()
+    try:
+        yield
+    finally:
+        if os.getpid() == parent:
+            gc.unfreeze()
+
+
 def _fork_guardian(
     call: Call,
     starts: list[WorkerStart],
@@ -172,7 +192,7 @@ def _fork_guardian(
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        with warnings.catch_warnings(), forking():
+        with warnings.catch_warnings(), forking(), _kernel_objects_frozen():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork of a threaded kernel
             pid = os.fork()
         if pid == 0:

@@ -1668,4 +1668,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (f"{_CLUSTER}test_an_unsubscribe_that_arrives_after_the_clean_up_leaves_no_topic",),
     ),
+    Mutation(
+        "kernel-objects-walked-by-workers",
+        "a worker's garbage collections never walk the objects it inherited from the kernel",
+        (Edit("launch/forking.py", "    gc.freeze()\n", "    pass\n"),),
+        (f"{_LAUNCHER}test_workers_garbage_collection_leaves_the_kernels_objects_alone",),
+    ),
 )

@@ -65,6 +65,23 @@ def test_every_rank_sees_its_own_rank():
     assert notebook_launcher(ranks, num_processes=2) == [("0", "0"), ("1", "1")]
 
 
+def _frozen_and_tracked() -> tuple[int, int]:
+    import gc
+
+    return gc.get_freeze_count(), len(gc.get_objects())
+
+
+def test_workers_garbage_collection_leaves_the_kernels_objects_alone():
+    """What a worker inherits is frozen, so its collections never walk (and copy) it."""
+    import gc
+
+    kernel_objects = len(gc.get_objects())
+    frozen, tracked = notebook_launcher(_frozen_and_tracked, num_processes=2, live=False)
+    assert frozen > kernel_objects // 2, (frozen, kernel_objects)
+    assert tracked < frozen // 2, (tracked, frozen)
+    assert gc.get_freeze_count() == 0  # the kernel's own collector is as it was
+
+
 def test_one_process_runs_in_the_caller():
     result = notebook_launcher(_describe_worker, num_processes=1)
     assert result["pid"] == os.getpid()

@@ -513,10 +513,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "        return False\n",
             ),
         ),
-        (
-            f"{_CLUSTER}test_a_dead_kernel_ends_every_node_through_its_lease",
-            f"{_CLUSTER}test_a_dead_kernel_ends_an_idle_cluster_pools_nodes_through_its_lease",
-        ),
+        (f"{_CLUSTER}test_a_dead_kernel_ends_every_node_through_its_lease",),
     ),
     Mutation(
         "cluster-rerun-trains-again",

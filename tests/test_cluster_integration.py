@@ -470,23 +470,6 @@ def test_ctrl_c_raises_one_keyboard_interrupt_and_ends_every_node(client, tmp_pa
     )
 
 
-def test_a_dead_kernel_ends_every_node_through_its_lease(client, tmp_path):
-    marker = str(tmp_path / "rank")
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", _KERNEL, client.scheduler.address, marker],
-        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())},
-    )
-    try:
-        _wait_for([marker + "0", marker + "1"])
-        kernel.kill()
-        killed = time.monotonic()
-    finally:
-        kernel.kill()
-        kernel.wait()
-    assert_nothing_left(client, within=KERNEL_DEATH_BOUND_S)
-    assert time.monotonic() - killed < KERNEL_DEATH_BOUND_S
-
-
 _POOL_KERNEL = """
 import pathlib, sys, time
 import torch.distributed as dist
@@ -502,15 +485,16 @@ time.sleep(600)  # an idle pool, waiting for the next cell
 """
 
 
-def test_a_dead_kernel_ends_an_idle_cluster_pools_nodes_through_its_lease(client, tmp_path):
+@pytest.mark.parametrize("kernel_code", [_KERNEL, _POOL_KERNEL], ids=["running", "idle-pool"])
+def test_a_dead_kernel_ends_every_node_through_its_lease(client, tmp_path, kernel_code):
     marker = str(tmp_path / "rank")
     kernel = subprocess.Popen(
-        [sys.executable, "-c", _POOL_KERNEL, client.scheduler.address, marker],
+        [sys.executable, "-c", kernel_code, client.scheduler.address, marker],
         env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", os.getcwd())},
     )
     try:
         _wait_for([marker + "0", marker + "1"])
-        assert len(node_processes()) >= 2  # the pool's nodes wait for the next run
+        assert len(node_processes()) >= 2
         kernel.kill()
         killed = time.monotonic()
     finally:

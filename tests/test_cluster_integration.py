@@ -443,17 +443,22 @@ def _train_forever(marker: str):
         time.sleep(0.05)
 
 
-def test_ctrl_c_raises_one_keyboard_interrupt_and_ends_every_node(client, tmp_path):
-    marker = str(tmp_path / "rank")
-    pressed = {}
+def _press_ctrl_c_once_both_ranks_run(marker: str) -> dict[str, float]:
+    """A thread presses Ctrl-C once both ranks have touched their marker; ``["at"]``: when."""
+    pressed: dict[str, float] = {}
 
     def press() -> None:
         _wait_for([marker + "0", marker + "1"])
         pressed["at"] = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
 
-    presser = threading.Thread(target=press, daemon=True)
-    presser.start()
+    threading.Thread(target=press, daemon=True).start()
+    return pressed
+
+
+def test_ctrl_c_raises_one_keyboard_interrupt_and_ends_every_node(client, tmp_path):
+    marker = str(tmp_path / "rank")
+    pressed = _press_ctrl_c_once_both_ranks_run(marker)
     with pytest.raises(KeyboardInterrupt):
         notebook_launcher(
             _train_forever, args=(marker,), num_processes=1, num_nodes=2, cluster=client,
@@ -518,19 +523,11 @@ def test_ctrl_c_during_a_cluster_pool_run_raises_once_and_the_ranks_keep_their_s
 
     keep, kept = _cell_functions()
     marker = str(tmp_path / "rank")
-    pressed = {}
-
-    def press() -> None:
-        _wait_for([marker + "0", marker + "1"])
-        pressed["at"] = time.monotonic()
-        os.kill(os.getpid(), signal.SIGINT)
-
     pool = WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False)
     try:
         ranks = pool.pids
         assert pool.run(keep, "before the interrupt") == 0
-        presser = threading.Thread(target=press, daemon=True)
-        presser.start()
+        pressed = _press_ctrl_c_once_both_ranks_run(marker)
         with pytest.raises(KeyboardInterrupt):
             pool.run(_wait_on_every_rank, marker)
         raised = time.monotonic() - pressed["at"]

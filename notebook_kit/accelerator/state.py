@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from notebook_kit.config.cluster import slurm_process_environment
+from notebook_kit.config.placement import slurm_process_environment
 from notebook_kit.runtime.context import current_launch
 from notebook_kit.runtime.process_group import init_group_from_environment
 

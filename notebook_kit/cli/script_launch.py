@@ -14,7 +14,7 @@ mixed precision, gradient accumulation, gloo on loopback for one node), so a scr
 ``Accelerator`` behaves as it does in the notebook.
 
 Settings are taken, first found first: options on the command line, the node placement a
-batch scheduler gives (:mod:`notebook_kit.config.cluster`), ``--config FILE`` or else the
+batch scheduler gives (:mod:`notebook_kit.config.placement`), ``--config FILE`` or else the
 ``NOTEBOOK_KIT_<NAME>`` variables over the saved default, then the built-in defaults.
 """
 
@@ -29,16 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from notebook_kit.config.arguments import is_loopback, loopback_master_problem
-from notebook_kit.config.cluster import (
-    DEFAULT_MASTER_PORT,
-    ClusterError,
-    NodePlacement,
-    detect_node,
-)
 from notebook_kit.config.command_line import option_name
 from notebook_kit.config.environment import gpu_count
 from notebook_kit.config.launch_config import LaunchConfig, field_errors, read_saved_default
 from notebook_kit.config.launch_plan import auto_process_count, auto_threads
+from notebook_kit.config.placement import (
+    DEFAULT_MASTER_PORT,
+    NodePlacement,
+    PlacementError,
+    detect_node,
+)
 from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, settings_from_environ
 from notebook_kit.errors import is_consequence
@@ -219,21 +219,21 @@ def plan_script_launch(
     try:
         # An explicit --num-nodes describes the whole job; a scheduler's guess would only clash.
         placement = None if "num_nodes" in given else detect_node(environ)
-    except ClusterError as error:
+    except PlacementError as error:
         raise LaunchInputError(f"{error} (or give --num-nodes and --node-rank)") from error
-    from_cluster = {k: v for k, v in _placement_values(placement).items() if k not in given}
+    from_scheduler = {k: v for k, v in _placement_values(placement).items() if k not in given}
     from_environ = _environ_settings(environ) if config_path is None else {}
-    values = {**base.to_dict(), **from_environ, **from_cluster, **given}
+    values = {**base.to_dict(), **from_environ, **from_scheduler, **given}
     origins = {field: f" ({field} from {base_origin})" for field in values}
     origins.update({field: f" ({field} from ${SETTINGS[field].env_var})" for field in from_environ})
-    origins.update({field: f" ({field} from {placement.source})" for field in from_cluster})
+    origins.update({field: f" ({field} from {placement.source})" for field in from_scheduler})
     origins.update({field: "" for field in given})
     problems = field_errors(values)
     if problems:
         field, message = next(iter(problems.items()))
         raise LaunchInputError(f"{option_name(field)}: {message.rstrip('.')}{origins[field]}.")
     config = LaunchConfig.from_dict(values)
-    if "master_addr" not in given and "master_addr" not in from_cluster:
+    if "master_addr" not in given and "master_addr" not in from_scheduler:
         origin = origins["master_addr"].strip().removeprefix("(master_addr ").removesuffix(")")
         problem = loopback_master_problem(config.num_nodes, config.master_addr, origin, cli=True)
         if problem:

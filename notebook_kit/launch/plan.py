@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from notebook_kit.config import arguments
-from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
+from notebook_kit.config.placement import DEFAULT_MASTER_PORT
 from notebook_kit.config.environment import KernelState, probe_kernel, usable_cpu_count
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.launch_plan import (

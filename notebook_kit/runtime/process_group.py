@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_kit.config.cluster import DEFAULT_MASTER_PORT
+from notebook_kit.config.placement import DEFAULT_MASTER_PORT
 
 __all__ = ["cpu_group", "init_group_from_environment"]
 

@@ -23,8 +23,8 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
-    "ClusterError",
     "NodePlacement",
+    "PlacementError",
     "detect_node",
     "first_host",
     "slurm_process_environment",
@@ -32,10 +32,10 @@ __all__ = [
 
 DEFAULT_MASTER_PORT = 29500
 
-ClusterSource = Literal["torchrun", "slurm", "coiled"]
+PlacementSource = Literal["torchrun", "slurm", "coiled"]
 
 
-class ClusterError(ValueError):
+class PlacementError(ValueError):
     """The scheduler's variables are present but unusable (the message names them)."""
 
 
@@ -52,7 +52,7 @@ class NodePlacement:
         num_processes: Processes per node, when the scheduler names them (torchrun only).
     """
 
-    source: ClusterSource
+    source: PlacementSource
     num_nodes: int
     node_rank: int
     master_addr: str
@@ -80,7 +80,7 @@ def first_host(nodelist: str) -> str:
     zero padding survives. Several bracket groups in one name are expanded left to right.
 
     Raises:
-        ClusterError: The list is empty or its brackets do not match.
+        PlacementError: The list is empty or its brackets do not match.
 
     Example:
         >>> first_host("gpu[01-04],cpu7"), first_host("rack[2-3]-n[08,10]")
@@ -103,7 +103,7 @@ def first_host(nodelist: str) -> str:
     else:
         if parts:
             return "".join(parts)
-    raise ClusterError(f"Cannot read the first host of the SLURM node list {nodelist!r}.")
+    raise PlacementError(f"Cannot read the first host of the SLURM node list {nodelist!r}.")
 
 
 def _integer(environ: Mapping[str, str], name: str, minimum: int) -> int:
@@ -111,9 +111,9 @@ def _integer(environ: Mapping[str, str], name: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ClusterError(f"{name}={text!r} is not an integer.") from None
+        raise PlacementError(f"{name}={text!r} is not an integer.") from None
     if value < minimum:
-        raise ClusterError(f"{name}={text!r} must be >= {minimum}.")
+        raise PlacementError(f"{name}={text!r} must be >= {minimum}.")
     return value
 
 
@@ -127,7 +127,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> NodePlacement | None:
         return None
     nodes = environ["PET_NNODES"]
     if ":" in nodes:
-        raise ClusterError(
+        raise PlacementError(
             f"PET_NNODES={nodes!r} asks for an elastic range; notebook-kit launch needs a fixed "
             "number of nodes. Set --num-nodes, or run torchrun directly for elastic jobs."
         )
@@ -151,14 +151,14 @@ def _from_slurm(environ: Mapping[str, str]) -> NodePlacement | None:
     num_nodes = _integer(environ, nodes_name, 1)
     tasks_name = _first_present(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     if tasks_name is not None and _integer(environ, tasks_name, 1) > num_nodes:
-        raise ClusterError(
+        raise PlacementError(
             f"{tasks_name}={environ[tasks_name]} tasks on {nodes_name}={num_nodes} nodes: "
             "notebook-kit launch starts every process of its node itself, so run it once per "
             "node (srun --ntasks-per-node=1), or start the script directly with srun instead."
         )
     list_name = _first_present(environ, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     if list_name is None:
-        raise ClusterError("SLURM_NODEID is set but SLURM_JOB_NODELIST is missing.")
+        raise PlacementError("SLURM_NODEID is set but SLURM_JOB_NODELIST is missing.")
     return NodePlacement(
         source="slurm",
         num_nodes=num_nodes,
@@ -173,7 +173,7 @@ def _from_coiled(environ: Mapping[str, str]) -> NodePlacement | None:
         return None
     address = environ.get("COILED_BATCH_SCHEDULER_ADDRESS", "")
     if not address:
-        raise ClusterError(
+        raise PlacementError(
             "COILED_BATCH_TASK_ID is set but COILED_BATCH_SCHEDULER_ADDRESS is not; give "
             "--master-addr, or run the batch job with a task on the scheduler."
         )
@@ -191,7 +191,7 @@ def detect_node(environ: Mapping[str, str] | None = None) -> NodePlacement | Non
     Returns None outside any of them, and on a single node (one node needs no placement).
 
     Raises:
-        ClusterError: Variables are present but contradictory or malformed.
+        PlacementError: Variables are present but contradictory or malformed.
 
     Example:
         >>> env = {"COILED_BATCH_TASK_ID": "1", "COILED_BATCH_TASK_COUNT": "2",
@@ -204,7 +204,7 @@ def detect_node(environ: Mapping[str, str] | None = None) -> NodePlacement | Non
         placement = read(environ)
         if placement is not None:
             if placement.node_rank >= placement.num_nodes:
-                raise ClusterError(
+                raise PlacementError(
                     f"The {placement.source} variables put this node at rank "
                     f"{placement.node_rank} of only {placement.num_nodes} nodes."
                 )
@@ -238,7 +238,7 @@ def slurm_process_environment(environ: Mapping[str, str] | None = None) -> dict[
         return {}
     list_name = _first_present(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
     if list_name is None:
-        raise ClusterError("SLURM_PROCID is set but no SLURM node list is.")
+        raise PlacementError("SLURM_PROCID is set but no SLURM node list is.")
     return {
         "RANK": str(_integer(environ, "SLURM_PROCID", 0)),
         "WORLD_SIZE": str(tasks),

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from notebook_kit.config.cluster import (
-    ClusterError,
+from notebook_kit.config.placement import (
+    PlacementError,
     detect_node,
     first_host,
     slurm_process_environment,
@@ -33,7 +33,7 @@ def test_first_host_of_a_slurm_node_list(nodelist, host):
 
 @pytest.mark.parametrize("nodelist", ["", "n[1", "n]", "[]x", "n[[1]]"])
 def test_malformed_node_lists_are_named(nodelist):
-    with pytest.raises(ClusterError, match="SLURM node list"):
+    with pytest.raises(PlacementError, match="SLURM node list"):
         first_host(nodelist)
 
 
@@ -59,7 +59,7 @@ def test_slurm_one_task_per_node():
 
 def test_slurm_with_several_tasks_per_node_is_refused():
     env = {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_NTASKS": "8", "SLURM_NODELIST": "a,b"}
-    with pytest.raises(ClusterError, match="ntasks-per-node=1"):
+    with pytest.raises(PlacementError, match="ntasks-per-node=1"):
         detect_node(env)
 
 
@@ -72,11 +72,11 @@ def test_coiled_batch():
     placement = detect_node(env)
     assert (placement.source, placement.num_nodes, placement.node_rank) == ("coiled", 3, 1)
     assert placement.master_addr == "10.1.2.3"
-    with pytest.raises(ClusterError, match="COILED_BATCH_SCHEDULER_ADDRESS"):
+    with pytest.raises(PlacementError, match="COILED_BATCH_SCHEDULER_ADDRESS"):
         detect_node({**env, "COILED_BATCH_SCHEDULER_ADDRESS": ""})
-    with pytest.raises(ClusterError, match="rank 3 of only 3"):
+    with pytest.raises(PlacementError, match="rank 3 of only 3"):
         detect_node({**env, "COILED_BATCH_TASK_ID": "3"})
-    with pytest.raises(ClusterError, match="COILED_BATCH_TASK_COUNT='two' is not an integer"):
+    with pytest.raises(PlacementError, match="COILED_BATCH_TASK_COUNT='two' is not an integer"):
         detect_node({**env, "COILED_BATCH_TASK_COUNT": "two"})
 
 
@@ -95,7 +95,7 @@ def test_torchrun_pet_variables_win_over_slurm():
     assert placement.source == "torchrun"
     assert (placement.num_nodes, placement.node_rank, placement.master_addr) == (2, 1, "head")
     assert (placement.master_port, placement.num_processes) == (1234, 8)
-    with pytest.raises(ClusterError, match="elastic range"):
+    with pytest.raises(PlacementError, match="elastic range"):
         detect_node({"PET_NNODES": "1:4"})
 
 

@@ -374,7 +374,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "with num_processes=1 exceptions and %debug land in your frame",
         (
             Edit(
-                "launch/in_kernel.py",
+                "launch/calling_process.py",
                 "        error = raised\n        raise\n",
                 "        error = raised\n        raise RuntimeError(f'launch failed: {raised}')\n",
             ),

@@ -19,7 +19,7 @@ from notebook_kit.launch import launcher as entry_points
 from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.launchers import Launcher, driver, select_launcher
 from notebook_kit.launch.launchers.forked import ForkedLauncher
-from notebook_kit.launch.launchers.in_process import InKernelLauncher, TorchrunLauncher
+from notebook_kit.launch.launchers.kernel_and_torchrun import InKernelLauncher, TorchrunLauncher
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch

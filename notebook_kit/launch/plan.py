@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from notebook_kit.config import arguments
-from notebook_kit.config.placement import DEFAULT_MASTER_PORT
 from notebook_kit.config.environment import KernelState, probe_kernel, usable_cpu_count
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.launch_plan import (
@@ -17,6 +16,7 @@ from notebook_kit.config.launch_plan import (
     auto_process_count,
     auto_threads,
 )
+from notebook_kit.config.placement import DEFAULT_MASTER_PORT
 from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, check_argument
 from notebook_kit.launch.preflight import check_fork_safety

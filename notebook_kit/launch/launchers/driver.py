@@ -13,12 +13,12 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.launch.calling_process import torchrun_place
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
-from notebook_kit.launch.in_kernel import torchrun_place
 from notebook_kit.launch.launchers.base import Launcher, Steps
 from notebook_kit.launch.launchers.dask_cluster import ClusterLauncher
 from notebook_kit.launch.launchers.forked import ForkedLauncher
-from notebook_kit.launch.launchers.in_process import InKernelLauncher, TorchrunLauncher
+from notebook_kit.launch.launchers.kernel_and_torchrun import InKernelLauncher, TorchrunLauncher
 
 __all__ = ["run_awaitable", "run_blocking", "select_launcher"]
 

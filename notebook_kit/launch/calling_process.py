@@ -36,10 +36,12 @@ from notebook_kit.runtime.messages import MetricsBatch, decode
 from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
 
-__all__ = ["KERNEL_PLACE", "run_in_process", "torchrun_place"]
+__all__ = ["KERNEL_PLACE", "run_in_calling_process", "torchrun_place"]
 
 
-def run_in_process(call: Call, plan: LaunchPlan, observer: LaunchObserver, place: _Place) -> Any:
+def run_in_calling_process(
+    call: Call, plan: LaunchPlan, observer: LaunchObserver, place: _Place
+) -> Any:
     """Run in the calling process (debuggable), inside a process group.
 
     Under torchrun (``place`` from :func:`torchrun_place`) the group is the job's, from its

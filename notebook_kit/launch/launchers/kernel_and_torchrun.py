@@ -1,8 +1,8 @@
-"""Running in the calling process: the kernel itself (one process), or a torchrun process."""
+"""The launchers that start no process: the kernel itself (one process), or a torchrun process."""
 
 from __future__ import annotations
 
-from notebook_kit.launch.in_kernel import KERNEL_PLACE, run_in_process, torchrun_place
+from notebook_kit.launch.calling_process import KERNEL_PLACE, run_in_calling_process, torchrun_place
 from notebook_kit.launch.launchers.base import Launcher, Steps
 from notebook_kit.launch.plan import Call
 from notebook_kit.live.observer import LaunchObserver
@@ -17,7 +17,7 @@ class InKernelLauncher(Launcher):
     """
 
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
-        return run_in_process(call, self.plan, self.view(observer), KERNEL_PLACE)
+        return run_in_calling_process(call, self.plan, self.view(observer), KERNEL_PLACE)
         yield  # a generator that needs no wait: it runs at the first step
 
 
@@ -27,5 +27,5 @@ class TorchrunLauncher(Launcher):
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
         place = torchrun_place()
         assert place is not None, "select_launcher picks this launcher under torchrun only"
-        return run_in_process(call, self.plan, self.view(observer), place)
+        return run_in_calling_process(call, self.plan, self.view(observer), place)
         yield  # a generator that needs no wait: it runs at the first step

@@ -19,8 +19,8 @@ import statistics
 import time
 
 from notebook_kit.live.observer import LaunchSummary, RankSummary
-from notebook_kit.live.panels import Panel, plan_panels
 from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
+from notebook_kit.live.plot_layout import Panel, plan_panels
 from notebook_kit.live.summary import summary_line
 
 History = list[tuple[int, float]]

@@ -566,21 +566,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a logged epoch is a table column, not a plotted line",
         (
             Edit(
-                "live/panels.py",
+                "live/plot_layout.py",
                 "        if not is_axis_name(name):\n            groups.setdefault(",
                 "        if True:\n            groups.setdefault(",
             ),
         ),
         (
-            "tests/test_live_panels.py::test_a_logged_epoch_is_a_table_column_and_never_a_plotted_line",
+            "tests/test_plot_layout.py::test_a_logged_epoch_is_a_table_column_and_never_a_plotted_line",
         ),
     ),
     Mutation(
         "flat-line-drawn-as-noise",
         "a flat learning rate shows as a flat line with a sensible y range",
-        (Edit("live/panels.py", "        low = high  # a constant", "        pass  # a constant"),),
+        (Edit("live/plot_layout.py", "        low = high  # a constant", "        pass  # a constant"),),
         (
-            "tests/test_live_panels.py::test_a_flat_learning_rate_is_a_flat_line_in_a_readable_range",
+            "tests/test_plot_layout.py::test_a_flat_learning_rate_is_a_flat_line_in_a_readable_range",
         ),
     ),
     Mutation(
@@ -588,14 +588,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "many metrics give a capped legend and summary",
         (
             Edit(
-                "live/panels.py",
+                "live/plot_layout.py",
                 "tuple(members[:LINES_PER_PANEL]), max(0, len(members) - LINES_PER_PANEL)",
                 "tuple(members), 0",
             ),
             Edit("live/metric_names.py", "        if len(shown) < limit:", "        if True:"),
         ),
         (
-            "tests/test_live_panels.py::"
+            "tests/test_plot_layout.py::"
             "test_thousands_of_metrics_and_huge_names_give_a_capped_legend_and_summary",
         ),
     ),

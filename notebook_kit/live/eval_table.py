@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from notebook_kit.live.panels import is_axis_name
+from notebook_kit.live.plot_layout import is_axis_name
 
 __all__ = ["EvalTable", "build_table"]
 

@@ -30,8 +30,8 @@ from IPython.display import display
 from notebook_kit.live.eval_table import build_table, live_table_html, split_histories
 from notebook_kit.live.kernel_status import BusyKeeper
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
-from notebook_kit.live.panels import plan_panels
 from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
+from notebook_kit.live.plot_layout import plan_panels
 from notebook_kit.live.plot_widget import LivePlot, XAxis, check_x_axis
 from notebook_kit.live.progress_bar import ProgressBar
 from notebook_kit.live.rank_output import RankOutput

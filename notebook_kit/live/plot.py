@@ -1,6 +1,6 @@
 """The final plot of a run as a matplotlib figure: what stays in the saved notebook as a PNG.
 
-Laid out like the live plot in the browser (:mod:`notebook_kit.live.panels` decides for both):
+Laid out like the live plot in the browser (:mod:`notebook_kit.live.plot_layout` decides for both):
 one panel per metric family with a legend (a few lines each, long names shortened, the rest
 counted), the logged unit (step or epoch) or the logged ``epoch`` on x, evaluation metrics as
 markers, the smoothing and y scale the user chose while it ran. The figure is built with
@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from notebook_kit.live.metric_names import more_text, short_name
-from notebook_kit.live.panels import (
+from notebook_kit.live.plot_layout import (
     Panel,
     YScale,
     axis_limits,
@@ -70,10 +70,10 @@ def draw_metrics(
         smoothing: EMA weight for the other metrics (0: raw); the raw line stays, faded.
         y_scale: ``"log"``, ``"linear"``, or ``"auto"``: log where positive values span more
             than a thousandfold.
-        panels: The layout; default :func:`~notebook_kit.live.panels.plan_panels`.
+        panels: The layout; default :func:`~notebook_kit.live.plot_layout.plan_panels`.
         x_metric: A logged position (``epoch``) to draw against instead of the step: each
             point at the epoch its step falls on
-            (:func:`~notebook_kit.live.panels.epoch_positions`).
+            (:func:`~notebook_kit.live.plot_layout.epoch_positions`).
 
     Example:
         >>> figure = new_figure(1)

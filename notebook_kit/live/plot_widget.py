@@ -24,7 +24,8 @@ import traitlets
 
 from notebook_kit.live.metric_names import short_name
 from notebook_kit.live.metrics import MetricsAggregator
-from notebook_kit.live.panels import (
+from notebook_kit.live.plot_feed import PointFeed, Points
+from notebook_kit.live.plot_layout import (
     Panel,
     XUnit,
     axis_metric,
@@ -32,7 +33,6 @@ from notebook_kit.live.panels import (
     infer_x_unit,
     plan_panels,
 )
-from notebook_kit.live.plot_feed import PointFeed, Points
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.runtime.messages import MetricsBatch
 

@@ -578,7 +578,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "flat-line-drawn-as-noise",
         "a flat learning rate shows as a flat line with a sensible y range",
-        (Edit("live/plot_layout.py", "        low = high  # a constant", "        pass  # a constant"),),
+        (
+            Edit(
+                "live/plot_layout.py",
+                "        low = high  # a constant",
+                "        pass  # a constant",
+            ),
+        ),
         (
             "tests/test_plot_layout.py::test_a_flat_learning_rate_is_a_flat_line_in_a_readable_range",
         ),

@@ -94,3 +94,14 @@ def test_the_checker_sees_broken_links_and_anchors(tmp_path: Path) -> None:
         "other.md#nowhere: no heading #nowhere in other.md",
         "#no-such-heading: no heading #no-such-heading in page.md",
     ]
+
+
+def test_the_readme_links_every_notebook_and_each_has_its_own_number() -> None:
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    linked = {
+        (ROOT / target).resolve()
+        for target in _LINK.findall(_prose((ROOT / "README.md").read_text()))
+    }
+    assert not [p.name for p in notebooks if p.resolve() not in linked], "README lacks a notebook"
+    numbers = [p.name.partition("_")[0] for p in notebooks]
+    assert len(set(numbers)) == len(numbers), f"two notebooks share a number: {numbers}"

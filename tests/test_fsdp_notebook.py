@@ -1,4 +1,4 @@
-"""notebooks/08_fsdp.ipynb in a real kernel: a GPT-style model trained sharded, then home."""
+"""notebooks/09_fsdp.ipynb in a real kernel: a GPT-style model trained sharded, then home."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from tests.notebook_text import cell_text, execute_copy
 from tests.processes import kernel_environment
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_fsdp.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "09_fsdp.ipynb"
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,10 +1,12 @@
-"""The package metadata builds without setuptools deprecation warnings."""
+"""The package metadata builds without deprecation warnings and agrees with the README."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +37,12 @@ def test_metadata_builds_without_deprecation_warnings(tmp_path: Path) -> None:
     assert "Deprecat" not in built.stdout + built.stderr
     metadata = (out / built.stdout.strip().splitlines()[-1] / "METADATA").read_text()
     assert "License-Expression: Apache-2.0" in metadata
+
+
+def test_the_readme_asks_for_the_python_the_package_requires() -> None:
+    required = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    readme = re.search(r"Python (3\.\d+)( or newer)?", (ROOT / "README.md").read_text())
+    assert readme, "the README names no Python version"
+    assert required == f">={readme[1]}" and readme[2], (
+        f"README asks for {readme[0]!r}, pyproject.toml requires {required!r}"
+    )

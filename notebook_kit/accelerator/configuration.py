@@ -161,7 +161,7 @@ class GradientAccumulationPlugin(KwargsHandler):
             _check_flag("GradientAccumulationPlugin", name, getattr(self, name))
 
 
-class DDPCommunicationHookType(str, enum.Enum):
+class DDPCommunicationHookType(str, enum.Enum):  # noqa: UP042 (str() as Accelerate's)
     """Gradient compression hooks for DistributedDataParallel (``str`` values as Accelerate)."""
 
     NO = "no"

@@ -28,7 +28,7 @@ __all__ = ["AcceleratorState", "DistributedType", "PartialState", "split_inputs"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class DistributedType(str, enum.Enum):
+class DistributedType(str, enum.Enum):  # noqa: UP042 (str() as Accelerate's)
     """The kind of job a process belongs to (Accelerate's members and values).
 
     notebook_kit runs ``NO`` (one process), ``MULTI_CPU`` and ``MULTI_GPU``; the other members

@@ -1,4 +1,4 @@
-"""``08_fsdp.ipynb`` run from JupyterLab's Run menu: the sharded run draws its plot live, the
+"""``09_fsdp.ipynb`` run from JupyterLab's Run menu: the sharded run draws its plot live, the
 notebook runs top to bottom, and the model that came home writes text in the kernel."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.browser.server import LabServer
 
 pytestmark = pytest.mark.browser
 
-NOTEBOOK = "08_fsdp.ipynb"
+NOTEBOOK = "09_fsdp.ipynb"
 
 
 def test_the_sharded_run_draws_live_and_the_notebook_runs_to_the_generated_text(

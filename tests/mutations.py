@@ -1677,4 +1677,40 @@ MUTATIONS: tuple[Mutation, ...] = (
         (Edit("launch/forking.py", "    gc.freeze()\n", "    pass\n"),),
         (f"{_LAUNCHER}test_workers_garbage_collection_leaves_the_kernels_objects_alone",),
     ),
+    Mutation(
+        "warm-up-done-taken-from-an-interrupted-join",
+        "an interrupt while a launch waits for the warm-up never makes a later fork copy it",
+        (
+            Edit(
+                "launch/warmup.py",
+                "        while not _done.wait(0.05):\n            pass\n    wait_for_imports()\n",
+                "        thread.join()\n",
+            ),
+            Edit(
+                "launch/warmup.py",
+                "            if _thread is not None and _thread is not threading.current_thread()"
+                ":\n                _done.wait(max(deadline - time.monotonic(), 0.0))\n"
+                "            if not wait_for_imports(max(deadline - time.monotonic(), 0.0)):\n",
+                "            if _thread is not None and _thread.is_alive():\n"
+                "                _thread.join()\n"
+                "            if False:\n",
+            ),
+        ),
+        (
+            "tests/test_warmup_integration.py::"
+            "test_an_interrupt_while_a_launch_waits_for_the_warm_up_never_poisons_the_kernel",
+        ),
+    ),
+    Mutation(
+        "fork-ignores-other-threads-imports",
+        "no fork copies a module that another thread of the kernel is still importing",
+        (
+            Edit(
+                "launch/warmup.py",
+                "        if owner is not None and owner != me and owner not in blocked:\n",
+                "        if False:\n",
+            ),
+        ),
+        ("tests/test_warmup_integration.py::test_a_fork_waits_for_an_import_in_another_thread",),
+    ),
 )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,3 +34,95 @@ def test_forked_workers_inherit_the_warm_modules_even_when_launched_at_once():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+# --- The stop button pressed while a launch waits for the warm-up, in real kernels ----------
+
+IMPORT_CELL = "from notebook_kit import notebook_launcher"
+# A DDP step: the first one imports torch._dynamo, which the warm-up thread may be importing.
+TRAIN_CELL = """\
+def train():
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    model(torch.ones(2, 4)).sum().backward()
+    return dist.get_world_size()
+"""
+LAUNCH_CELL = "print('RESULT', notebook_launcher(train, num_processes=2, live=False))"
+ROUNDS = 24  # each a fresh kernel: the warm-up runs once per process
+AT_ONCE = 3  # kernels in flight together
+
+
+def _round(delay: float) -> dict[str, object]:
+    """Import, launch at once and press the stop button ``delay`` s in; then launch again."""
+    from tests.kernel_cells import cell_messages, real_kernel, run_cell
+
+    with real_kernel() as (manager, client):
+        run_cell(client, TRAIN_CELL, timeout=60)
+        run_cell(client, IMPORT_CELL, timeout=120)
+        msg_id = client.execute(LAUNCH_CELL)  # the launch cell follows the import directly
+        time.sleep(delay)
+        manager.interrupt_kernel()  # as Jupyter does: SIGINT to the kernel's process group
+        pressed = cell_messages(client, msg_id, timeout=120)
+        after = [run_cell(client, LAUNCH_CELL, timeout=120) for _ in range(2)]
+    return {"delay": delay, "pressed": _outcome(pressed), "after": [_outcome(m) for m in after]}
+
+
+def _outcome(messages: list[dict]) -> str:
+    """'RESULT 2' for a launch that trained, else the error's name and value."""
+    for message in messages:
+        if message["msg_type"] == "error":
+            content = message["content"]
+            return f"{content['ename']}: {content['evalue']}"
+    text = "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == "stream")
+    return next((line for line in text.splitlines() if line.startswith("RESULT")), text)
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_interrupt_while_a_launch_waits_for_the_warm_up_never_poisons_the_kernel():
+    """Pressed 0–1 s into the first launch: that launch trains or ends with a plain
+    KeyboardInterrupt, and every launch after it trains."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    delays = [round(random.uniform(0.0, 1.0), 3) for _ in range(ROUNDS)]
+    delays[:4] = [0.0, 0.02, 0.05, 0.08]  # the first moments, where a press hit every time
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        rounds = list(pool.map(_round, delays))
+    bad = [
+        r
+        for r in rounds
+        if r["after"] != ["RESULT 2", "RESULT 2"]
+        or r["pressed"] not in ("RESULT 2", "KeyboardInterrupt: ")
+    ]
+    interrupted = [r for r in rounds if r["pressed"].startswith("KeyboardInterrupt")]
+    assert not bad, f"{len(bad)} of {ROUNDS} kernels poisoned: {bad}"
+    assert interrupted, f"no press landed during a launch: {rounds}"
+
+
+SLOW_MODULE = "import time\ntime.sleep(1.5)\nVALUE = 'initialised'\n"
+
+
+def test_a_fork_waits_for_an_import_in_another_thread(tmp_path, monkeypatch):
+    """Any thread's import, not only the warm-up's: the child never gets a half-done module."""
+    import threading
+
+    from notebook_kit.launch import launcher  # noqa: F401  (registers the at-fork hook)
+    from notebook_kit.launch.warmup import imports_under_way
+
+    (tmp_path / "nk_slow_import.py").write_text(SLOW_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importer = threading.Thread(target=__import__, args=("nk_slow_import",))
+    importer.start()
+    deadline = time.monotonic() + 10
+    while "nk_slow_import" not in imports_under_way():
+        assert time.monotonic() < deadline, "the other thread's import never showed"
+        time.sleep(0.005)
+    pid = os.fork()
+    if pid == 0:  # the child only looks: importing a half-done module here could hang
+        module = sys.modules.get("nk_slow_import")
+        os._exit(0 if getattr(module, "VALUE", None) == "initialised" else 3)
+    _, status = os.waitpid(pid, 0)
+    importer.join()
+    assert os.waitstatus_to_exitcode(status) == 0, "the fork copied a module half-imported"

@@ -13,7 +13,11 @@ from notebook_kit.accelerator.optimizer import (
     AcceleratedScheduler,
     GradientState,
 )
+from notebook_kit.accelerator.partial_state import AcceleratorState
 from notebook_kit.accelerator.partial_state import split_inputs as _split
+from notebook_kit.accelerator.precision import MIXED_PRECISION_CHOICES
+from notebook_kit.accelerator.strategies import fsdp_from_settings
+from notebook_kit.config.schema import SETTINGS
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime.context import LaunchContext, active_launch
 
@@ -50,6 +54,28 @@ def test_settings_precedence_argument_launch_environment_default(monkeypatch):
     monkeypatch.setenv("NOTEBOOK_KIT_MIXED_PRECISION", "half")
     with pytest.raises(ValueError, match="NOTEBOOK_KIT_MIXED_PRECISION='half'"):
         Accelerator()
+
+
+def test_a_worker_reads_each_setting_variable_as_the_launcher_does(monkeypatch):
+    """One declaration: the schema's variable names, words, ranges and yes/no spellings."""
+    for name, text in [
+        ("gradient_accumulation_steps", "5000"),  # beyond the launcher's ceiling
+        ("use_fsdp", "maybe"),
+        ("mixed_precision", "fp8"),
+    ]:
+        variable = SETTINGS[name].env_var
+        monkeypatch.setenv(variable, text)
+        with pytest.raises(ValueError, match=f"{variable}='{text}' is not valid: {name} must be"):
+            Accelerator()
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv(SETTINGS["use_fsdp"].env_var, "false")
+    assert fsdp_from_settings(None) is None
+    monkeypatch.setenv(SETTINGS["use_fsdp"].env_var, "true")
+    assert fsdp_from_settings(None) is not None
+    monkeypatch.setenv(SETTINGS["mixed_precision"].env_var, "half")
+    with pytest.raises(ValueError, match="NOTEBOOK_KIT_MIXED_PRECISION='half'"):
+        AcceleratorState()  # checked here too, not only by the Accelerator
+    assert SETTINGS["mixed_precision"].choices == MIXED_PRECISION_CHOICES
 
 
 def test_plain_process_state():

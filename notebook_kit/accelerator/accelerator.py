@@ -143,17 +143,16 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         self.handlers = sort_handlers(kwargs_handlers)
         launch = current_launch()
         self.mixed_precision: MixedPrecision = resolve_setting(
-            "mixed_precision", mixed_precision, launch and launch.mixed_precision,
-            "NOTEBOOK_KIT_MIXED_PRECISION", "no", str, MIXED_PRECISION_CHOICES,
-        )  # fmt: skip
+            "mixed_precision", mixed_precision, launch and launch.mixed_precision
+        )
         plugin = accumulation_plugin(
             gradient_accumulation_plugin, check_steps(gradient_accumulation_steps)
         )
         steps = resolve_setting(
-            "gradient_accumulation_steps", plugin.num_steps,
+            "gradient_accumulation_steps",
+            plugin.num_steps,
             launch and launch.gradient_accumulation_steps,
-            "NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS", 1, int,
-        )  # fmt: skip
+        )
         check_steps(steps)
         project = adopt(project_config, ProjectConfiguration, "project_config")
         project = project or ProjectConfiguration()

@@ -268,9 +268,8 @@ class AcceleratorState(PartialState):
         super().__init__(cpu)
         launch = current_launch()
         self.mixed_precision = resolve_setting(
-            "mixed_precision", mixed_precision, launch and launch.mixed_precision,
-            "NOTEBOOK_KIT_MIXED_PRECISION", "no", str,
-        )  # fmt: skip
+            "mixed_precision", mixed_precision, launch and launch.mixed_precision
+        )
 
     def __repr__(self) -> str:
         return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"

@@ -5,24 +5,29 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from notebook_kit.accelerator.operations import recursively_apply
+from notebook_kit.config.arguments import MixedPrecision
+from notebook_kit.config.schema import SETTINGS
 
 __all__ = [
+    "HALF_DTYPES",
+    "MIXED_PRECISION_CHOICES",
     "AutocastForward",
+    "MixedPrecision",
     "autocast_context",
     "make_grad_scaler",
     "patch_forward",
     "restore_forward",
 ]
 
-MixedPrecision = Literal["no", "fp16", "bf16"]
-MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16")
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# The words are the launch setting's (one declaration, in the schema); only their dtypes are ours.
+MIXED_PRECISION_CHOICES: tuple[str, ...] = SETTINGS["mixed_precision"].choices
+HALF_DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def autocast_context(mixed_precision: MixedPrecision, device: torch.device, **options: Any) -> Any:
@@ -37,7 +42,7 @@ def autocast_context(mixed_precision: MixedPrecision, device: torch.device, **op
     """
     if mixed_precision == "no":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[mixed_precision], **options)
+    return torch.autocast(device_type=device.type, dtype=HALF_DTYPES[mixed_precision], **options)
 
 
 def _to_float32(outputs: Any) -> Any:

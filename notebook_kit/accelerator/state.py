@@ -8,14 +8,14 @@ variables are turned into torch's first), or a plain single process.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from notebook_kit.config.placement import slurm_process_environment
+from notebook_kit.config.schema import SETTINGS, parse_text
 from notebook_kit.runtime.context import current_launch
 from notebook_kit.runtime.process_group import init_group_from_environment
 
@@ -78,37 +78,28 @@ def resolve_process_state(cpu: bool) -> ProcessState:
     return ProcessState(rank, local_rank, size, device)
 
 
-def resolve_setting(
-    name: str,
-    explicit: T | None,
-    launched: T | None,
-    env_name: str,
-    default: T,
-    parse: Callable[[str], T],
-    choices: Sequence[Any] | None = None,
-) -> T:
+def resolve_setting(name: str, explicit: T | None, launched: T | None) -> T:
     """The first given of: the explicit argument, the launch's value, the environment, a default.
 
+    The variable's name, how its text is read and the default are the launch setting's own, from
+    :data:`~notebook_kit.config.schema.SETTINGS`, so a worker reads ``NOTEBOOK_KIT_<NAME>``
+    exactly as ``notebook_launcher`` and ``notebook-kit launch`` do.
+
     Example:
-        >>> resolve_setting("mixed_precision", None, None, "UNSET_VAR", "no", str)
+        >>> resolve_setting("mixed_precision", None, None)
         'no'
     """
-    raw = os.environ.get(env_name)
     if explicit is not None:
         return explicit
     if launched is not None:
         return launched
-    if raw is None or raw == "":
-        return default
+    setting = SETTINGS[name]
+    raw = os.environ.get(setting.env_var, "")
+    if not raw.strip():
+        return setting.default
     try:
-        value = parse(raw)
-    except ValueError as error:
+        return parse_text(name, raw)
+    except (TypeError, ValueError) as error:
         raise ValueError(
-            f"Environment variable {env_name}={raw!r} is not valid for {name}."
+            f"Environment variable {setting.env_var}={raw!r} is not valid: {error}"
         ) from error
-    if choices is not None and value not in choices:
-        allowed = ", ".join(repr(choice) for choice in choices)
-        raise ValueError(
-            f"Environment variable {env_name}={raw!r} is invalid: {name} must be one of {allowed}."
-        )
-    return value

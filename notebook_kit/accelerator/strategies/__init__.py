@@ -15,6 +15,7 @@ from notebook_kit.accelerator.collective_guard import CollectiveGuard
 from notebook_kit.accelerator.handlers import Handlers
 from notebook_kit.accelerator.partial_state import PartialState
 from notebook_kit.accelerator.precision import MixedPrecision
+from notebook_kit.accelerator.state import resolve_setting
 from notebook_kit.accelerator.strategies.ddp import DistributedDataParallelStrategy
 from notebook_kit.accelerator.strategies.single import SingleProcess
 from notebook_kit.accelerator.strategies.strategy import CheckpointParts, Strategy
@@ -33,13 +34,14 @@ def fsdp_from_settings(plugin: Any) -> Any:
     """The FSDP plugin to use: the one given, else one from the environment, else None.
 
     The launch's ``fsdp=True`` (``NOTEBOOK_KIT_USE_FSDP=yes`` in its workers, also set by
-    ``notebook-kit launch --use-fsdp``) or ``ACCELERATE_USE_FSDP=true`` (as Accelerate's
-    launcher sets it) turns FSDP on, the plugin's fields read from the ``FSDP_*`` variables.
+    ``notebook-kit launch --use-fsdp``, read as the launch setting is) or
+    ``ACCELERATE_USE_FSDP=true`` (Accelerate's own variable, as its launcher sets it) turns
+    FSDP on, the plugin's fields read from the ``FSDP_*`` variables.
     """
     if plugin is not None:
         return plugin
-    names = ("NOTEBOOK_KIT_USE_FSDP", "ACCELERATE_USE_FSDP")
-    if any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in names):
+    accelerate_says = os.environ.get("ACCELERATE_USE_FSDP", "").strip().lower()  # Accelerate's
+    if resolve_setting("use_fsdp", None, None) or accelerate_says in ("1", "true", "yes"):
         from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
         return FullyShardedDataParallelPlugin()

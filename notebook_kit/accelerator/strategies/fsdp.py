@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from notebook_kit.accelerator.collective_guard import CollectiveGuard
 from notebook_kit.accelerator.handlers import Handlers
 from notebook_kit.accelerator.partial_state import DistributedType, PartialState
-from notebook_kit.accelerator.precision import MixedPrecision, patch_forward
+from notebook_kit.accelerator.precision import HALF_DTYPES, MixedPrecision, patch_forward
 from notebook_kit.accelerator.strategies.fsdp_plugin import (
     FullyShardedDataParallelPlugin,
     as_plugin,
@@ -56,7 +56,6 @@ from notebook_kit.runtime.context import current_launch
 
 __all__ = ["FullyShardedStrategy"]
 
-_HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # DTensor gradients meet the scaler's one-element scale tensors; torch warns on every step
 # that it replicates them, which is what unscaling a shard means.
 _REPLICATED_SCALE = "Found a non-scalar tensor with numel=1"
@@ -165,9 +164,9 @@ class FullyShardedStrategy:
         policy = self.plugin.mixed_precision_policy
         if isinstance(policy, MixedPrecisionPolicy):
             return policy
-        if self.mixed_precision in _HALF:
+        if self.mixed_precision in HALF_DTYPES:
             return MixedPrecisionPolicy(
-                param_dtype=_HALF[self.mixed_precision], reduce_dtype=torch.float32
+                param_dtype=HALF_DTYPES[self.mixed_precision], reduce_dtype=torch.float32
             )
         return MixedPrecisionPolicy()
 

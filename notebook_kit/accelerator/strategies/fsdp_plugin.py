@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
+from notebook_kit.accelerator.precision import HALF_DTYPES
+
 if TYPE_CHECKING:  # torch.distributed.fsdp costs half a second to import: only where it is used
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
@@ -25,7 +27,7 @@ WrapPolicy = Literal["transformer_based_wrap", "size_based_wrap", "no_wrap"]
 StateDictType = Literal["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
 _POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 _STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPES = {**HALF_DTYPES, "fp32": torch.float32}  # a policy may also keep float32
 # Accelerate's fields that FSDP2 has no use for: accepted only at their defaults.
 _FSDP1_ONLY = (
     "sharding_strategy",

@@ -75,7 +75,8 @@ MUTATIONS: tuple[Mutation, ...] = (
 """,
                 """        outcome = self.supervisor.outcome()
         if outcome.result is not None:
-            load_home_weights(self.kernel_models, outcome.result.weights)
+            fd = getattr(self.launcher.weights_file, "fd", None)
+            load_home_weights(self.kernel_models, outcome.result.weights, fd)
 """,
             ),
         ),

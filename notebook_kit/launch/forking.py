@@ -84,9 +84,11 @@ def fork_workers(
     workers: list[WorkerProcess],
     restart_count: int,
     seat: NodeSeat | None = None,
+    weights_fd: int | None = None,
 ) -> GuardianLink:
     """Fork the guardian, which forks ``plan.num_processes`` workers; one handle per worker is
     appended to ``workers`` first, so the caller can close every pipe if forking fails.
+    ``weights_fd`` is the kernel's weights file, where rank 0 writes the trained weights.
     """
     # Without a listener this node joins another's store: a multi-node plan always has a port.
     port = listener.getsockname()[1] if listener else plan.port
@@ -111,6 +113,7 @@ def fork_workers(
             home_model_ids=home_model_ids,
             restart_count=restart_count,
             store_prefix=prefix,
+            weights_fd=weights_fd,
         )
         # A worker closes the guardian's pipes, the listener unless it serves the store, and
         # the write ends of the workers forked after it (the guardian closes earlier ones).

@@ -174,7 +174,9 @@ class Finished:
 class Result:
     """Each node's first rank: the function's value and the trained weights of kernel models.
 
-    ``weights`` maps the kernel's ``id`` of a model to its state dict (tensors on the CPU).
+    ``weights`` maps the kernel's ``id`` of a model to its state dict: tensors on the CPU, or
+    where rank 0 wrote them in the launch's weights file
+    (:class:`~notebook_kit.runtime.weights_file.StoredTensor`).
     """
 
     KIND: ClassVar[str] = "result"
@@ -317,17 +319,15 @@ def weights_of(
     """
     import torch  # loaded wherever a model was prepared
 
-    weights = {}
-    for model in models:
-        kernel_id = kernel_ids.get(id(model))
-        if kernel_id is not None:
-            state = (gathered or {}).get(id(model))
-            state = model.state_dict() if state is None else state
-            weights[kernel_id] = {
-                key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-                for key, value in state.items()
-            }
-    return weights
+    from notebook_kit.runtime.weights_file import home_states
+
+    return {
+        kernel_id: {
+            key: value.detach().cpu() if isinstance(value, torch.Tensor) else value
+            for key, value in state.items()
+        }
+        for kernel_id, state in home_states(models, kernel_ids, gathered).items()
+    }
 
 
 def plain_values(values: dict[str, Any]) -> dict[str, float]:

@@ -27,6 +27,7 @@ from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.messages import Failure, Finished, Result, weights_of
 from notebook_kit.runtime.seeding import set_seed
+from notebook_kit.runtime.weights_file import store_home_weights
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
@@ -252,10 +253,20 @@ def _report_result(
     if spec.local_rank != 0:
         messages.send(send, Finished(ended, time.monotonic()))
         return True
+    # Forked: a model the kernel holds has the same id here.
+    home = {i: i for i in spec.home_model_ids}
+    weights = None
+    if spec.weights_fd is not None:  # the kernel's file: tensor by tensor, not in the message
+        try:
+            weights = store_home_weights(
+                spec.weights_fd, context.prepared_models, home, context.gathered_weights
+            )
+        except Exception:  # a model's state_dict raised: the kernel shows it as rank 0's error
+            _report_exception(send, spec.rank)
+            return False
     try:
-        # Forked: a model the kernel holds has the same id here.
-        home = {i: i for i in spec.home_model_ids}
-        weights = weights_of(context.prepared_models, home, context.gathered_weights)
+        if weights is None:
+            weights = weights_of(context.prepared_models, home, context.gathered_weights)
         messages.send(send, Result(value, weights, ended))
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         message = (

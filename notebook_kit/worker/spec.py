@@ -23,6 +23,9 @@ class WorkerSpec:
     # Every store key of the launch lives under it; on one node a secret that only the forked
     # workers know (never put in the environment, which other processes can read).
     store_prefix: str = "notebook_kit/"
+    # The kernel's weights file (inherited at the fork): rank 0 writes the trained weights
+    # there instead of into its message. None: they travel in the message.
+    weights_fd: int | None = None
 
     @property
     def rank(self) -> int:

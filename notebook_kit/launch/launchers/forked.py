@@ -27,6 +27,7 @@ from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.display import prepare_live_view
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
+from notebook_kit.runtime.weights_file import WeightsFile, read_states
 
 __all__ = ["ForkedLauncher"]
 
@@ -40,15 +41,29 @@ class ForkedLauncher(Launcher):
 
     ``seat`` places this node in a run whose nodes something else started (a cluster run's
     node process): node 0's bound socket, the store prefix, and where rank 0's weights go.
+    Rank 0 writes the trained weights into ``weights_file``, opened for the launch when it has
+    models to bring home and inherited by every worker at the fork.
     """
 
     def __init__(self, plan: LaunchPlan, seat: NodeSeat | None = None) -> None:
         super().__init__(plan)
         self.seat = seat
+        self.weights_file: WeightsFile | None = None
 
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
         check_fork_safety(self.plan.kernel)  # the kernel runs nothing between attempts: once
         kernel_models = find_kernel_models(*call)
+        if kernel_models:
+            self.weights_file = WeightsFile()
+        try:
+            return (yield from self._attempts(call, observer, kernel_models))
+        finally:
+            if self.weights_file is not None:
+                self.weights_file.close()
+
+    def _attempts(
+        self, call: Call, observer: LaunchObserver | None, kernel_models: dict[int, Any]
+    ) -> Steps:
         if observer is None:
             prepare_live_view(self.plan.live)  # imported before the fork, built after it
         shown: list[LaunchObserver] = []  # built once, at the first fork, kept for restarts
@@ -97,6 +112,7 @@ class ForkedLauncher(Launcher):
                 supervisor.workers,
                 restart_count,
                 self.seat,
+                self.weights_file.fd if self.weights_file is not None else None,
             )
 
 
@@ -128,6 +144,8 @@ class _Attempt:
         Ctrl-C is held until the guardian is known, so nothing forked escapes the cleanup.
         """
         info = self._info()  # built before interrupts are held: nothing sized by the plan runs then
+        if self.launcher.weights_file is not None:
+            self.launcher.weights_file.clear()  # what an earlier attempt wrote
         # The fork waits for the warm-up imports anyway (an at-fork hook), but Ctrl-C during a
         # wait inside os.fork is swallowed: wait here, where it interrupts the launch.
         wait_for_warmup()
@@ -198,9 +216,11 @@ class _Attempt:
             raise WorkerError(outcome.failures, self.plan.world_size)
         if outcome.result is None:
             return None
+        home = self.launcher.weights_file
+        fd = home.fd if home is not None else None
         if self.launcher.seat is not None:
-            self.launcher.seat.weights.update(outcome.result.weights)
-        load_home_weights(self.kernel_models, outcome.result.weights)
+            self.launcher.seat.weights.update(read_states(fd, outcome.result.weights))
+        load_home_weights(self.kernel_models, outcome.result.weights, fd)
         return outcome.result.value
 
     def _summary(

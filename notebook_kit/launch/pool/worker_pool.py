@@ -45,6 +45,7 @@ from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.live.display import prepare_live_view
 from notebook_kit.live.observer import LaunchInfo
 from notebook_kit.runtime.context import StopFlag
+from notebook_kit.runtime.weights_file import WeightsFile
 
 if TYPE_CHECKING:
     from notebook_kit.launch.cluster.pool import ClusterPool
@@ -145,6 +146,9 @@ class WorkerPool:
         self._closed = False
         self._turns = Turns()
         self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
+        # Opened before the first fork, so every generation of workers holds it: rank 0
+        # writes the trained weights there, tensor by tensor, instead of into its answer.
+        self._weights_file = WeightsFile()
         with interrupt_latch():
             self._start()
 
@@ -199,12 +203,21 @@ class WorkerPool:
         home = find_kernel_models(function, args, kwargs)
         names = set().union(*(names_used_by(v) for v in (function, *args, *kwargs.values())))
         shipped = self._holdings.needed(names)
-        request = {"shipped": shipped, "call": (function, args, kwargs), "home": home}
+        home_file = self._weights_file
+        request = {
+            "shipped": shipped,
+            "call": (function, args, kwargs),
+            "home": home,
+            "weights_fd": home_file.fd if home else None,
+        }
         body = self._holdings.dumps(request, "pool.run")
         what = f"run {getattr(function, '__qualname__', type(function).__name__)}"
-        outcome = self._execute("call", body, wanted, what, text=False, shipped=shipped)
-        answers = outcome.answers
-        load_home_weights(home, answers[0].weights)
+        try:
+            outcome = self._execute("call", body, wanted, what, text=False, shipped=shipped)
+            answers = outcome.answers
+            load_home_weights(home, answers[0].weights, home_file.fd)
+        finally:
+            home_file.clear()  # the file's memory is the machine's again
         values = [decode_value(answers[r].value, r, for_display=False) for r in wanted]
         return values if ranks == "all" else values[0]
 
@@ -311,6 +324,7 @@ class WorkerPool:
             processes.close()
         self._finalizer.detach()
         self._stop_flag.close()
+        self._weights_file.close()
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
+from notebook_kit.runtime.weights_file import store_home_weights
 from notebook_kit.worker.pool import namespace as pool_namespace
 from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
 from notebook_kit.worker.pool.namespace import dumps_by_value, namespace, run_cell
@@ -133,7 +134,15 @@ class _Loop:
             # The kernel's models arrived as copies: map each copy's id to the kernel's.
             kernel_ids = {id(model): kernel_id for kernel_id, model in request["home"].items()}
             gathered = context.gathered_weights
-            return value, weights_of(context.prepared_models, kernel_ids, gathered)
+            fd = request.get("weights_fd")  # the kernel's weights file, inherited at the fork
+            if fd is None:
+                return value, weights_of(context.prepared_models, kernel_ids, gathered)
+            if self.base.rank != 0:
+                return value, {}  # the kernel loads rank 0's weights only
+            stored = store_home_weights(fd, context.prepared_models, kernel_ids, gathered)
+            if stored is None:
+                return value, weights_of(context.prepared_models, kernel_ids, gathered)
+            return value, stored
         if kind == "push":
             space.update(request["values"])
             return None, {}

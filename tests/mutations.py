@@ -1714,4 +1714,64 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         ("tests/test_warmup_integration.py::test_a_fork_waits_for_an_import_in_another_thread",),
     ),
+    Mutation(
+        "raw-checkpoint-exception-from-a-sharded-load",
+        "a damaged sharded checkpoint is a CheckpointError naming the file",
+        (
+            Edit(
+                "accelerator/strategies/fsdp_state.py",
+                "        raise sharded_load_error(error, path) from error\n",
+                "        raise\n",
+            ),
+        ),
+        (
+            "tests/test_checkpoint_faults_integration.py::"
+            "test_a_damaged_shard_is_a_checkpoint_error_naming_the_file[missing]",
+        ),
+    ),
+    Mutation(
+        "truncated-shard-not-named",
+        "a shard cut short is named as the file at fault",
+        (
+            Edit(
+                "accelerator/checkpoint_files.py",
+                "        if path.stat().st_size < end:\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            "tests/test_checkpoint_faults_integration.py::"
+            "test_a_damaged_shard_is_a_checkpoint_error_naming_the_file[truncated]",
+        ),
+    ),
+    Mutation(
+        "merge-weights-traceback-on-a-damaged-checkpoint",
+        "notebook-kit merge-weights says in one line what is wrong with a damaged checkpoint",
+        (
+            Edit(
+                "cli/main.py",
+                "    except (FileNotFoundError, CheckpointError) as error:\n",
+                "    except FileNotFoundError as error:\n",
+            ),
+        ),
+        (
+            "tests/test_checkpoint_faults_integration.py::"
+            "test_merge_weights_of_a_checkpoint_missing_a_shard_says_so_in_one_line",
+        ),
+    ),
+    Mutation(
+        "worker-reads-setting-variables-its-own-way",
+        "a worker reads each NOTEBOOK_KIT_ variable as the schema declares it",
+        (
+            Edit(
+                "accelerator/state.py",
+                "        return parse_text(name, raw)\n",
+                "        return type(setting.default)(raw)\n",
+            ),
+        ),
+        (
+            "tests/test_accelerator.py::"
+            "test_a_worker_reads_each_setting_variable_as_the_launcher_does",
+        ),
+    ),
 )

@@ -1,13 +1,15 @@
-"""Checkpoints against real faults: a process SIGKILLed mid-save, a filesystem that is full.
+"""Checkpoints against real faults: a process SIGKILLed mid-save, a filesystem that is full, a
+sharded checkpoint with a shard gone.
 
-Both use real processes and real files, nothing patched: a child process is killed while it
-writes a large state, and a real, tiny tmpfs runs out of space (skipped where mounting is not
-permitted).
+All use real processes and real files, nothing patched: a child process is killed while it
+writes a large state, a real, tiny tmpfs runs out of space (skipped where mounting is not
+permitted), and a real FSDP2 launch saves the sharded checkpoint whose shard is then deleted.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +23,10 @@ import pytest
 import torch
 from torch import nn
 
-from notebook_kit import Accelerator
+from notebook_kit import Accelerator, notebook_launcher
 from notebook_kit.accelerator.checkpointing import MANIFEST
 from notebook_kit.accelerator.configuration import ProjectConfiguration
+from tests.fsdp_models import TinyLM
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -155,3 +158,71 @@ def test_a_full_disk_is_explained_cleaned_up_and_recoverable(small_disk: Path) -
     assert accelerator.save_state().name == "checkpoint_1"
     accelerator.load_state()
     assert model.weight[0, 0].item() == 3.0
+
+
+def _save_sharded(folder: str) -> str:
+    accelerator = Accelerator()  # the launch's fsdp=True shards it
+    model = TinyLM()
+    accelerator.prepare(model, torch.optim.Adam(model.parameters()))
+    return str(accelerator.save_state(folder))
+
+
+def _load_sharded(folder: str) -> tuple[str, str]:
+    accelerator = Accelerator()
+    model = TinyLM()
+    accelerator.prepare(model, torch.optim.Adam(model.parameters()))
+    try:
+        accelerator.load_state(folder)
+    except ValueError as error:
+        return type(error).__name__, str(error)
+    return "loaded", ""
+
+
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded checkpoint (model and optimizer) saved by a real 2-rank FSDP2 launch."""
+    folder = tmp_path_factory.mktemp("sharded") / "checkpoint"
+    return Path(notebook_launcher(_save_sharded, args=(str(folder),), num_processes=2, fsdp=True))
+
+
+def _damage(saved: Path, into: Path, how: str) -> tuple[Path, Path]:
+    """A copy of ``saved`` with rank 1's model shard deleted, or rank 0's optimizer shard cut."""
+    copy = Path(shutil.copytree(saved, into / saved.name))
+    if how == "missing":
+        (shard,) = copy.glob("state-*/pytorch_model_fsdp_0/__1_*.distcp")
+        shard.unlink()
+    else:
+        (shard,) = copy.glob("state-*/optimizer_0/__0_*.distcp")
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    return copy, shard
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated"])
+def test_a_damaged_shard_is_a_checkpoint_error_naming_the_file(
+    sharded_checkpoint: Path, tmp_path: Path, how: str
+) -> None:
+    damaged, shard = _damage(sharded_checkpoint, tmp_path, how)
+    said = {"missing": "is missing", "truncated": "ends early"}[how]
+    kind, message = notebook_launcher(
+        _load_sharded, args=(str(damaged),), num_processes=2, fsdp=True
+    )
+    assert kind == "CheckpointError", message
+    assert f"{shard} {said}" in message, message
+    assert "Traceback" not in message and "CheckpointException" not in message
+
+
+def test_merge_weights_of_a_checkpoint_missing_a_shard_says_so_in_one_line(
+    sharded_checkpoint: Path, tmp_path: Path
+) -> None:
+    damaged, shard = _damage(sharded_checkpoint, tmp_path, "missing")
+    out = tmp_path / "out"
+    merged = subprocess.run(
+        [sys.executable, "-m", "notebook_kit", "merge-weights", str(damaged), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert merged.returncode != 0 and merged.stdout == ""
+    lines = merged.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{shard} is missing" in lines[0], merged.stderr
+    assert not out.exists()

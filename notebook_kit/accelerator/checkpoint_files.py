@@ -27,6 +27,7 @@ __all__ = [
     "is_state_folder",
     "load_file",
     "read_manifest",
+    "sharded_load_error",
     "space_errno",
     "tensor_bytes",
     "write_file",
@@ -163,6 +164,54 @@ def _load_failure(error: Exception, path: Path) -> str:
     if isinstance(error, EOFError):
         return "it is empty" if path.stat().st_size == 0 else "it ends early (truncated)"
     return f"it is damaged or not a file save_state wrote ({type(error).__name__}: {text})"
+
+
+def sharded_load_error(error: BaseException, folder: Path) -> CheckpointError:
+    """What torch's ``CheckpointException`` from loading the DCP ``folder`` means, as a
+    :class:`CheckpointError` naming the file at fault.
+
+    The exception holds one failure per rank that could not read its part. A shard file that
+    is missing or shorter than its index (``.metadata``) says is named from the index; any
+    other failure by its rank and first line.
+    """
+    damage = _damaged_shard(folder)
+    if damage:
+        return CheckpointError(
+            f"Sharded checkpoint file {damage}, so the sharded checkpoint {folder} is damaged; "
+            f"{_DAMAGED}."
+        )
+    failures = getattr(error, "failures", None) or {}
+    failure, rank = (
+        (failures[min(failures)][0], f"rank {min(failures)}: ") if failures else (error, "")
+    )
+    name = getattr(failure, "filename", None)
+    where = f"file {name}" if name else folder
+    line = (str(failure).strip().splitlines() or [""])[0][:200]
+    return CheckpointError(
+        f"Sharded checkpoint {where} cannot be read ({rank}{type(failure).__name__}: {line}); "
+        f"{_DAMAGED}."
+    )
+
+
+def _damaged_shard(folder: Path) -> str | None:
+    """The first shard of ``folder`` that is missing or cut short, said as such, or None."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        stored = FileSystemReader(folder).read_metadata().storage_data
+    except Exception:  # an unreadable index: the caller reports the failure itself
+        return None
+    ends: dict[str, int] = {}
+    for info in stored.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for relative, end in sorted(ends.items()):
+        path = folder / relative
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size < end:
+            size = path.stat().st_size
+            return f"{path} ends early (truncated: {size} of {end} bytes)"
+    return None
 
 
 def space_errno(error: BaseException) -> int | None:

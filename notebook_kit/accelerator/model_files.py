@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from notebook_kit.accelerator.checkpoint_files import MANIFEST, read_manifest, sharded_load_error
+
 __all__ = ["merge_sharded_weights", "parse_shard_size", "write_model_files"]
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -131,9 +133,8 @@ def _dcp_folder(checkpoint: Path) -> Path:
     checkpoint (its manifest names the state folder)."""
     if (checkpoint / ".metadata").is_file():
         return checkpoint
-    manifest = checkpoint / "checkpoint.json"
-    if manifest.is_file():
-        folder = checkpoint / json.loads(manifest.read_text())["folder"] / "pytorch_model_fsdp_0"
+    if (checkpoint / MANIFEST).is_file():
+        folder = checkpoint / read_manifest(checkpoint)["folder"] / "pytorch_model_fsdp_0"
         if (folder / ".metadata").is_file():
             return folder
     raise FileNotFoundError(
@@ -147,16 +148,24 @@ def merge_sharded_weights(
 ) -> Path:
     """Merge a sharded model checkpoint into ``output/model.safetensors`` (no processes needed).
 
+    Raises:
+        FileNotFoundError: ``checkpoint`` is not a sharded checkpoint.
+        CheckpointError: It is one, but damaged: a shard missing or unreadable (named).
+
     Example::
 
         merge_sharded_weights("ckpt/checkpoint_3", "merged")
     """
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     folder = _dcp_folder(Path(checkpoint))
     with tempfile.TemporaryDirectory() as scratch:
         merged = Path(scratch) / "merged.pt"
-        dcp_to_torch_save(folder, merged)
+        try:
+            dcp_to_torch_save(folder, merged)
+        except CheckpointException as error:  # a BaseException: ``except Exception`` misses it
+            raise sharded_load_error(error, folder) from error
         state = torch.load(merged, map_location="cpu", weights_only=True)
     if set(state) == {"model"}:  # how save_state nests it
         state = state["model"]

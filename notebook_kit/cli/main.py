@@ -299,11 +299,12 @@ def _add_execute_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_merge_weights(args: argparse.Namespace) -> int:
+    from notebook_kit.accelerator.checkpoint_files import CheckpointError
     from notebook_kit.accelerator.model_files import merge_sharded_weights
 
     try:
         written = merge_sharded_weights(args.checkpoint, args.output)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, CheckpointError) as error:
         print(f"notebook-kit merge-weights: error: {error}", file=sys.stderr)
         return 2
     print(f"Wrote {written}")

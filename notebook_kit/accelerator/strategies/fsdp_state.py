@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -24,7 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from notebook_kit.accelerator.checkpoint_files import CheckpointError, load_file, write_file
+from notebook_kit.accelerator.checkpoint_files import (
+    CheckpointError,
+    load_file,
+    sharded_load_error,
+    write_file,
+)
 
 __all__ = ["FullParts", "ShardedParts", "full_model_state", "load_full_model_state"]
 
@@ -116,4 +122,7 @@ def _dcp_load(state: dict[str, Any], path: Path) -> None:
             f"{path} holds no sharded checkpoint (.metadata is missing): it was saved without "
             "FSDP or with state_dict_type='FULL_STATE_DICT'; load it the way it was saved."
         )
-    dcp.load(state, checkpoint_id=path)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except CheckpointException as error:  # a BaseException: ``except Exception`` misses it
+        raise sharded_load_error(error, path) from error

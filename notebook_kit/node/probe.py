@@ -4,19 +4,31 @@ It reports the worker's versions and GPUs, finds the network interface that reac
 (the route the kernel will give to gloo and NCCL: a host name that resolves to 127.0.0.1, as
 inside a Linux network namespace, does not matter), and unpickles the function to show it
 can be rebuilt there.
+
+The rebuilding, and the question which modules a node can import, happen in a fresh
+``python -m`` process started as the node task starts its node process (same interpreter,
+working folder and environment), not in the Dask worker: the worker's own ``sys.path`` (a
+folder it was started with, what ``client.upload_file`` sent it) is not the node's, so only
+such a process gives the node's answer.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+import os
+import pickle
 import socket
+import subprocess
 import sys
 import traceback
 from importlib import metadata
 
 from notebook_kit.node.protocol import ProbeReport
 
-__all__ = ["interface_for", "probe_version", "probe_worker"]
+__all__ = ["interface_for", "missing_modules", "probe_version", "probe_worker"]
+
+_NODE_LIKE_SECONDS = 120.0  # bound on the node-like process (it may import torch)
 
 
 def probe_worker(payload: bytes, node0_host: str) -> ProbeReport:
@@ -41,30 +53,39 @@ def probe_worker(payload: bytes, node0_host: str) -> ProbeReport:
 
 
 def interface_for(target: str) -> tuple[str | None, str | None]:
-    """The interface (and its address) whose route reaches ``target``.
+    """The interface (and its address) whose route reaches ``target`` (IPv4 or IPv6).
 
     A UDP socket's ``connect`` sends nothing: it only asks the kernel's routing table which
     local address would be used, which is then matched to an interface name.
+
+    Example:
+        >>> interface_for("127.0.0.1")[1]
+        '127.0.0.1'
     """
     import psutil
 
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect((target, 9))
-            local = probe.getsockname()[0]
+            local = str(probe.getsockname()[0]).split("%", 1)[0]  # fe80::1%eth0 -> fe80::1
     except OSError:
         return None, None
+    interfaces = psutil.net_if_addrs()
     if ipaddress.ip_address(local).is_loopback:
-        return _loopback_name(psutil.net_if_addrs()), local
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == local for a in addresses):
+        return _loopback_name(interfaces, family), local
+    for name, addresses in interfaces.items():
+        if any(a.family == family and a.address.split("%", 1)[0] == local for a in addresses):
             return name, local
     return None, local
 
 
-def _loopback_name(interfaces: dict) -> str | None:
+def _loopback_name(interfaces: dict, family: int) -> str | None:
     for name, addresses in interfaces.items():
-        if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addresses):
+        if any(
+            a.family == family and ipaddress.ip_address(a.address.split("%", 1)[0]).is_loopback
+            for a in addresses
+        ):
             return name
     return None
 
@@ -93,12 +114,81 @@ def _gpu_count() -> int:
         return 0
 
 
+def missing_modules(names: list[str]) -> list[str]:
+    """Run on a Dask worker: which of these top-level modules a node process cannot import.
+
+    Example (here, in a process started as a node's):
+        >>> missing_modules(["json", "no_such_module_here"])
+        ['no_such_module_here']
+    """
+    answer = _in_node_like_process(("missing", list(names)))
+    return list(answer) if isinstance(answer, list) else list(names)
+
+
 def _rebuild_error(payload: bytes) -> str | None:
+    """Why a node process could not unpickle ``payload`` (None: it can)."""
+    answer = _in_node_like_process(("rebuild", payload))
+    return None if answer is None else str(answer)
+
+
+def _in_node_like_process(request: tuple) -> object:
+    """Ask a process started as the node task starts a node process (``python -m``, the
+    worker's working folder, the node environment) and return its answer."""
+    from notebook_kit.node.task import _node_environment
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "notebook_kit.node.probe"],
+            input=pickle.dumps(request),
+            capture_output=True,
+            env=_node_environment(None),
+            timeout=_NODE_LIKE_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"a process started as a node's did not answer within {_NODE_LIKE_SECONDS:g} s"
+    if done.returncode != 0 or not done.stdout:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        return f"a process started as a node's ended with code {done.returncode}: " + " / ".join(
+            tail
+        )
+    return pickle.loads(done.stdout)
+
+
+def _answer(request: tuple) -> object:
+    """In the node-like process: the answer to one request."""
+    kind, body = request
+    if kind == "missing":
+        return [name for name in body if not _importable(name)]
     import cloudpickle
 
     try:
-        cloudpickle.loads(payload)
-    except Exception as error:
+        cloudpickle.loads(body)
+    except BaseException as error:  # what the node would meet, whatever it is
         lines = traceback.format_exception_only(type(error), error)
         return "".join(lines).strip()
     return None
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _serve() -> None:
+    """``python -m notebook_kit.node.probe``: a request on stdin, its answer on stdout.
+
+    What the user's code prints while it is rebuilt goes to stderr, so stdout carries only
+    the answer.
+    """
+    answer_to = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    request = pickle.loads(sys.stdin.buffer.read())
+    answer_to.write(pickle.dumps(_answer(request)))
+    answer_to.flush()
+
+
+if __name__ == "__main__":
+    _serve()

@@ -32,6 +32,10 @@ class Mutation:
 _LAUNCHER = "tests/test_launcher_integration.py::"
 _PROMISES = "tests/test_promises_integration.py::"
 _FSDP = "tests/test_fsdp_integration.py::"
+_WEIGHTS_HOME = (
+    "tests/test_weights_home_integration.py::"
+    "test_the_weights_come_home_adding_at_most_a_quarter_more_than_the_model_to_the_kernel"
+)
 _CLUSTER = "tests/test_cluster_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
@@ -1136,8 +1140,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "worker/entry.py",
-                "                context.gather_weights(spec.home_model_ids)",
-                "                pass",
+                "                    context.gather_weights(spec.home_model_ids)",
+                "                    pass",
+            ),
+            Edit(
+                "runtime/weights_file.py",
+                "items = _gathered_items(model) if gathered else",
+                "items = model.state_dict().items() if gathered else",
             ),
         ),
         (f"{_FSDP}test_sharded_training_equals_the_unsharded_loop_and_the_weights_come_home[2]",),
@@ -1773,5 +1782,34 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/test_accelerator.py::"
             "test_a_worker_reads_each_setting_variable_as_the_launcher_does",
         ),
+    ),
+    Mutation(
+        "weights-home-kernel-full-copy",
+        "the kernel's memory rises by at most 1.25 times the model as its weights come home",
+        (
+            Edit(
+                "launch/kernel_models.py",
+                "from notebook_kit.runtime.weights_file import load_states\n",
+                "from notebook_kit.runtime.weights_file import load_states, read_states\n",
+            ),
+            Edit(
+                "launch/kernel_models.py",
+                "    load_states(weights_fd, wanted, load)\n",
+                "    load_states(None, read_states(weights_fd, wanted), load)\n",
+            ),
+        ),
+        (f"{_WEIGHTS_HOME}[ddp-0.5]",),
+    ),
+    Mutation(
+        "weights-home-rank0-full-copy",
+        "rank 0 sends the weights home without a second copy of the model",
+        (
+            Edit(
+                "runtime/weights_file.py",
+                "if gathered else model.state_dict().items()",
+                "if gathered else [(k, v.clone()) for k, v in model.state_dict().items()]",
+            ),
+        ),
+        (f"{_WEIGHTS_HOME}[ddp-0.5]",),
     ),
 )

@@ -27,13 +27,14 @@ import mmap
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 __all__ = [
     "StoredTensor",
     "WeightsFile",
     "WeightsFileError",
+    "gather_and_store",
     "home_states",
     "load_states",
     "read_states",
@@ -127,27 +128,8 @@ def store_states(fd: int, states: Mapping[int, Mapping[str, Any]]) -> dict[int, 
     tensor on a device is copied to the CPU on its own, so the writer's memory grows by one
     tensor at most; tensors sharing memory (tied weights) are written once.
     """
-    import torch  # loaded wherever a model was prepared
-
-    os.ftruncate(fd, 0)
-    offset = 0
-    written: dict[tuple[Any, ...], StoredTensor] = {}
-    stored: dict[int, dict[str, Any]] = {}
-    for kernel_id, state in states.items():
-        stored[kernel_id] = entries = {}
-        for key, value in state.items():
-            if not _travels_in_file(value, torch):
-                entries[key] = value
-                continue
-            same = _identity(value)
-            slot = written.get(same) if same is not None else None
-            if slot is None:
-                slot = _write_tensor(fd, value, offset)
-                offset = -(-(offset + slot.nbytes) // _ALIGN) * _ALIGN
-                if same is not None:
-                    written[same] = slot
-            entries[key] = slot
-    return stored
+    writer = _Writer(fd)
+    return {kernel_id: writer.state(state.items()) for kernel_id, state in states.items()}
 
 
 def store_home_weights(
@@ -165,6 +147,77 @@ def store_home_weights(
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
         return None
+
+
+def gather_and_store(
+    fd: int | None,
+    models: Iterable[Any],
+    kernel_ids: Mapping[int, int],
+    sharded: Callable[[Any], bool],
+) -> dict[int, dict[str, Any]]:
+    """Every rank: the ``sharded`` models are gathered one tensor at a time (a collective per
+    tensor, in the same order everywhere); rank 0 (``fd`` given) writes each, as
+    :func:`store_states`, and frees it before the next, so it never holds a whole model more.
+
+    Returns, on rank 0, the stored states of every model of ``kernel_ids``; {} elsewhere.
+    """
+    writer = _Writer(fd) if fd is not None else None
+    stored: dict[int, dict[str, Any]] = {}
+    for model in models:
+        kernel_id = kernel_ids.get(id(model))
+        if kernel_id is None:
+            continue
+        gathered = sharded(model)
+        items = _gathered_items(model) if gathered else model.state_dict().items()
+        if writer is not None:  # a gathered tensor is freed once written: its address is reused
+            stored[kernel_id] = writer.state(items, tied=not gathered)
+        else:
+            for _ in items:  # joins rank 0's gathers
+                pass
+    return stored
+
+
+def _gathered_items(model: Any) -> Iterator[tuple[str, Any]]:
+    """A sharded model's full state, one whole tensor at a time (each a collective)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    for key, value in get_model_state_dict(model).items():  # names as the unsharded model's
+        if isinstance(value, DTensor):
+            group = value.device_mesh.get_group()
+            if value.device.type == "cpu" and dist.get_backend(group) == "nccl":
+                value = value.cuda()  # offloaded to the CPU: NCCL gathers on the GPU
+            value = value.full_tensor()
+        yield key, value
+
+
+class _Writer:
+    """Tensors written one after another into the file, each where any dtype can view it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.offset = 0
+        self.written: dict[tuple[Any, ...], StoredTensor] = {}
+        os.ftruncate(fd, 0)
+
+    def state(self, items: Iterable[tuple[str, Any]], tied: bool = True) -> dict[str, Any]:
+        """``tied``: the tensors stay alive meanwhile, so one address is one tensor."""
+        return {key: self.tensor(value, tied) for key, value in items}
+
+    def tensor(self, value: Any, tied: bool = True) -> Any:
+        import torch  # loaded wherever a model was prepared
+
+        if not _travels_in_file(value, torch):
+            return value
+        same = _identity(value) if tied else None
+        slot = self.written.get(same) if same is not None else None
+        if slot is None:
+            slot = _write_tensor(self.fd, value, self.offset)
+            self.offset = -(-(self.offset + slot.nbytes) // _ALIGN) * _ALIGN
+            if same is not None:
+                self.written[same] = slot
+        return slot
 
 
 def _travels_in_file(value: Any, torch: Any) -> bool:

@@ -27,7 +27,7 @@ from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.messages import Failure, Finished, Result, weights_of
 from notebook_kit.runtime.seeding import set_seed
-from notebook_kit.runtime.weights_file import store_home_weights
+from notebook_kit.runtime.weights_file import gather_and_store, store_home_weights
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
@@ -177,6 +177,7 @@ def _run(
     )
     store = None
     ended = "returned"
+    stored: dict[int, dict[str, Any]] | None = None
     try:
         store = join_process_group(spec)
         with active_launch(context):
@@ -184,7 +185,10 @@ def _run(
                 # On this process's main thread (the guardian forked it from a fresh one),
                 # so the function may install signal handlers.
                 value = function(*args, **kwargs)
-                context.gather_weights(spec.home_model_ids)  # sharded models: all ranks
+                if _streams_home(spec):
+                    stored = _gather_and_store(spec, context)
+                else:
+                    context.gather_weights(spec.home_model_ids)  # sharded models: all ranks
             finally:
                 context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
@@ -193,7 +197,7 @@ def _run(
         value, ended = None, f"called sys.exit({exit_request.code!r})"
     except BaseException:
         return _report_exception(send, spec.rank)
-    if not _report_result(send, spec, context, value, ended):
+    if not _report_result(send, spec, context, value, ended, stored):
         return 1
     try:
         if store is not None:
@@ -244,6 +248,7 @@ def _report_result(
     context: LaunchContext,
     value: Any,
     ended: str,
+    stored: dict[int, dict[str, Any]] | None = None,
 ) -> bool:
     """Each node's local rank 0 sends its value and the trained weights of kernel models home.
 
@@ -255,8 +260,8 @@ def _report_result(
         return True
     # Forked: a model the kernel holds has the same id here.
     home = {i: i for i in spec.home_model_ids}
-    weights = None
-    if spec.weights_fd is not None:  # the kernel's file: tensor by tensor, not in the message
+    weights = stored
+    if weights is None and spec.weights_fd is not None:  # the kernel's file, tensor by tensor
         try:
             weights = store_home_weights(
                 spec.weights_fd, context.prepared_models, home, context.gathered_weights
@@ -277,3 +282,21 @@ def _report_result(
         messages.send(send, Failure("ResultError", message, ""))
         return False
     return True
+
+
+def _streams_home(spec: WorkerSpec) -> bool:
+    """Every rank of the launch is forked here and writes to (or joins) the kernel's file.
+
+    Across nodes, each node's ranks gather sharded models through the strategy's gatherer
+    instead: the collectives of every node must match.
+    """
+    return spec.weights_fd is not None and spec.plan.num_nodes == 1
+
+
+def _gather_and_store(spec: WorkerSpec, context: LaunchContext) -> dict[int, dict[str, Any]]:
+    """Sharded models gathered one tensor at a time on every rank; rank 0 writes each one to
+    the kernel's file, so it never holds a second whole model."""
+    home = {i: i for i in spec.home_model_ids}
+    fd = spec.weights_fd if spec.rank == 0 else None
+    sharded = context.weight_gatherers.__contains__
+    return gather_and_store(fd, context.prepared_models, home, lambda model: sharded(id(model)))

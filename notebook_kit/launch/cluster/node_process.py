@@ -14,6 +14,7 @@ import ctypes
 import os
 import pickle
 import signal
+import socket
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -54,7 +55,7 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> tuple:
         (function, args, kwargs), models = cloudpickle.loads(order.payload)
         seat = NodeSeat(order.store_prefix)
         if order.node_rank == 0:
-            seat.listener = open_rendezvous_socket(order.host, None)
+            seat.listener = _rendezvous_listener(order.host)
             master = (order.host, seat.listener.getsockname()[1])
             events.send_bytes(ADDRESS + pickle.dumps(master))
         else:
@@ -108,6 +109,13 @@ def node_threads(order: NodeOrder) -> int:
         return int(explicit)
     ranks_on_host = int(order.settings["num_processes"]) * max(order.host_nodes, 1)
     return auto_threads(ranks_on_host)
+
+
+def _rendezvous_listener(host: str) -> socket.socket:
+    """Node 0's rendezvous socket on its own address: IPv6 (``::1``) as well as IPv4."""
+    if ":" not in host:
+        return open_rendezvous_socket(host, None)
+    return socket.create_server((host, 0), family=socket.AF_INET6, backlog=1024)
 
 
 def _die_with_parent(parent: int) -> None:

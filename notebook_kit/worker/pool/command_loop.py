@@ -32,7 +32,7 @@ import torch.distributed as dist
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
-from notebook_kit.runtime.weights_file import store_home_weights
+from notebook_kit.runtime.weights_file import gather_and_store
 from notebook_kit.worker.pool import namespace as pool_namespace
 from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
 from notebook_kit.worker.pool.namespace import dumps_by_value, namespace, run_cell
@@ -129,20 +129,7 @@ class _Loop:
         if kind == "call":
             function, args, kwargs = request["call"]
             value = function(*args, **kwargs)
-            # Sharded models are gathered by every rank, before rank 0 sends them home.
-            context.gather_weights(id(model) for model in request["home"].values())
-            # The kernel's models arrived as copies: map each copy's id to the kernel's.
-            kernel_ids = {id(model): kernel_id for kernel_id, model in request["home"].items()}
-            gathered = context.gathered_weights
-            fd = request.get("weights_fd")  # the kernel's weights file, inherited at the fork
-            if fd is None:
-                return value, weights_of(context.prepared_models, kernel_ids, gathered)
-            if self.base.rank != 0:
-                return value, {}  # the kernel loads rank 0's weights only
-            stored = store_home_weights(fd, context.prepared_models, kernel_ids, gathered)
-            if stored is None:
-                return value, weights_of(context.prepared_models, kernel_ids, gathered)
-            return value, stored
+            return value, self._weights_home(request, context)
         if kind == "push":
             space.update(request["values"])
             return None, {}
@@ -151,6 +138,24 @@ class _Loop:
                 raise NameError(f"name {request['name']!r} is not defined on this worker")
             return space[request["name"]], {}
         raise ValueError(f"unknown pool command {kind!r}")
+
+    def _weights_home(self, request: dict[str, Any], context: LaunchContext) -> dict[int, Any]:
+        """The trained weights of the kernel's models, after a ``call``; every rank joins.
+
+        With the kernel's weights file (a local pool), sharded models are gathered one tensor
+        at a time and rank 0 writes each there; without it (a node of a cluster pool), the
+        strategy's gatherer runs and the weights travel in the answer.
+        """
+        # The kernel's models arrived as copies: map each copy's id to the kernel's.
+        kernel_ids = {id(model): kernel_id for kernel_id, model in request["home"].items()}
+        fd = request.get("weights_fd")  # the kernel's weights file, inherited at the fork
+        if fd is None:  # sharded models are gathered by every rank, before rank 0 sends them
+            context.gather_weights(kernel_ids)
+            return weights_of(context.prepared_models, kernel_ids, context.gathered_weights)
+        sharded = context.weight_gatherers.__contains__
+        writer = fd if self.base.rank == 0 else None  # the kernel loads rank 0's weights only
+        models = context.prepared_models
+        return gather_and_store(writer, models, kernel_ids, lambda model: sharded(id(model)))
 
     def _answer_run(self, command: int, status: str, value: Any, want_value: bool) -> None:
         if status == "error":

@@ -465,8 +465,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/run.py",
-                "        models[index].load_state_dict(state)\n",
-                "        pass\n",
+                "    load_home_weights(dict(enumerate(models)), result.weights)",
+                "    pass",
             ),
         ),
         (f"{_CLUSTER}test_all_reduce_metrics_result_and_weights_come_home",),
@@ -1811,5 +1811,124 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         (f"{_WEIGHTS_HOME}[ddp-0.5]",),
+    ),
+    Mutation(
+        "cluster-non-zero-rank-reports-home",
+        "on a cluster only global rank 0's value and weights go home: another rank's value is "
+        "never pickled, and FSDP's weights come home whole",
+        (
+            Edit(
+                "launch/cluster/node_launch.py",
+                "    if plan.node_rank != 0:\n"
+                "        call = (OffHomeCall(function), args, kwargs)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_cluster_faults_integration.py::"
+            "test_fsdp_on_two_nodes_brings_global_rank_0s_whole_weights_home_once",
+        ),
+    ),
+    Mutation(
+        "cluster-drops-fsdp",
+        "fsdp=True (or in config=, or NOTEBOOK_KIT_USE_FSDP) shards the model on a cluster too",
+        (
+            Edit(
+                "launch/cluster/cluster_plan.py",
+                '"gradient_accumulation_steps", "seed", "use_fsdp",',
+                '"gradient_accumulation_steps", "seed",',
+            ),
+        ),
+        (
+            "tests/test_cluster.py::test_fsdp_from_a_config_or_the_environment_reaches_every_node",
+            "tests/test_cluster_faults_integration.py::"
+            "test_fsdp_on_two_nodes_brings_global_rank_0s_whole_weights_home_once",
+        ),
+    ),
+    Mutation(
+        "cluster-takes-a-configs-master-addr-silently",
+        "an address the cluster chooses is refused from config= and the environment too",
+        (
+            Edit(
+                "launch/cluster/cluster_plan.py",
+                "        if stored[name] != setting.default:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/test_cluster.py::"
+            "test_an_address_the_cluster_chooses_is_refused_from_the_environment_too",
+        ),
+    ),
+    Mutation(
+        "cluster-restart-count-stays-zero",
+        "NOTEBOOK_KIT_RESTART_COUNT counts a cluster's restarts as a local launch's",
+        (
+            Edit(
+                "launch/cluster/node_launch.py",
+                "        total = self.restarts_before + restart_count\n",
+                "        total = restart_count\n",
+            ),
+        ),
+        (
+            "tests/test_cluster_faults_integration.py::"
+            "test_every_setting_reaches_every_rank_and_a_restart_counts_as_on_one_machine",
+        ),
+    ),
+    Mutation(
+        "cluster-stall-report-stays-on-the-node",
+        "a node's stall report is printed in the kernel",
+        (
+            Edit(
+                "launch/cluster/node_launch.py",
+                '                self._relay.send("print", line)\n',
+                "                pass\n",
+            ),
+        ),
+        (
+            "tests/test_cluster_faults_integration.py::"
+            "test_the_stall_report_of_every_node_shows_in_the_kernel",
+        ),
+    ),
+    Mutation(
+        "cluster-lost-node-blamed-on-rank-0",
+        "a lost node is named by its first global rank, its node and its Dask worker",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                "        worker = self.reports[node].worker\n"
+                "        rank = node * self._ranks_per_node()\n",
+                "        worker = self.reports[node].worker\n        rank = 0\n",
+            ),
+        ),
+        (f"{_CLUSTER}test_a_killed_dask_worker_is_node_lost_and_never_retrains",),
+    ),
+    Mutation(
+        "cluster-stop-not-forwarded",
+        "Stop ends every node of a cluster run at the same step",
+        (
+            Edit(
+                "node/task.py",
+                "        if self.control.stop_requested and self.master_sent"
+                " and not self.stop_sent:",
+                "        if False:",
+            ),
+        ),
+        (f"{_CLUSTER}test_stop_ends_every_node_at_the_same_step_and_output_has_global_ranks",),
+    ),
+    Mutation(
+        "cluster-pool-loss-says-run-again",
+        "a cluster pool that lost a node says only that it was closed (create a new WorkerPool)",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                '        return "\\n".join([lines[0], *lines[2:], "", self.aftermath])',
+                '        return "\\n".join([*lines, "", self.aftermath])',
+            ),
+        ),
+        (
+            "tests/test_cluster_faults_integration.py::"
+            "test_a_pool_that_loses_a_dask_worker_says_one_true_thing_about_what_remains",
+        ),
     ),
 )

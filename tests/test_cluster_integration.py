@@ -56,8 +56,9 @@ notebook_launcher(train, args=(sys.argv[2],), num_processes=1, num_nodes=2, clus
 """
 
 
-@pytest.fixture(scope="module")
-def client():
+@contextlib.contextmanager
+def local_cluster():
+    """A LocalCluster of two worker processes and its client (one per test module)."""
     from distributed import Client, LocalCluster
 
     with (
@@ -66,11 +67,17 @@ def client():
             threads_per_worker=1,
             processes=True,
             dashboard_address="127.0.0.1:0",
-            env={_MARK: _TOKEN},  # inherited by the node processes of this module's runs
+            env={_MARK: _TOKEN},  # inherited by the node processes of the runs on it
         ) as cluster,
         Client(cluster) as client,
     ):
         client.wait_for_workers(2)
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_cluster() as client:
         yield client
 
 
@@ -158,6 +165,7 @@ class _Recorder:
         self.info = None
         self.summary = None
         self.stop_at = stop_at
+        self.pressed = False
 
     def on_start(self, info):
         self.info = info
@@ -171,6 +179,7 @@ class _Recorder:
         seen = [self.steps.get(r, -1) for r in (0, 1)]
         if self.stop_at is not None and min(seen) >= self.stop_at:
             self.info.stop_flag.set()
+            self.pressed = True
 
     def on_tick(self):
         pass
@@ -196,11 +205,22 @@ def _train_until_stopped(limit: int = 100_000):
     return steps
 
 
+STOP_BOUND_S = 60.0  # Stop pressed at step 2: every node has stopped well within this
+
+
 def test_stop_ends_every_node_at_the_same_step_and_output_has_global_ranks(client):
     recorder = _Recorder(stop_at=2)
-    steps = notebook_launcher(
-        _train_until_stopped, num_processes=1, num_nodes=2, cluster=client, observer=recorder
-    )
+    try:
+        steps = notebook_launcher(
+            _train_until_stopped, num_processes=1, num_nodes=2, cluster=client,
+            observer=recorder, timeout=STOP_BOUND_S,
+        )  # fmt: skip
+    except TimeoutError:
+        assert recorder.pressed, f"no rank logged step 2 within {STOP_BOUND_S:g} s"
+        pytest.fail(
+            f"Stop was pressed once both ranks logged step 2, yet the nodes trained on for "
+            f"{STOP_BOUND_S:g} s: Stop did not reach the nodes' ranks"
+        )
     assert steps[0] == steps[1] < 100_000
     assert recorder.summary.stopped
     assert {rank for rank, line in recorder.lines if line.startswith("stopped at")} == {0, 1}
@@ -304,7 +324,7 @@ def test_a_killed_dask_worker_is_node_lost_and_never_retrains(client, tmp_path):
     def kill_when_started() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if starts.exists() and len(starts.read_text().split()) == 2:
+            if starts.exists() and len(starts.read_text().split()) == 4:
                 os.kill(pids[worker_1], signal.SIGKILL)
                 kill_when_started.at = time.monotonic()
                 return
@@ -315,15 +335,19 @@ def test_a_killed_dask_worker_is_node_lost_and_never_retrains(client, tmp_path):
     timer.start()
     with pytest.raises(WorkerError, match="node 1 lost: its Dask worker left") as caught:
         notebook_launcher(
-            train, args=(str(starts),), num_processes=1, num_nodes=2, cluster=client, live=False
+            train, args=(str(starts),), num_processes=2, num_nodes=2, cluster=client, live=False
         )
     timer.join()
     assert kill_when_started.at is not None
     assert time.monotonic() - kill_when_started.at < WORKER_DEATH_BOUND_S
-    assert caught.value.lost_nodes == (1,)
+    error = caught.value
+    assert error.lost_nodes == (1,)
+    assert error.rank == 2  # the lost node's first rank: two ranks on each node
+    heading = f"Rank 2 (node 1, Dask worker {error.nodes[1]}) of 4 failed: node 1 lost"
+    assert heading in str(error), str(error)
     client.wait_for_workers(2, timeout=60)  # the nanny restarts it
     time.sleep(1.0)
-    assert sorted(starts.read_text().split()) == ["0", "1"]  # nobody trained twice
+    assert sorted(starts.read_text().split()) == ["0", "1", "2", "3"]  # nobody trained twice
     assert_nothing_left(client)
     assert (
         notebook_launcher(

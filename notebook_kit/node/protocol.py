@@ -29,6 +29,9 @@ LEASE_SECONDS = 15.0
 
 # The first byte of each frame a node process writes to its task: node 0's rendezvous
 # address (for the task to publish), an event for the kernel's view, or the final outcome.
+# An event is a pickled tuple whose first item says what it is: "output", "metrics",
+# "print" (a line the node process printed, as the launcher prints in a local launch's
+# kernel), "start", "finish", and a pool's "ready" and "answer".
 ADDRESS, EVENT, OUTCOME = b"A", b"E", b"O"
 
 
@@ -103,6 +106,7 @@ class NodeOrder:
     master: tuple[str, int] | None = None  # node 0's rendezvous; filled by the task
     host_nodes: int = 1  # nodes of this run on this node's host, which share its cores
     pool: bool = False  # keep the ranks and serve the kernel's commands (a cluster pool)
+    restart_count: int = 0  # times the kernel started every node again before this attempt
 
 
 @dataclass(frozen=True)

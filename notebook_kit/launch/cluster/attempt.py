@@ -79,8 +79,10 @@ class ClusterAttempt:
         observer: LaunchObserver,
         stop_flag: StopFlag,
         pool: bool = False,
+        restart_count: int = 0,
     ) -> None:
         self.client, self.reports, self.payload = client, reports, payload
+        self.restart_count = restart_count  # restarts of every node before this attempt
         self.pool = pool  # the nodes keep their ranks and serve commands (a cluster pool)
         self.ready: dict[int, tuple[int, ...]] = {}  # a pool's nodes: their ranks' pids
         self.answers: dict[int, tuple[int, dict[str, Any]]] = {}  # node: (seq, its answer)
@@ -130,6 +132,7 @@ class ClusterAttempt:
                 store_prefix=prefix,
                 host_nodes=sharing[node],
                 pool=self.pool,
+                restart_count=self.restart_count,
             )
             self.futures.append(
                 self.client.submit(
@@ -209,6 +212,8 @@ class ClusterAttempt:
             self.observer.on_output(event[1], event[2], event[3])
         elif kind == "metrics":
             self.observer.on_metrics(event[1])
+        elif kind == "print":  # what a node's launcher printed (a stall report)
+            print(event[1], flush=True)
         elif kind == "ready":
             self.ready[event[1]] = event[2]
         elif kind == "answer":

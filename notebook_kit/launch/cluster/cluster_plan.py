@@ -7,23 +7,51 @@ client.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_kit.config.launch_config import LaunchConfig, resolve_launch_config
-from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT
-from notebook_kit.config.schema import CALL_SETTINGS, SETTINGS, check_argument
+from notebook_kit.config.launch_config import (
+    LaunchConfig,
+    default_config_path,
+    resolve_launch_config,
+    saved_default,
+)
+from notebook_kit.config.launch_plan import DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_STALL_SECONDS
+from notebook_kit.config.schema import (
+    CALL_SETTINGS,
+    SETTINGS,
+    check_argument,
+    settings_from_environ,
+)
 from notebook_kit.launch.cluster.connect import dask_client
 from notebook_kit.launch.plan import check_explicit_settings
 
-__all__ = ["ClusterPlan", "resolve_cluster_plan"]
+__all__ = [
+    "CLUSTER_REFUSES",
+    "KERNEL_KEEPS",
+    "NODE_SETTINGS",
+    "ClusterPlan",
+    "resolve_cluster_plan",
+]
 
-_NODE_SETTINGS = (
+# Every launch setting of the schema is in exactly one of these (tests/test_cluster_settings
+# checks it, so a new setting is placed here before it can be released):
+# what every node's launcher is given, by schema name (node 0's probe fills num_processes);
+NODE_SETTINGS = (
     "num_processes", "mixed_precision", "backend", "threads_per_process",
-    "gradient_accumulation_steps", "seed",
+    "gradient_accumulation_steps", "seed", "use_fsdp", "rendezvous_timeout", "stall_seconds",
 )  # fmt: skip
-_CHOSEN_BY_CLUSTER = ("use_port", "master_addr", "node_rank")
+# what the kernel itself honours (it restarts, shows and times every node together);
+KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout")
+# and what the cluster decides, so a value given for it is refused before anything starts.
+CLUSTER_REFUSES = {
+    "master_addr": "node 0 binds its own port on its own address",
+    "master_port": "node 0 binds its own port on its own address",
+    "node_rank": "each chosen Dask worker is one node, numbered in address order",
+    "isolate": "every node forks its ranks",
+}
 
 
 @dataclass(frozen=True)
@@ -31,7 +59,7 @@ class ClusterPlan:
     """A cluster run's checked options: what every node gets, and what the kernel keeps."""
 
     client: Any  # the distributed.Client
-    settings: dict[str, Any]  # every node's launcher options (num_processes, backend, ...)
+    settings: dict[str, Any]  # every node's launcher options, by keyword (num_processes, fsdp...)
     num_nodes: int | None
     max_restarts: int
     live: bool | None
@@ -48,25 +76,32 @@ def resolve_cluster_plan(cluster: Any, options: Mapping[str, Any]) -> ClusterPla
 
 
 def _settings(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The options every node gets, and the ones the kernel keeps; checked before anything."""
-    for name in _CHOSEN_BY_CLUSTER:
-        if options.get(name) is not None:
-            raise ValueError(
-                f"{name} is chosen by the cluster when cluster= is given (node 0 binds its "
-                f"own port on its own address); leave {name} unset."
-            )
-    if options.get("isolate"):
-        raise ValueError("isolate=True has no meaning with cluster=: every node forks its ranks.")
+    """The options every node gets, and the ones the kernel keeps; checked before anything.
+
+    As for a local launch, a setting not given comes from ``config``, else from the
+    ``NOTEBOOK_KIT_<NAME>`` variables and the saved default.
+    """
     config = options.get("config")
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
-    names = (*_NODE_SETTINGS, "max_restarts", "live")
-    explicit = check_explicit_settings({name: options.get(name) for name in names})
-    resolved = resolve_launch_config(config, **explicit)
-    num_nodes = check_argument(SETTINGS["num_nodes"], options.get("num_nodes"))
+    stored = _stored(config)
+    _refuse_what_the_cluster_decides(options, config, stored)
+    named = [n for n in (*NODE_SETTINGS, *KERNEL_KEEPS) if n in SETTINGS and n != "num_nodes"]
+    explicit = check_explicit_settings({n: options.get(SETTINGS[n].keyword) for n in named})
+    # The cluster numbers the nodes: resolved as one node, so no loopback check applies.
+    resolved = resolve_launch_config(config, **explicit, num_nodes=1, node_rank=0)
+    settings = {
+        SETTINGS[name].keyword: getattr(resolved, name)
+        for name in NODE_SETTINGS
+        if name in SETTINGS
+    }
     rendezvous = options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT)
-    settings = {name: getattr(resolved, name) for name in _NODE_SETTINGS}
+    stall = options.get("stall_seconds", DEFAULT_STALL_SECONDS)
     settings["rendezvous_timeout"] = check_argument(CALL_SETTINGS["rendezvous_timeout"], rendezvous)
+    settings["stall_seconds"] = check_argument(CALL_SETTINGS["stall_seconds"], stall)
+    num_nodes = check_argument(SETTINGS["num_nodes"], options.get("num_nodes"))
+    if num_nodes is None and stored["num_nodes"] != SETTINGS["num_nodes"].default:
+        num_nodes = stored["num_nodes"]  # else: one node per host
     extra = {
         "num_nodes": num_nodes,
         "max_restarts": resolved.max_restarts,
@@ -74,3 +109,43 @@ def _settings(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
         "timeout": check_argument(CALL_SETTINGS["timeout"], options.get("timeout")),
     }
     return settings, extra
+
+
+def _refuse_what_the_cluster_decides(
+    options: Mapping[str, Any], config: LaunchConfig | None, stored: Mapping[str, Any]
+) -> None:
+    """A value for what the cluster decides: given here, in ``config``, a variable or the
+    saved default, it is refused rather than silently replaced."""
+    for name, why in CLUSTER_REFUSES.items():
+        setting = SETTINGS.get(name) or CALL_SETTINGS[name]
+        given = options.get(setting.keyword)
+        if name == "isolate":
+            if given:
+                raise ValueError(f"isolate=True has no meaning with cluster=: {why}.")
+            continue
+        if given is not None:
+            raise ValueError(
+                f"{setting.keyword} is chosen by the cluster when cluster= is given ({why}); "
+                f"leave {setting.keyword} unset."
+            )
+        if stored[name] != setting.default:
+            raise ValueError(
+                f"{name}={stored[name]!r} {_origin(config, setting.env_var)} is chosen by the "
+                f"cluster when cluster= is given ({why}); remove it there for cluster runs."
+            )
+
+
+def _stored(config: LaunchConfig | None) -> dict[str, Any]:
+    """The settings as ``config``, else the variables over the saved default, give them."""
+    if config is not None:
+        return config.to_dict()
+    base = (saved_default() or LaunchConfig()).to_dict()
+    return {**base, **settings_from_environ(os.environ)}
+
+
+def _origin(config: LaunchConfig | None, env_var: str) -> str:
+    if config is not None:
+        return "from config="
+    if env_var in os.environ:
+        return f"from ${env_var}"
+    return f"from {default_config_path()}"

@@ -18,18 +18,20 @@ import socket
 import sys
 import traceback
 from multiprocessing.connection import Connection
+from typing import Any
 
 import cloudpickle
 
 from notebook_kit.config.launch_plan import auto_threads
 from notebook_kit.errors import WorkerError
+from notebook_kit.launch.cluster.node_launch import launch_node, prints_to_kernel
 from notebook_kit.launch.cluster.node_relay import RelayObserver
 from notebook_kit.launch.forking import NodeSeat
-from notebook_kit.launch.launcher import launch_seated_node, resolve_plan
+from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.preflight import open_rendezvous_socket
 from notebook_kit.node.protocol import ADDRESS, OUTCOME, NodeOrder
 
-__all__ = ["main", "node_threads"]
+__all__ = ["main", "node_options", "node_threads"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -60,34 +62,42 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> tuple:
             events.send_bytes(ADDRESS + pickle.dumps(master))
         else:
             master = pickle.loads(orders.recv_bytes())
-        options = {
-            **order.settings,
-            "threads_per_process": node_threads(order),
-            "num_nodes": order.num_nodes,
-            "node_rank": order.node_rank,
-            "master_addr": master[0],
-            "use_port": master[1],
-            "max_restarts": 0,  # the kernel restarts every node together
-        }
-        plan = resolve_plan(options, "notebook_launcher")
+        plan = resolve_plan(node_options(order, master), "notebook_launcher")
         relay = RelayObserver(order.node_rank, orders, events)
         if order.pool:
             from notebook_kit.launch.cluster.node_pool import serve_node_pool
 
-            return serve_node_pool(plan, relay, seat, orders)
-        value = launch_seated_node((function, args, kwargs), plan, relay, seat)
+            with prints_to_kernel(relay):
+                return serve_node_pool(plan, relay, seat, orders)
+        with prints_to_kernel(relay):
+            value = launch_node((function, args, kwargs), plan, relay, seat, order.restart_count)
     except WorkerError as error:
         return ("failed", tuple(error.failures))
     except KeyboardInterrupt:
         return ("interrupted",)
     except BaseException as error:
         return ("error", type(error).__qualname__, str(error), traceback.format_exc())
+    if order.node_rank != 0:  # only global rank 0's value and weights go home
+        return ("value", None, {})
     weights = {
         index: seat.weights[id(model)]
         for index, model in enumerate(models)
         if id(model) in seat.weights
     }
-    return ("value", value if order.node_rank == 0 else None, weights)
+    return ("value", value, weights)
+
+
+def node_options(order: NodeOrder, master: tuple[str, int]) -> dict[str, Any]:
+    """This node's launcher options: the run's settings, and what the cluster chose for it."""
+    return {
+        **order.settings,
+        "threads_per_process": node_threads(order),
+        "num_nodes": order.num_nodes,
+        "node_rank": order.node_rank,
+        "master_addr": master[0],
+        "use_port": master[1],
+        "max_restarts": 0,  # the kernel restarts every node together
+    }
 
 
 def node_threads(order: NodeOrder) -> int:

@@ -63,12 +63,9 @@ class ClusterPoolError(ClusterWorkerError):
 
     def _format(self) -> str:
         """The cluster launch's message, saying what became of the pool instead of a launch's
-        "the other workers were stopped"."""
-        launch = (
-            "The other workers were stopped; the kernel is still usable: fix the cause and "
-            "run the cell again.\n"
-        )
-        return f"{super()._format().replace(launch, '', 1)}\n{self.aftermath}"
+        "the other workers were stopped" (its second line, whatever follows it)."""
+        lines = super()._format().split("\n")
+        return "\n".join([lines[0], *lines[2:], "", self.aftermath])
 
 
 def unsupported(call: str, instead: str) -> NotImplementedError:

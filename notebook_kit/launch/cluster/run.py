@@ -26,7 +26,7 @@ from notebook_kit.launch.cluster.connect import choose_workers, current_workers
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports, probe_workers
 from notebook_kit.launch.interrupts import interrupt_taken
-from notebook_kit.launch.kernel_models import find_kernel_models
+from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT, SendTooLargeError
 from notebook_kit.live.display import default_observer
@@ -58,7 +58,9 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
         settings["num_processes"] = max(reports[0].gpus, 1)
     observer = observer or default_observer(plan.live)
     for restart in range(plan.max_restarts + 1):
-        result = yield from _attempt(client, reports, payload, settings, observer, plan.timeout)
+        result = yield from _attempt(
+            client, reports, payload, settings, observer, plan.timeout, restart
+        )
         if not result.failures or restart == plan.max_restarts or result.interrupted:
             break
         print(
@@ -88,6 +90,7 @@ def _attempt(
     settings: dict[str, Any],
     observer: LaunchObserver,
     timeout: float | None,
+    restart_count: int,
 ) -> Generator[tuple[list[Any], float], list[Any], AttemptResult]:
     """Run every node once; tell the observer; return how it ended (never raises for nodes).
 
@@ -95,7 +98,9 @@ def _attempt(
     for at most a tick, so the view ticks and the Stop button is read while nothing arrives.
     """
     stop_flag = StopFlag()
-    attempt = ClusterAttempt(client, reports, payload, settings, observer, stop_flag)
+    attempt = ClusterAttempt(
+        client, reports, payload, settings, observer, stop_flag, restart_count=restart_count
+    )
     processes = int(settings["num_processes"])
     world = processes * len(reports)
     banner = (
@@ -175,6 +180,5 @@ def _conclude(
         )
     if result.failures:
         raise _error(result, reports, settings)
-    for index, state in result.weights.items():
-        models[index].load_state_dict(state)
+    load_home_weights(dict(enumerate(models)), result.weights)  # global rank 0's, by index
     return result.value

@@ -349,18 +349,16 @@ class WorkerPool:
 
         refused = {
             "timeout": "interrupt a run with Ctrl-C instead",
-            "stall_seconds": "leave it at its default",
             "send_limit": "leave it at its default (64 MiB is sent to every node at most)",
         }
         given = {
             "timeout": options.get("timeout") is not None,
-            "stall_seconds": options.get("stall_seconds") != DEFAULT_STALL_SECONDS,
             "send_limit": send_limit != DEFAULT_SEND_LIMIT,
         }
         for name, fix in refused.items():
             if given[name]:
                 raise ValueError(f"{name}= is not supported with cluster= yet: {fix}.")
-        options = {k: v for k, v in options.items() if k not in ("isolate", "stall_seconds")}
+        options = {k: v for k, v in options.items() if k != "isolate"}
         options.pop("max_restarts", None)  # a pool never retries a run
         plan = resolve_cluster_plan(cluster, options)
         self._live = _LiveProcesses()

@@ -1,0 +1,131 @@
+"""A node's share of a cluster run: the launch its node process runs, with what differs from a
+local launch because the kernel is on another machine.
+
+- **Only global rank 0 reports home.** A local launch's ranks send their value and weights
+  from each node's first rank; on a cluster, only node 0's first rank is global rank 0. On
+  every other node the function runs as :class:`OffHomeCall`: its value is dropped on the
+  rank, never pickled (as a non-zero rank's value in a local launch), and the rank's models
+  are gathered with rank 0's (gathering a sharded model is a collective every rank joins)
+  and then left out, so no weights leave the rank.
+- **Restarts count as the kernel's.** The kernel starts every node again after a failure;
+  each node's launcher numbers its ranks' ``NOTEBOOK_KIT_RESTART_COUNT`` from the kernel's
+  count, as a local launch does.
+- **What the launcher prints reaches the kernel.** The stall report (``stall_seconds``) and
+  anything else the node process prints go to the kernel as ``print`` events, which it
+  prints where a local launch would.
+
+Runs on a node, in the node process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.launch.cluster.node_relay import RelayObserver
+from notebook_kit.launch.forking import NodeSeat
+from notebook_kit.launch.kernel_models import find_kernel_models
+from notebook_kit.launch.launchers.driver import run_blocking
+from notebook_kit.launch.launchers.forked import ForkedLauncher
+from notebook_kit.launch.plan import Call
+from notebook_kit.launch.supervisor import Supervisor
+from notebook_kit.runtime.context import StopFlag, current_launch
+
+__all__ = ["OffHomeCall", "launch_node", "prints_to_kernel"]
+
+
+class OffHomeCall:
+    """The function as the ranks of a node other than node 0 run it: nothing goes home.
+
+    It exposes the function's closure and globals, so the launcher finds the same kernel
+    models in it as node 0 does in the function itself, and every rank gathers the same
+    sharded models in the same order.
+    """
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+        self.__closure__ = getattr(function, "__closure__", None)
+        self.__globals__ = getattr(function, "__globals__", {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.function(*args, **kwargs)
+        context = current_launch()
+        if context is not None:
+            # Join rank 0's gathers now; then this rank holds no model to send home, and the
+            # launcher's own gather after the function has nothing left to do here.
+            context.gather_weights(find_kernel_models(self.function, args, kwargs))
+            context.prepared_models = []
+            context.gathered_weights = {}
+
+
+class _NodeLauncher(ForkedLauncher):
+    """This node's ranks, their restarts counted from the kernel's."""
+
+    def __init__(self, plan: LaunchPlan, seat: NodeSeat, restarts_before: int) -> None:
+        super().__init__(plan, seat)
+        self.restarts_before = restarts_before
+
+    def fork(
+        self,
+        call: Call,
+        supervisor: Supervisor,
+        stop_flag: StopFlag,
+        home_model_ids: frozenset[int],
+        restart_count: int,
+    ) -> None:
+        total = self.restarts_before + restart_count
+        super().fork(call, supervisor, stop_flag, home_model_ids, total)
+
+
+def launch_node(
+    call: Call, plan: LaunchPlan, relay: RelayObserver, seat: NodeSeat, restart_count: int
+) -> Any:
+    """Run this node's ranks; the value of global rank 0 (None on the other nodes)."""
+    function, args, kwargs = call
+    if plan.node_rank != 0:
+        call = (OffHomeCall(function), args, kwargs)
+    launcher = _NodeLauncher(plan, seat, restart_count)
+    return run_blocking(launcher.run(call, relay))
+
+
+class _KernelPrint(io.TextIOBase):
+    """``sys.stdout`` of the node process: each line goes to the kernel as a ``print`` event.
+
+    A process forked from the node process (the guardian, before the ranks take their own
+    streams) inherits it; only the node process itself sends.
+    """
+
+    def __init__(self, relay: RelayObserver) -> None:
+        self._relay = relay
+        self._pid = os.getpid()
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if os.getpid() == self._pid:
+            *lines, self._pending = (self._pending + text).split("\n")
+            for line in lines:
+                self._relay.send("print", line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending and os.getpid() == self._pid:
+            self._relay.send("print", self._pending)
+            self._pending = ""
+
+
+@contextlib.contextmanager
+def prints_to_kernel(relay: RelayObserver) -> Iterator[None]:
+    """While inside, what the node process prints is printed in the kernel."""
+    printer = _KernelPrint(relay)
+    try:
+        with contextlib.redirect_stdout(printer):
+            yield
+    finally:
+        printer.flush()

@@ -1,0 +1,110 @@
+"""What a cluster run makes of each launch setting, checked before anything starts.
+
+Every setting of the schema is either honoured on a cluster (it reaches every node's
+launcher, or the kernel that drives the nodes) or refused before anything starts: never
+dropped. The real runs that show the settings reaching the ranks are in
+``tests/test_cluster_faults_integration.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from notebook_kit.config.launch_config import LaunchConfig
+from notebook_kit.config.schema import CALL_SETTINGS, SETTINGS
+from notebook_kit.launch.cluster import cluster_plan
+from notebook_kit.launch.cluster.cluster_plan import _settings
+from notebook_kit.launch.cluster.node_process import node_options
+from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.node.protocol import NodeOrder
+
+# Each setting, a value other than its default, and where a cluster run honours it: "node"
+# (the LaunchPlan every node's launcher resolves: the attribute that holds it), "kernel" (the
+# ClusterPlan the kernel drives the nodes by), or "refused".
+_ON_A_CLUSTER = {
+    "num_processes": ("node", "num_processes", 2),
+    "mixed_precision": ("node", "mixed_precision", "bf16"),
+    "gradient_accumulation_steps": ("node", "gradient_accumulation_steps", 3),
+    "backend": ("node", "backend", "gloo"),
+    "seed": ("node", "seed", 7),
+    "master_addr": ("refused", None, "10.1.2.3"),
+    "master_port": ("refused", None, 29501),
+    "num_nodes": ("kernel", "num_nodes", 2),
+    "node_rank": ("refused", None, 1),
+    "threads_per_process": ("node", "threads", 3),
+    "live": ("kernel", "live", False),
+    "max_restarts": ("kernel", "max_restarts", 2),
+    "use_fsdp": ("node", "use_fsdp", True),
+    "timeout": ("kernel", "timeout", 30.0),
+    "rendezvous_timeout": ("node", "rendezvous_timeout", 45.0),
+    "isolate": ("refused", None, True),
+    "stall_seconds": ("node", "stall_seconds", 5.0),
+}
+_SCHEMA = {**SETTINGS, **CALL_SETTINGS}
+
+
+def _node_plan(settings: dict) -> object:
+    """The LaunchPlan node 1 of 2 resolves from the settings the kernel sends it."""
+    settings = {**settings, "num_processes": settings["num_processes"] or 1}  # as node 0's probe
+    order = NodeOrder("run", 1, 2, "127.0.0.1", None, b"", settings, "notebook_kit/x/")
+    return resolve_plan(node_options(order, ("127.0.0.1", 29500)), "notebook_launcher")
+
+
+def test_every_setting_of_the_schema_is_placed_on_a_cluster():
+    unplaced = sorted(set(_SCHEMA) - set(_ON_A_CLUSTER))
+    assert not unplaced, (
+        f"{unplaced} must be honoured on a cluster (NODE_SETTINGS or KERNEL_KEEPS of "
+        f"launch/cluster/cluster_plan.py) or refused (CLUSTER_REFUSES), and placed here"
+    )
+    assert set(_ON_A_CLUSTER) == set(_SCHEMA)
+    placed = (
+        *cluster_plan.NODE_SETTINGS,
+        *cluster_plan.KERNEL_KEEPS,
+        *cluster_plan.CLUSTER_REFUSES,
+    )
+    assert sorted(placed) == sorted(_SCHEMA)  # each in exactly one place
+
+
+@pytest.mark.parametrize("name", list(_ON_A_CLUSTER))
+def test_each_setting_given_to_a_cluster_launch_is_honoured_or_refused_before_start(name):
+    where, attribute, value = _ON_A_CLUSTER[name]
+    keyword = _SCHEMA[name].keyword
+    if where == "refused":
+        with pytest.raises(ValueError, match=keyword):
+            _settings({keyword: value})
+        return
+    settings, kept = _settings({keyword: value})
+    if where == "kernel":
+        assert kept[attribute] == value
+    else:
+        assert getattr(_node_plan(settings), attribute) == value
+
+
+def test_fsdp_from_a_config_or_the_environment_reaches_every_node(monkeypatch):
+    settings, _ = _settings({"config": LaunchConfig(use_fsdp=True, num_processes=2)})
+    assert _node_plan(settings).use_fsdp
+    monkeypatch.setenv("NOTEBOOK_KIT_USE_FSDP", "yes")
+    monkeypatch.setenv("NOTEBOOK_KIT_NUM_PROCESSES", "2")
+    settings, _ = _settings({})  # in the kernel; a node's own environment may lack them
+    monkeypatch.delenv("NOTEBOOK_KIT_USE_FSDP")
+    monkeypatch.delenv("NOTEBOOK_KIT_NUM_PROCESSES")
+    assert _node_plan(settings).use_fsdp
+
+
+def test_num_nodes_from_a_config_is_the_node_count_and_its_default_one_node_per_host():
+    assert _settings({"config": LaunchConfig(num_nodes=3)})[1]["num_nodes"] == 3
+    assert _settings({})[1]["num_nodes"] is None
+
+
+@pytest.mark.parametrize(
+    ("variable", "text"),
+    [("NOTEBOOK_KIT_MASTER_ADDR", "10.1.2.3"), ("NOTEBOOK_KIT_MASTER_PORT", "29501")],
+)
+def test_an_address_the_cluster_chooses_is_refused_from_the_environment_too(
+    monkeypatch, variable, text
+):
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(ValueError, match=rf"from \${variable} is chosen by the cluster"):
+        _settings({})
+    with pytest.raises(ValueError, match=r"from config= is chosen by the cluster"):
+        _settings({"config": LaunchConfig(node_rank=1, num_nodes=2)})

@@ -8,8 +8,8 @@ one lies (:class:`StoredTensor`). The kernel maps the file and loads each state 
 tensors that are views of the mapping: the weights exist once on their way home, the file has
 no name to leak, and its memory is freed with the last descriptor.
 
-Only tensors that are plain, dense and on a device travel through the file; anything else in a
-state dict (``_extra_state``, a quantized or sparse tensor) travels in the message as before.
+Only plain dense tensors (on any device) travel through the file; anything else in a state
+dict (``_extra_state``, a quantized or sparse tensor) travels in the message as before.
 
 Example::
 
@@ -70,6 +70,7 @@ class WeightsFile:
 
     def __init__(self) -> None:
         self.fd = _anonymous_file()
+        self._owner = os.getpid()  # a fork holds a copy of this object, not the file to close
 
     def clear(self) -> None:
         """Give the file's memory back (what an earlier attempt or command wrote)."""
@@ -89,7 +90,8 @@ class WeightsFile:
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self.close()
+            if os.getpid() == self._owner:
+                self.close()
 
 
 def _anonymous_file() -> int:
@@ -279,7 +281,8 @@ def load_states(
     needed = max(slot.offset + slot.nbytes for slot in slots)
     if size < needed:
         raise WeightsFileError(
-            f"the weights file holds {size} bytes of the {needed} rank 0 said it wrote"
+            f"the weights file holds {size} bytes of the {needed} rank 0 said it wrote; "
+            f"nothing was loaded, so the kernel's models are as they were before the run"
         )
     import torch
 

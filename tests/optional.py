@@ -12,6 +12,7 @@ _INSTALL = {
     "tensorboard": "pip install tensorboard",
     "wandb": "pip install notebook_kit[wandb]",
     "mlflow": "pip install notebook_kit[mlflow]",
+    "dask_jobqueue": "pip install notebook_kit[slurm]",
 }
 
 

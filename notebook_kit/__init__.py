@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
     from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
+    from notebook_kit.launch.cluster.local import local_cluster
     from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
     from notebook_kit.launch.panel import ConfigPanel
     from notebook_kit.launch.pool.worker_pool import WorkerPool
@@ -92,6 +93,7 @@ __all__ = [
     "gather",
     "gather_object",
     "last_run",
+    "local_cluster",
     "log",
     "notebook_launcher",
     "notebook_launcher_async",
@@ -138,6 +140,7 @@ _LAZY: dict[str, str] = {
     "gather": "accelerator.operations",
     "gather_object": "accelerator.operations",
     "last_run": "live.record",
+    "local_cluster": "launch.cluster.local",
     "log": "runtime.loop",
     "notebook_launcher": "launch.launcher",
     "notebook_launcher_async": "launch.launcher",

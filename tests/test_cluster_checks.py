@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+import cloudpickle
 import pytest
 
 from notebook_kit import notebook_launcher
 from notebook_kit.config.environment import usable_cpu_count
 from notebook_kit.launch.cluster.attempt import nodes_per_host
 from notebook_kit.launch.cluster.cluster_plan import _settings
+from notebook_kit.launch.cluster.code_shipping import pickle_recording_modules
 from notebook_kit.launch.cluster.connect import choose_workers, dask_client
 from notebook_kit.launch.cluster.node_process import node_threads
 from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
@@ -96,6 +98,41 @@ def test_matching_workers_pass():
 def test_the_interface_to_loopback_is_found_without_resolving_the_host_name():
     name, address = interface_for("127.0.0.1")
     assert address == "127.0.0.1" and name == "lo"
+
+
+def test_the_interface_to_an_ipv6_node_0_is_found():
+    assert interface_for("::1") == ("lo", "::1")
+
+
+def test_a_module_the_nodes_cannot_import_is_named_with_how_to_send_or_install_it():
+    missing = "ModuleNotFoundError: No module named 'mylib.native'"
+    with pytest.raises(ClusterSetupError) as caught:
+        check_reports([_report(), _report(worker="tcp://10.0.0.3:4000", rebuild_error=missing)])
+    message = str(caught.value)
+    assert "node process cannot import module 'mylib.native'" in message
+    assert "Install 'mylib' on every worker" in message
+    assert "client.upload_file(path)" in message and "UploadDirectory" in message
+
+
+def test_the_modules_a_payload_refers_to_by_name_are_recorded_and_can_go_by_value():
+    import types
+
+    module = types.ModuleType("nk_checks_by_value")
+    exec("def double(x):\n    return 2 * x\n", module.__dict__)
+    module.double.__module__ = module.__name__
+    sys.modules[module.__name__] = module
+    try:
+        by_name, referenced = pickle_recording_modules((module.double, 1))
+        assert referenced == {"nk_checks_by_value"}
+        by_value, referenced = pickle_recording_modules((module.double, 1), {module.__name__})
+        assert "nk_checks_by_value" not in referenced
+        del sys.modules[module.__name__]
+        assert cloudpickle.loads(by_value)[0](2) == 4  # rebuilt without the module
+        with pytest.raises(ModuleNotFoundError):
+            cloudpickle.loads(by_name)
+    finally:
+        sys.modules.pop(module.__name__, None)
+    assert not cloudpickle.cloudpickle._PICKLE_BY_VALUE_MODULES  # registered for one pickle
 
 
 def test_a_payload_over_the_pools_limit_is_refused(monkeypatch):

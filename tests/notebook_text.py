@@ -54,3 +54,26 @@ def execute_copy(
     )
     client.execute(env=env or kernel_environment())
     return nb
+
+
+NODES_NOTEBOOK = [
+    "import os, torch, torch.distributed as dist\nfrom notebook_kit import notebook_launcher",
+    "def train():\n"
+    "    total = torch.ones(1)\n"
+    "    dist.all_reduce(total)\n"
+    "    return dist.get_world_size(), total.item()",
+    "print('node', os.environ.get('GROUP_RANK'), 'trained', notebook_launcher(train))",
+]
+
+
+def export_for_nodes(folder: Path, *options: str) -> Path:
+    """A notebook whose launch prints each node's world size and sum, exported with
+    ``options`` (``--slurm``, ``--coiled-batch``, ...) to ``folder/train.py``."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from notebook_kit.cli import main as cli_main
+
+    notebook = folder / "nodes.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell(c) for c in NODES_NOTEBOOK]), notebook)
+    assert cli_main(["export", str(notebook), "-o", str(folder / "train.py"), *options]) == 0
+    return folder / "train.py"

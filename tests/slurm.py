@@ -25,12 +25,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.processes import free_port
+
 NODES = ("nk1", "nk2")
 PARTITION = "nk"
 TIME_LIMIT_MINUTES = 10  # a job left behind ends by itself within this
 START_TIMEOUT_S = 60.0
 _HOSTS = Path("/etc/hosts")
-_SEARCH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"  # daemons live in sbin
+SEARCH_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"  # daemons live in sbin
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scancel", "squeue", "sinfo")
 
 
@@ -38,7 +40,7 @@ def unavailable() -> str | None:
     """Why a SLURM cluster cannot be started here, or None."""
     if os.geteuid() != 0:
         return "starting slurmctld and slurmd needs root"
-    missing = [name for name in _PROGRAMS if shutil.which(name, path=_SEARCH) is None]
+    missing = [name for name in _PROGRAMS if shutil.which(name, path=SEARCH_PATH) is None]
     if missing:
         return (
             f"SLURM is not installed ({', '.join(missing)} missing): "
@@ -47,16 +49,10 @@ def unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _free_ports_in_a_row(count: int) -> int:
     """The first of ``count`` consecutive free loopback ports (the nodes' port range)."""
     for _ in range(100):
-        first = _free_port()
+        first = free_port()
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(first, first + count):
@@ -74,7 +70,7 @@ class SlurmCluster:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.conf = folder / "slurm.conf"
-        self.environment = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": _SEARCH}
+        self.environment = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": SEARCH_PATH}
         self.daemons: list[subprocess.Popen] = []
         self._munged_pid: int | None = None
         self._hosts_line: str | None = None
@@ -86,7 +82,7 @@ class SlurmCluster:
         (munge / "munge.key").chmod(0o600)
         subprocess.run(
             [
-                shutil.which("munged", path=_SEARCH) or "munged",
+                shutil.which("munged", path=SEARCH_PATH) or "munged",
                 "--force",
                 f"--key-file={munge / 'munge.key'}",
                 f"--socket={munge / 'socket'}",
@@ -113,7 +109,7 @@ class SlurmCluster:
         lines = [
             "ClusterName=notebookkit",
             f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
             f"AuthInfo=socket={munge_socket}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -177,7 +173,7 @@ class SlurmCluster:
         log = open(self.folder / "log" / f"{command[0]}-{len(self.daemons)}.out", "wb")  # noqa: SIM115
         self.daemons.append(
             subprocess.Popen(
-                [shutil.which(command[0], path=_SEARCH) or command[0], *command[1:]],
+                [shutil.which(command[0], path=SEARCH_PATH) or command[0], *command[1:]],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.environment,
@@ -204,7 +200,7 @@ class SlurmCluster:
     def run(self, *command: str, check: bool = True, timeout: float = 30.0, **kwargs):
         """Run a SLURM client command against this cluster."""
         return subprocess.run(
-            [shutil.which(command[0], path=_SEARCH) or command[0], *command[1:]],
+            [shutil.which(command[0], path=SEARCH_PATH) or command[0], *command[1:]],
             env=self.environment,
             capture_output=True,
             text=True,

@@ -140,3 +140,32 @@ def test_export_command_line(tmp_path, capsys):
     assert done.stdout == "from the script\n"
     assert cli_main(["export", str(tmp_path / "missing.ipynb")]) == 2
     assert "notebook-kit export: error:" in capsys.readouterr().err
+
+
+def test_batch_script_options_are_checked_before_anything_is_written(tmp_path, capsys):
+    path = tmp_path / "n.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print('x')")]), path)
+    assert cli_main(["export", str(path), "--slurm", "--nodes", "0"]) == 2
+    assert "--nodes must be 1 or more, got 0" in capsys.readouterr().err
+    assert cli_main(["export", str(path), "--nodes", "4"]) == 2  # sized, but no batch script
+    assert "add --coiled-batch or --slurm" in capsys.readouterr().err
+    assert not (tmp_path / "n.py").exists()
+
+
+def test_batch_scripts_ask_for_the_nodes_and_gpus_and_start_one_launcher_per_node(tmp_path):
+    path = tmp_path / "n.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print('x')")]), path)
+    options = ["--coiled-batch", "--slurm", "--nodes", "3", "--num-processes", "4", "--gpus"]
+    assert cli_main(["export", str(path), "-o", str(tmp_path / "job.py"), *options]) == 0
+    coiled = (tmp_path / "job.sh").read_text().splitlines()
+    slurm = (tmp_path / "job.sbatch").read_text().splitlines()
+    assert {"# COILED ntasks 3", "# COILED gpu true", "# COILED task-on-scheduler true"} <= set(
+        coiled
+    )
+    launch = 'notebook-kit launch --num-processes 4 --master-port 29500 job.py "$@"'
+    assert coiled[-1] == f"exec {launch}"
+    assert {"#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4"} <= (
+        set(slurm)
+    )
+    assert slurm[-1] == f"srun {launch}"
+    assert os.access(tmp_path / "job.sh", os.X_OK) and os.access(tmp_path / "job.sbatch", os.X_OK)

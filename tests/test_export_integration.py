@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from notebook_kit.cli.export import export_notebook
-from tests.notebook_text import execute_copy
+from tests.notebook_text import execute_copy, export_for_nodes
 from tests.processes import CLI, clean_environment, kernel_environment
 
 pytestmark = [
@@ -55,3 +56,36 @@ def test_exported_quickstart_matches_the_notebook(tmp_path):
     assert HOME.findall(done.stdout) == accuracies
     # Same seeds, same data order, one thread per process: the notebook's own number.
     assert accuracies[0] == _notebook_accuracy(tmp_path)
+
+
+def test_the_coiled_batch_script_trains_on_two_tasks_from_coiled_s_variables(tmp_path):
+    """train.sh as Coiled Batch runs it: two tasks, each told its number and node 0's address."""
+    from tests.processes import free_port
+
+    port = free_port()
+    export_for_nodes(tmp_path, "--coiled-batch", "--nodes", "2", "--master-port", str(port))
+    batch = tmp_path / "train.sh"
+    text = batch.read_text()
+    assert "# COILED ntasks 2\n" in text and "# COILED task-on-scheduler true\n" in text
+    bin_folder = str(Path(CLI[0]).parent)  # where pip put notebook-kit
+    env = clean_environment(
+        tmp_path,
+        PATH=f"{bin_folder}:{os.environ['PATH']}",
+        COILED_BATCH_TASK_COUNT="2",
+        COILED_BATCH_SCHEDULER_ADDRESS="127.0.0.1",
+    )
+    tasks = [
+        subprocess.Popen(
+            [str(batch)],
+            env={**env, "COILED_BATCH_TASK_ID": str(task)},
+            cwd="/",  # the script finds its files itself
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for task in (0, 1)
+    ]
+    outputs = [task.communicate(timeout=300)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    assert "node 0 trained (2, 2.0)" in outputs[0], outputs[0]
+    assert "node 1 trained (2, 2.0)" in outputs[1], outputs[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import subprocess
 import sys
 import textwrap
 import threading
@@ -25,8 +26,10 @@ import torch.distributed as dist
 import notebook_kit
 from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
+from tests.notebook_text import export_for_nodes
 from tests.optional import needs
-from tests.slurm import PARTITION, slurm_cluster, unavailable
+from tests.processes import free_port
+from tests.slurm import PARTITION, SEARCH_PATH, slurm_cluster, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 _WHY = unavailable()
@@ -270,12 +273,10 @@ def batch_script(port: int, processes: int, token: str, script: Path, *args: str
 
 
 def _submit(slurm, tmp_path: Path, processes: int, token: str, *args: str) -> tuple[str, Path]:
-    from tests.slurm import _free_port
-
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     batch = tmp_path / "train.sbatch"
-    batch.write_text(batch_script(_free_port(), processes, token, script, *args))
+    batch.write_text(batch_script(free_port(), processes, token, script, *args))
     output = tmp_path / "slurm-%j.out"
     submitted = slurm.run(
         "sbatch", "--parsable", f"--output={output}", f"--chdir={ROOT}", str(batch)
@@ -307,3 +308,20 @@ def test_scancel_of_a_running_job_leaves_no_process(slurm, tmp_path):
         lambda: not marked_processes(token), LEFTOVER_BOUND_S, "every process of the job gone"
     )
     _wait_until(lambda: job not in slurm.jobs(), 60, f"job {job} gone")
+
+
+def test_the_exported_slurm_batch_script_trains_on_two_nodes(slurm, tmp_path):
+    """notebook-kit export --slurm writes the batch script; sbatch runs it as written."""
+    script = export_for_nodes(
+        tmp_path, "--slurm", "--nodes", "2", "--master-port", str(free_port())
+    )
+    batch = script.with_suffix(".sbatch")
+    environment = {**slurm.environment, "PATH": f"{Path(sys.executable).parent}:{SEARCH_PATH}"}
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path / 'out.txt'}", str(batch)],
+        env=environment, cwd=tmp_path, capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    job = submitted.stdout.strip().split(";")[0]
+    _wait_until(lambda: job not in slurm.jobs(), 180, f"job {job} finished")
+    output = (tmp_path / "out.txt").read_text()
+    assert "node 0 trained (2, 2.0)" in output and "node 1 trained (2, 2.0)" in output, output

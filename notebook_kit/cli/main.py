@@ -244,15 +244,40 @@ def _add_launch_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    from notebook_kit.cli.batch_scripts import BatchRequest, write_batch_script
     from notebook_kit.cli.export import ExportError, export_notebook
 
+    kinds = [kind for kind in ("coiled", "slurm") if getattr(args, f"{kind}_batch")]
+    try:  # the request is checked before anything is written
+        request = BatchRequest(args.nodes, args.num_processes, args.gpus, args.master_port)
+    except ValueError as error:
+        print(f"notebook-kit export: error: {error}", file=sys.stderr)
+        return 2
+    if not kinds and (args.gpus or args.nodes_given):
+        print(
+            "notebook-kit export: error: --nodes, --num-processes, --gpus and --master-port "
+            "size a batch script: add --coiled-batch or --slurm",
+            file=sys.stderr,
+        )
+        return 2
     try:
         result = export_notebook(args.notebook, args.output)
+        written = [write_batch_script(kind, result.path, request) for kind in kinds]
     except (ExportError, OSError) as error:
         print(f"notebook-kit export: error: {error}", file=sys.stderr)
         return 2
     print(result.summary())
+    for path in written:
+        print(f"Wrote {path}")
     return 0
+
+
+class _Given(argparse.Action):
+    """Stores the value and notes that a batch-script size was given on the command line."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        setattr(namespace, self.dest, values)
+        namespace.nodes_given = True
 
 
 def _add_export_command(commands: argparse._SubParsersAction) -> None:
@@ -265,7 +290,29 @@ def _add_export_command(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("notebook", help="the .ipynb file")
     parser.add_argument("-o", "--output", help="script to write (default: NOTEBOOK with .py)")
-    parser.set_defaults(handler=_run_export)
+    batch = parser.add_argument_group(
+        "batch scripts", "also write a script that runs the export on several machines"
+    )
+    batch.add_argument(
+        "--coiled-batch",
+        action="store_true",
+        help="write SCRIPT.sh for coiled batch run (#COILED directives, one task per VM)",
+    )
+    batch.add_argument(
+        "--slurm",
+        dest="slurm_batch",
+        action="store_true",
+        help="write SCRIPT.sbatch for sbatch (one srun task per node)",
+    )
+    batch.add_argument("--nodes", type=int, default=2, action=_Given, help="nodes (default 2)")
+    batch.add_argument(
+        "--num-processes", type=int, default=1, action=_Given, help="processes per node"
+    )
+    batch.add_argument("--gpus", action="store_true", help="one GPU per process")
+    batch.add_argument(
+        "--master-port", type=int, default=29500, action=_Given, help="port on node 0"
+    )
+    parser.set_defaults(handler=_run_export, nodes_given=False)
 
 
 # One registration function per subcommand; a new subcommand adds itself here.

@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -53,10 +54,15 @@ ROUNDS = 24  # each a fresh kernel: the warm-up runs once per process
 AT_ONCE = 3  # kernels in flight together
 
 
-def _round(delay: float) -> dict[str, object]:
-    """Import, launch at once and press the stop button ``delay`` s in; then launch again."""
+def _round(delay: float, give_up: threading.Event) -> dict[str, object] | None:
+    """Import, launch at once and press the stop button ``delay`` s in; then launch again.
+
+    None when another round has already failed (a poisoned kernel needs no second witness).
+    """
     from tests.kernel_cells import cell_messages, real_kernel, run_cell
 
+    if give_up.is_set():
+        return None
     with real_kernel() as (manager, client):
         run_cell(client, TRAIN_CELL, timeout=60)
         run_cell(client, IMPORT_CELL, timeout=120)
@@ -65,7 +71,17 @@ def _round(delay: float) -> dict[str, object]:
         manager.interrupt_kernel()  # as Jupyter does: SIGINT to the kernel's process group
         pressed = cell_messages(client, msg_id, timeout=120)
         after = [run_cell(client, LAUNCH_CELL, timeout=120) for _ in range(2)]
-    return {"delay": delay, "pressed": _outcome(pressed), "after": [_outcome(m) for m in after]}
+    found = {"delay": delay, "pressed": _outcome(pressed), "after": [_outcome(m) for m in after]}
+    if _poisoned(found):
+        give_up.set()
+    return found
+
+
+def _poisoned(found: dict[str, object]) -> bool:
+    return found["after"] != ["RESULT 2", "RESULT 2"] or found["pressed"] not in (
+        "RESULT 2",
+        "KeyboardInterrupt: ",
+    )
 
 
 def _outcome(messages: list[dict]) -> str:
@@ -88,16 +104,12 @@ def test_an_interrupt_while_a_launch_waits_for_the_warm_up_never_poisons_the_ker
 
     delays = [round(random.uniform(0.0, 1.0), 3) for _ in range(ROUNDS)]
     delays[:4] = [0.0, 0.02, 0.05, 0.08]  # the first moments, where a press hit every time
+    give_up = threading.Event()
     with ThreadPoolExecutor(AT_ONCE) as pool:
-        rounds = list(pool.map(_round, delays))
-    bad = [
-        r
-        for r in rounds
-        if r["after"] != ["RESULT 2", "RESULT 2"]
-        or r["pressed"] not in ("RESULT 2", "KeyboardInterrupt: ")
-    ]
-    interrupted = [r for r in rounds if r["pressed"].startswith("KeyboardInterrupt")]
-    assert not bad, f"{len(bad)} of {ROUNDS} kernels poisoned: {bad}"
+        rounds = [r for r in pool.map(_round, delays, [give_up] * ROUNDS) if r is not None]
+    bad = [r for r in rounds if _poisoned(r)]
+    interrupted = [r for r in rounds if str(r["pressed"]).startswith("KeyboardInterrupt")]
+    assert not bad, f"kernels poisoned ({len(rounds)} of {ROUNDS} rounds run): {bad}"
     assert interrupted, f"no press landed during a launch: {rounds}"
 
 
@@ -106,8 +118,6 @@ SLOW_MODULE = "import time\ntime.sleep(1.5)\nVALUE = 'initialised'\n"
 
 def test_a_fork_waits_for_an_import_in_another_thread(tmp_path, monkeypatch):
     """Any thread's import, not only the warm-up's: the child never gets a half-done module."""
-    import threading
-
     from notebook_kit.launch import launcher  # noqa: F401  (registers the at-fork hook)
     from notebook_kit.launch.warmup import imports_under_way
 

@@ -1931,4 +1931,91 @@ MUTATIONS: tuple[Mutation, ...] = (
             "test_a_pool_that_loses_a_dask_worker_says_one_true_thing_about_what_remains",
         ),
     ),
+    Mutation(
+        "cluster-probe-rebuilds-in-the-dask-worker",
+        "the probe rebuilds the payload in a process started as a node's, not in the Dask worker",
+        (
+            Edit(
+                "node/probe.py",
+                '    answer = _in_node_like_process(("rebuild", payload))\n',
+                '    answer = _answer(("rebuild", payload))\n',
+            ),
+        ),
+        (
+            "tests/test_cluster_shipping_integration.py::"
+            "test_the_probes_verdict_is_the_nodes_outcome_for_a_module_they_cannot_import",
+        ),
+    ),
+    Mutation(
+        "cluster-modules-never-sent-by-value",
+        "a module the nodes cannot import is sent by value",
+        (
+            Edit(
+                "launch/cluster/code_shipping.py",
+                "        sendable = {name for name in missing if _sendable_by_value(name)}\n",
+                "        sendable: set[str] = set()\n",
+            ),
+        ),
+        (
+            "tests/test_cluster_shipping_integration.py::"
+            "test_code_from_a_cell_the_working_folder_a_run_time_path_and_a_package_runs",
+            "tests/test_cluster_shipping_integration.py::"
+            "test_a_module_sent_with_upload_file_runs_on_every_node",
+        ),
+    ),
+    Mutation(
+        "cluster-busy-worker-waited-for",
+        "a worker with no free thread is named at once",
+        (
+            Edit(
+                "launch/cluster/probing.py",
+                "        if len(running) >= threads:\n",
+                "        if len(running) > threads:\n",
+            ),
+        ),
+        (
+            "tests/test_cluster_probe_integration.py::"
+            "test_a_worker_busy_with_the_users_own_task_is_named_at_once_and_alone",
+        ),
+    ),
+    Mutation(
+        "cluster-probe-ipv4-only",
+        "the probe finds the interface to node 0 over IPv6 too",
+        (
+            Edit(
+                "node/probe.py",
+                '    family = socket.AF_INET6 if ":" in target else socket.AF_INET\n',
+                "    family = socket.AF_INET\n",
+            ),
+        ),
+        ("tests/test_cluster_probe_integration.py::test_an_ipv6_cluster_trains",),
+    ),
+    Mutation(
+        "local-cluster-in-the-kernels-group",
+        "local_cluster's processes are out of the kernel's process group, so an interrupt "
+        "leaves its workers running",
+        (
+            Edit(
+                "launch/cluster/local.py",
+                "        start_new_session=True,",
+                "        start_new_session=False,",
+            ),
+        ),
+        (
+            "tests/test_local_cluster_integration.py::"
+            "test_an_interrupt_during_a_cluster_run_leaves_the_cluster_ready_for_the_next",
+        ),
+    ),
+    Mutation(
+        "cluster-rendezvous-ipv4-only",
+        "node 0 binds its rendezvous socket on an IPv6 address too",
+        (
+            Edit(
+                "launch/cluster/node_process.py",
+                '    if ":" not in host:\n        return open_rendezvous_socket(host, None)\n',
+                "    return open_rendezvous_socket(host, None)\n",
+            ),
+        ),
+        ("tests/test_cluster_probe_integration.py::test_an_ipv6_cluster_trains",),
+    ),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 
@@ -18,7 +19,7 @@ from notebook_kit.launch.cluster.node_process import node_threads
 from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
 from notebook_kit.launch.cluster.run import _payload
 from notebook_kit.launch.pool.shipping import SendTooLargeError
-from notebook_kit.node.probe import interface_for, probe_version
+from notebook_kit.node.probe import interface_for, probe_version, worker_python_path
 from notebook_kit.node.protocol import NodeOrder, ProbeReport
 
 
@@ -98,6 +99,18 @@ def test_matching_workers_pass():
 def test_the_interface_to_loopback_is_found_without_resolving_the_host_name():
     name, address = interface_for("127.0.0.1")
     assert address == "127.0.0.1" and name == "lo"
+
+
+def test_a_node_process_gets_the_workers_own_folders_and_not_the_standard_library(
+    monkeypatch, tmp_path
+):
+    import sysconfig
+
+    monkeypatch.syspath_prepend(str(tmp_path))  # as a worker's local directory is added
+    entries = worker_python_path("/opt/inherited").split(os.pathsep)
+    assert entries[0] == str(tmp_path) and entries[-1] == "/opt/inherited"
+    assert sysconfig.get_paths()["stdlib"] not in entries
+    assert sysconfig.get_paths()["purelib"] not in entries
 
 
 def test_the_interface_to_an_ipv6_node_0_is_found():

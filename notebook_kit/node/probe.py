@@ -26,7 +26,13 @@ from importlib import metadata
 
 from notebook_kit.node.protocol import ProbeReport
 
-__all__ = ["interface_for", "missing_modules", "probe_version", "probe_worker"]
+__all__ = [
+    "interface_for",
+    "missing_modules",
+    "probe_version",
+    "probe_worker",
+    "worker_python_path",
+]
 
 _NODE_LIKE_SECONDS = 120.0  # bound on the node-like process (it may import torch)
 
@@ -123,6 +129,34 @@ def missing_modules(names: list[str]) -> list[str]:
     """
     answer = _in_node_like_process(("missing", list(names)))
     return list(answer) if isinstance(answer, list) else list(names)
+
+
+def worker_python_path(inherited: str | None = None) -> str:
+    """``PYTHONPATH`` for a process this Dask worker starts, so it imports what the worker can.
+
+    The entries of the worker's ``sys.path`` that a fresh interpreter would not have: its
+    local directory (where ``client.upload_file`` and ``UploadDirectory`` put files) and the
+    folders it was started with, before ``inherited``. The standard library and
+    site-packages are left to the interpreter, in its own order.
+
+    Example:
+        >>> worker_python_path("/opt/inherited").split(os.pathsep)[-1]
+        '/opt/inherited'
+    """
+    import site
+    import sysconfig
+
+    standard = {os.path.realpath(p) for p in sysconfig.get_paths().values()}
+    standard |= {os.path.realpath(p) for p in site.getsitepackages()}
+    standard.add(os.path.realpath(site.getusersitepackages()))
+    standard |= {os.path.realpath(p) for p in sys.path if "lib-dynload" in p or p.endswith(".zip")}
+    entries: list[str] = []
+    for entry in sys.path:
+        if entry and os.path.realpath(entry) not in standard and entry not in entries:
+            entries.append(entry)
+    if inherited:
+        entries += [p for p in inherited.split(os.pathsep) if p and p not in entries]
+    return os.pathsep.join(entries)
 
 
 def _rebuild_error(payload: bytes) -> str | None:

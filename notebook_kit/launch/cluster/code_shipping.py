@@ -11,8 +11,9 @@ question is asked again for the modules their code refers to in turn. What still
 sent (a compiled extension, a package the nodes lack) is left to the probe, whose verdict
 names the module and the fix before any rank starts.
 
-Example:
-    >>> payload = payload_for_nodes(client, workers, ((train, (), {}), []))  # doctest: +SKIP
+Example::
+
+    payload = payload_for_nodes(client, workers, ((train, (), {}), []))
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ notebook_kit.launch.cluster.local``), whose worker processes are its children: a
 reaches only the kernel. That process holds the reading end of a pipe from the kernel; when
 the kernel closes the cluster, or dies, the pipe ends and it closes the cluster and exits.
 
-Example:
-    >>> from notebook_kit import local_cluster, notebook_launcher  # doctest: +SKIP
-    >>> cluster = local_cluster(n_workers=2, threads_per_worker=1)  # doctest: +SKIP
-    >>> notebook_launcher(train, cluster=cluster, num_nodes=2)  # doctest: +SKIP
-    >>> cluster.close()  # doctest: +SKIP
+Example::
+
+    from notebook_kit import local_cluster, notebook_launcher
+
+    cluster = local_cluster(n_workers=2, threads_per_worker=1)
+    notebook_launcher(train, cluster=cluster, num_nodes=2)
+    cluster.close()
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ _CLOSE_SECONDS = 20.0  # then every process of the cluster's session is killed
 class LocalDaskCluster:
     """A ``LocalCluster`` running in its own session; pass it as ``cluster=`` or to ``Client``.
 
-    Example:
-        >>> with local_cluster(n_workers=2) as cluster:  # doctest: +SKIP
-        ...     client = cluster.get_client()
+    Example::
+
+        with local_cluster(n_workers=2) as cluster:
+            client = cluster.get_client()
     """
 
     def __init__(self, process: subprocess.Popen, started: dict[str, Any]) -> None:
@@ -102,9 +105,10 @@ def local_cluster(
     ``options`` go to ``distributed.LocalCluster`` (``memory_limit``, ``env``, ``host``, ...;
     JSON values); ``processes`` is always True.
 
-    Example:
-        >>> cluster = local_cluster(n_workers=2, threads_per_worker=1)  # doctest: +SKIP
-        >>> notebook_launcher(train, cluster=cluster, num_nodes=2)  # doctest: +SKIP
+    Example::
+
+        cluster = local_cluster(n_workers=2, threads_per_worker=1)
+        notebook_launcher(train, cluster=cluster, num_nodes=2)
     """
     if not isinstance(n_workers, int) or n_workers < 0:
         raise ValueError(f"n_workers must be an int >= 0, got {n_workers!r}.")

@@ -1870,10 +1870,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "        total = restart_count\n",
             ),
         ),
-        (
-            "tests/test_cluster_faults_integration.py::"
-            "test_every_setting_reaches_every_rank_and_a_restart_counts_as_on_one_machine",
-        ),
+        (f"{_CLUSTER}test_max_restarts_starts_every_node_again",),
     ),
     Mutation(
         "cluster-stall-report-stays-on-the-node",

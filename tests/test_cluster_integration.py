@@ -634,13 +634,15 @@ def test_max_restarts_starts_every_node_again(client, tmp_path, capsys):
             raise RuntimeError("flaky node")
         total = torch.ones(1)
         dist.all_reduce(total)
-        return total.item()
+        restarts = [None, None]
+        dist.all_gather_object(restarts, os.environ["NOTEBOOK_KIT_RESTART_COUNT"])
+        return total.item(), restarts
 
     result = notebook_launcher(
         train, args=(str(first),), num_processes=1, num_nodes=2, cluster=client,
         max_restarts=1, live=False,
     )  # fmt: skip
-    assert result == 2.0
+    assert result == (2.0, ["1", "1"])  # every rank counts the restart, as after a local one
     assert (
         "RuntimeError: flaky node; restarting all 2 nodes (restart 1 of 1)"
         in capsys.readouterr().out

@@ -110,6 +110,9 @@ class HeadlessObserver:
         if self.recorder.metrics.version or self.recorder.progress.count:
             ending = "stopped" if summary.stopped else "finished"
             print(f"[{ending}] {self._line(summary.duration)}", flush=True)
+        speed = self.recorder.speed_line()
+        if speed:
+            print(f"[{speed.replace(': ', '] ', 1)}", flush=True)
         self.console.on_finish(summary)
 
 

@@ -48,7 +48,9 @@ _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the l
 # the first progress is drawn, whichever comes first: nobody clicks sooner, and a short launch
 # pays nothing for it.
 ROUTE_AFTER = 0.25
-BOX_HEIGHT = "566px"  # status, header, controls, plot, tabs, and their margins
+# status, header, controls, plot, the speed line (room kept from the start, so the view keeps
+# its height when the line appears), tabs, and their margins
+BOX_HEIGHT = "590px"
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
@@ -74,6 +76,8 @@ class LiveObserver:
         self.box: widgets.VBox | None = None
         self.status: widgets.HTML | None = None
         self.table: widgets.HTML | None = None
+        self.speed: widgets.HTML | None = None
+        self._line_layout: widgets.Layout | None = None
         self.figure: Any = None
         self._handle: Any = None
         self._keeper: BusyKeeper | None = None
@@ -84,7 +88,8 @@ class LiveObserver:
         since the previous attempt's were closed when its summary replaced them."""
         self.shared = SharedModels()
         self.plot = LivePlot(x_axis=self.x_axis, layout=self.shared.layout)
-        self.status = self.table = None
+        self.status = self.table = self.speed = None
+        self._speed_text = ""
         self._last_refresh = 0.0
         self._evals: list[str] = []
         self._stopping_shown = False
@@ -103,6 +108,7 @@ class LiveObserver:
         self.status = shared.html(_status_html(info.banner), ("nk-status",), status_layout)
         header_layout = widgets.Layout(height="36px")
         header = shared.box([self.stop.widget, self.progress.widget], ("nk-header",), header_layout)
+        self._line_layout = status_layout  # the speed line's too, when it appears
         parts = [self.status, header, self.stop.note, *self.plot.widgets, self.output.widget]
         box_layout = widgets.Layout(height=BOX_HEIGHT)  # before the parts have rendered, too
         self.box = widgets.VBox(parts, layout=box_layout, _dom_classes=("nk-live",))
@@ -165,10 +171,26 @@ class LiveObserver:
             self.output.refresh()
         self.plot.refresh(self.recorder.metrics, self.recorder.progress)
         self._refresh_table()
+        self._refresh_speed()
         dropped = self.recorder.metrics.total_dropped
         if dropped and info is not None and self.status is not None:
             note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
             self.status.value = _status_html(info.banner, note)
+
+    def _refresh_speed(self) -> None:
+        """The speed line under the plot, made when the first figures arrive (as the
+        evaluation table is): a run that counts and logs nothing opens no model for it."""
+        text = self.recorder.speed_line()
+        if text == self._speed_text or self.box is None:
+            return
+        self._speed_text = text
+        if self.speed is None:
+            self.speed = self.shared.html(_speed_html(text), ("nk-speed",), self._line_layout)
+            parts = list(self.box.children)
+            parts.insert(parts.index(self.plot.widgets[-1]) + 1, self.speed)
+            self.box.children = tuple(parts)
+        else:
+            self.speed.value = _speed_html(text)
 
     def _refresh_table(self) -> None:
         evals = self.plot.evals
@@ -236,7 +258,7 @@ class LiveObserver:
             summary, progress.count, progress.expected, metrics.latest(), metrics.total_dropped
         )
         banner = self.info.banner if self.info is not None else ""
-        bundle = summary_bundle(line, summary.outcome, banner)
+        bundle = summary_bundle(line, summary.outcome, banner, self.recorder.speed_line())
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
         else:  # no display ids outside a kernel: just show it
@@ -255,7 +277,7 @@ class LiveObserver:
     def _close_widgets(self) -> None:
         """The static outputs replaced them: free the models (and the saved widget state)."""
         extra = [] if self.stop is None else [self.stop.button, self.stop.note]
-        for widget in (self.box, self.table, *self.plot.widgets, *extra):
+        for widget in (self.box, self.table, self.speed, *self.plot.widgets, *extra):
             if widget is not None:
                 close_tree(widget)
 
@@ -275,6 +297,13 @@ def close_tree(widget: widgets.Widget) -> None:
         if isinstance(part, widgets.Widget):
             with contextlib.suppress(KeyError):  # already closed, or never opened (no kernel)
                 part.close()
+
+
+def _speed_html(text: str) -> str:
+    return (
+        '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis;font-size:12px">'
+        f"{html.escape(text)}</div>"
+    )
 
 
 def _status_html(banner: str, note: str = "") -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.live.progress import ProgressState
+from notebook_kit.live.speed import Speed, SpeedTracker, speed_line
 from notebook_kit.runtime.messages import MetricsBatch, decode
 
 __all__ = ["RunRecord", "RunRecorder", "last_run"]
@@ -31,6 +32,8 @@ class RunRecord:
         steps: Training steps counted by the progress bar.
         dropped: Metric records the workers could not send (the kernel was too slow).
         figure: The final live plot (a matplotlib Figure), or None when none was drawn.
+        speed: Samples/s, steps/s, tokens/s and each rank's memory peaks
+            (:class:`~notebook_kit.live.speed.Speed`); None when no rank counted or logged.
 
     Example::
 
@@ -46,6 +49,7 @@ class RunRecord:
     steps: int = 0
     dropped: int = 0
     figure: Any = field(default=None, repr=False, compare=False)
+    speed: Speed | None = field(default=None, compare=False)
 
     @property
     def exit_codes(self) -> dict[int, int | None]:
@@ -83,6 +87,7 @@ class RunRecorder:
     def __init__(self) -> None:
         self.metrics = MetricsAggregator()
         self.progress = ProgressState()
+        self.speed = SpeedTracker()
 
     def on_message(self, rank: int, kind: str, payload: Any) -> bool:
         """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
@@ -96,6 +101,15 @@ class RunRecorder:
         """Take a batch's metrics and progress."""
         self.metrics.add_batch(batch)
         self.progress.take_batch(batch)
+        self.speed.take(batch.rank, batch.speed)
+
+    def speed_line(self) -> str:
+        """The speed line to show now: empty while no rank counted a batch (a prepared loader,
+        ``log(samples=...)``) or logged a metric, so such a run shows nothing new."""
+        speed = self.speed.speed()
+        if speed is None or not (speed.steps or self.metrics.version):
+            return ""
+        return speed_line(speed)
 
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last
@@ -109,5 +123,6 @@ class RunRecorder:
             steps=self.progress.count,
             dropped=self.metrics.total_dropped,
             figure=figure,
+            speed=self.speed.speed(),
         )
         return _last

@@ -72,9 +72,9 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def summary_bundle(line: str, outcome: str, banner: str) -> dict[str, str]:
-    """The summary as HTML (coloured by outcome, the launch banner below) and as text
-    (the same two lines)."""
+def summary_bundle(line: str, outcome: str, banner: str, speed: str = "") -> dict[str, str]:
+    """The summary as HTML (coloured by outcome, the speed line and the launch banner below)
+    and as text (the same lines)."""
     colour = _COLOURS.get(outcome, "inherit")
     icon = _ICONS.get(outcome, "")
     head, _, rest = line.partition(" · ")
@@ -82,9 +82,18 @@ def summary_bundle(line: str, outcome: str, banner: str) -> dict[str, str]:
     body = (
         f'<div class="nk-summary" style="font-size:13px;padding:2px 0">'
         f'<span style="color:{colour}">{icon} <b>{html.escape(head)}</b></span>{tail}</div>'
+        f"{_speed_html(speed)}"
         f'<div class="nk-banner" style="color:#666;font-size:11px">{html.escape(banner)}</div>'
     )
-    return {"text/html": body, "text/plain": f"{line}\n{banner}" if banner else line}
+    text = "\n".join(part for part in (line, speed, banner) if part)
+    return {"text/html": body, "text/plain": text}
+
+
+def _speed_html(speed: str) -> str:
+    """The speed line as the live view and the saved notebook show it (empty: nothing)."""
+    if not speed:
+        return ""
+    return f'<div class="nk-speed" style="font-size:12px;color:#444">{html.escape(speed)}</div>'
 
 
 def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:

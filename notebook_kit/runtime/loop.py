@@ -21,18 +21,19 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Integral
 from typing import Any
 
 from notebook_kit.runtime import stopping
 from notebook_kit.runtime.context import current_launch
 from notebook_kit.runtime.log_values import check_log_call
-from notebook_kit.runtime.metrics import log_from_worker
+from notebook_kit.runtime.metrics import count_samples, log_from_worker
 from notebook_kit.runtime.progress import advance, report_total
 
 __all__ = ["log", "progress", "should_stop"]
 
 
-def log(values: Mapping[str, Any], step: int | None = None) -> None:
+def log(values: Mapping[str, Any], step: int | None = None, *, samples: int | None = None) -> None:
     """Send metrics to the kernel's live plot and ``last_run().metrics``; never waits.
 
     Every rank may log: the plot shows the mean over the ranks that logged a step. Tensors
@@ -42,16 +43,26 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     Args:
         values: Metric name to a number or a one-element tensor.
         step: The training step; None numbers this rank's calls 0, 1, 2, ...
+        samples: Samples this rank trained on since its last call (the batch size): counted
+            for the samples/s of the speed line. A prepared data loader counts them without
+            this; once given, this count replaces the loader's.
 
     Raises:
-        TypeError: A value is not a number or a one-element tensor, or ``step`` is not an int.
+        TypeError: A value is not a number or a one-element tensor, ``step`` is not an int,
+            or ``samples`` is not a non-negative int.
         ValueError: A number too large for a float.
 
     Example::
 
-        notebook_kit.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
+        notebook_kit.log({"loss": loss}, step=step, samples=len(inputs))
     """
     checked, step = check_log_call(values, step)
+    if samples is not None:
+        if isinstance(samples, bool) or not isinstance(samples, Integral) or samples < 0:
+            raise TypeError(
+                f"log(samples=...) must be a non-negative int (the batch size), got {samples!r}."
+            )
+        count_samples(current_launch(), int(samples))
     log_from_worker(current_launch(), checked, step)
 
 

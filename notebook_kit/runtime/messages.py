@@ -29,6 +29,7 @@ __all__ = [
     "OutputLine",
     "PoolAnswer",
     "Progress",
+    "RankSpeed",
     "Record",
     "Result",
     "Stacks",
@@ -65,6 +66,34 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class RankSpeed:
+    """What one rank counted of its training so far, and the most memory it has held.
+
+    ``samples`` and ``batches`` come from the prepared training loader (each batch's first
+    dimension) or from ``notebook_kit.log(..., samples=n)``; ``tokens`` are the non-padding
+    tokens of batches that carry an ``attention_mask`` (or all of ``input_ids``), None when no
+    batch carried tokens. ``seconds`` runs from the first counted batch to the latest count
+    (the end of the function, once it returned), on this rank's own clock. Memory figures are
+    peaks in bytes: resident memory of the process, and on a GPU the caching allocator's
+    maximum allocated and reserved (None off the GPU).
+    """
+
+    samples: int = 0
+    batches: int = 0
+    tokens: int | None = None
+    seconds: float = 0.0
+    peak_memory_bytes: int | None = None
+    cuda_max_allocated: int | None = None
+    cuda_max_reserved: int | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _SPEED_FIELDS}
+
+
+_SPEED_FIELDS = tuple(RankSpeed.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
 class MetricsBatch:
     """Records a rank logged since its last batch, how many it had to drop, and its progress.
 
@@ -78,10 +107,12 @@ class MetricsBatch:
     records: tuple[Record, ...]
     dropped: int | None = 0
     progress: Progress | None = None
+    speed: RankSpeed | None = None  # None: this batch says nothing new about speed or memory
 
     def payload(self) -> dict[str, Any]:
         progress = self.progress or Progress()
         return {
+            "speed": None if self.speed is None else self.speed.payload(),
             "rank": self.rank,
             "records": list(self.records),
             "dropped": self.dropped or 0,
@@ -260,11 +291,13 @@ def decode(rank: int, kind: str, payload: Any) -> WorkerMessage | None:
 
 def _metrics(rank: int, payload: Mapping[str, Any]) -> MetricsBatch:
     progress = Progress(payload.get("steps"), payload.get("total"), payload.get("epoch_length"))
+    speed = payload.get("speed")
     return MetricsBatch(
         int(payload.get("rank", rank)),
         tuple(payload.get("records", ())),
         payload.get("dropped", 0),
         progress,
+        None if speed is None else RankSpeed(**{k: speed[k] for k in _SPEED_FIELDS if k in speed}),
     )
 
 

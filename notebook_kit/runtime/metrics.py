@@ -12,12 +12,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext
 from notebook_kit.runtime.messages import MetricsBatch, Progress, plain_values
+from notebook_kit.runtime.throughput import SpeedCounter
 
 __all__ = [
     "BATCH_KIND",
@@ -26,6 +28,8 @@ __all__ = [
     "WorkerChannel",
     "channel",
     "close_channel",
+    "count_batch",
+    "count_samples",
     "flush",
     "log_from_worker",
     "log_snapshots",
@@ -69,6 +73,7 @@ class WorkerChannel:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self.direct = context.world_size == 1  # a world of one runs inside the kernel
+        self.speed = SpeedCounter(context.device, context.local_rank)
 
     def log(self, step: int | None, values: dict[str, Any]) -> None:
         if len(self.buffer) >= self.capacity:
@@ -105,19 +110,34 @@ class WorkerChannel:
                 ready = next((i for i in range(ready) if not _ready(self.buffer[i][2])), ready)
             records = [self.buffer.popleft() for _ in range(ready)]
             state = (self.dropped, self.steps, self.total, self.epoch_length)
-            if send is None or (not records and state == self._sent_state):
+            if send is None:
                 return
+            speed, now = self.speed.snapshot(wait), time.monotonic()
+            if not self.speed.due(speed, now, wait):
+                if not records and state == self._sent_state:
+                    return
+                speed = None
             batch = MetricsBatch(
                 rank=self.context.rank,
                 records=tuple((rank, step, settle(values)) for rank, step, values in records),
                 dropped=state[0],
                 progress=Progress(steps=state[1], total=state[2], epoch_length=state[3]),
+                speed=speed,
             )
             messages.send(send, batch)
             self._sent_state = state
+            if speed is not None:
+                self.speed.sent, self.speed.sent_at = speed, now
+
+    def counted(self) -> None:
+        """A batch or samples were counted: start the sender (its first count only)."""
+        if self._thread is None and not self.direct:
+            self._start()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread and send what is left."""
+        if self.speed.first is not None and self.speed.ended is None:
+            self.speed.ended = time.monotonic()  # the function returned: the counting ends
         self._closed.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -166,6 +186,34 @@ def log_snapshots(
     if context is None or context.send is None:
         return
     channel(context).log(step, snapshots)
+
+
+def count_batch(context: LaunchContext | None, batch: Any, loader: object) -> None:
+    """Count the samples and tokens of a batch ``loader`` hands out (shapes only, no sync).
+
+    Example::
+
+        count_batch(current_launch(), batch, prepared_loader)
+    """
+    if context is None or context.send is None:
+        return
+    sender = channel(context)
+    sender.speed.count_batch(batch, loader)
+    sender.counted()
+
+
+def count_samples(context: LaunchContext | None, samples: int) -> None:
+    """Count ``samples`` a hand-written loop trained on (``notebook_kit.log(samples=...)``).
+
+    Example::
+
+        count_samples(current_launch(), len(inputs))
+    """
+    if context is None or context.send is None:
+        return
+    sender = channel(context)
+    sender.speed.count_samples(samples)
+    sender.counted()
 
 
 def snapshot_values(values: Mapping[str, Any]) -> dict[str, Any]:

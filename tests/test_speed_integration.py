@@ -1,0 +1,141 @@
+"""Real launches: samples, steps and tokens counted, memory peaks read, and the speed line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import notebook_kit
+from notebook_kit import Accelerator, last_run, notebook_launcher
+from notebook_kit.live.speed import speed_line
+from notebook_kit.runtime.context import current_launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+
+_SAMPLES, _BATCH, _EPOCHS = 96, 8, 2
+_LENGTH = 8  # tokens per padded sequence
+
+
+def _prepared_loop() -> None:
+    """Two epochs over a prepared loader, with an evaluation pass that must not count."""
+    accelerator = Accelerator()
+    data = TensorDataset(torch.randn(_SAMPLES, 3), torch.randn(_SAMPLES))
+    loader = accelerator.prepare(DataLoader(data, batch_size=_BATCH))
+    evaluation = accelerator.prepare(DataLoader(data, batch_size=_BATCH))
+    for _ in range(_EPOCHS):
+        for inputs, _targets in loader:
+            inputs.sum()
+        for _ in evaluation:
+            pass
+
+
+def test_a_prepared_loader_counts_every_sample_of_every_rank_with_no_user_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    notebook_launcher(_prepared_loop, num_processes=2)
+    record = last_run()
+    speed = record.speed
+    assert speed is not None
+    assert speed.samples == _SAMPLES * _EPOCHS  # each rank half the data, evaluation not counted
+    assert speed.steps == _SAMPLES // (2 * _BATCH) * _EPOCHS
+    assert {rank: ranked.samples for rank, ranked in speed.ranks.items()} == {
+        0: _SAMPLES * _EPOCHS // 2,
+        1: _SAMPLES * _EPOCHS // 2,
+    }
+    assert 0 < speed.seconds <= record.duration
+    assert speed.samples_per_second == pytest.approx(speed.samples / speed.seconds)
+    assert speed.steps_per_second == pytest.approx(speed.steps / speed.seconds)
+    assert speed.tokens is None and speed.tokens_per_second is None
+    printed = capsys.readouterr().out
+    assert "[speed] " in printed and " samples/s · " in printed, printed
+
+
+class _Padded(Dataset):
+    """Sequences of 1 to 8 real tokens, padded to 8: the mask says which are real."""
+
+    def __len__(self) -> int:
+        return _SAMPLES
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        real = index % _LENGTH + 1
+        mask = torch.zeros(_LENGTH, dtype=torch.long)
+        mask[:real] = 1
+        return {"input_ids": torch.arange(_LENGTH) * mask, "attention_mask": mask}
+
+
+def _token_loop() -> None:
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(_Padded(), batch_size=_BATCH))
+    for batch in loader:
+        batch["input_ids"].sum()
+
+
+def test_tokens_are_the_non_padding_tokens_of_the_attention_mask() -> None:
+    notebook_launcher(_token_loop, num_processes=2)
+    speed = last_run().speed
+    assert speed is not None
+    real = sum(index % _LENGTH + 1 for index in range(_SAMPLES))
+    assert speed.tokens == real < _SAMPLES * _LENGTH
+    assert speed.samples == _SAMPLES
+    assert speed.tokens_per_second == pytest.approx(real / speed.seconds)
+    assert "tokens/s" in speed_line(speed)
+
+
+def _hand_written(steps: int) -> None:
+    for step in range(steps):
+        notebook_kit.log({"loss": 1.0 / (step + 1)}, step=step, samples=4 + current_launch().rank)
+
+
+def test_a_hand_written_loop_counts_the_samples_given_to_log() -> None:
+    notebook_launcher(_hand_written, args=(10,), num_processes=2)
+    speed = last_run().speed
+    assert speed is not None
+    assert {rank: ranked.samples for rank, ranked in speed.ranks.items()} == {0: 40, 1: 50}
+    assert speed.samples == 90 and speed.steps == 10
+    assert speed.samples_per_second == pytest.approx(90 / speed.seconds)
+    assert last_run().metrics["loss"][-1] == (9, pytest.approx(0.1))  # metrics keep their names
+    assert set(last_run().metrics) == {"loss"}
+
+
+_BIG = 400 * 2**20
+
+
+def _allocating() -> None:
+    kept: Any = None
+    if current_launch().rank == 1:
+        kept = torch.ones(_BIG // 4)  # written, so resident
+    notebook_kit.log({"loss": float(kept is None)})
+
+
+def test_the_peak_resident_memory_of_each_rank_shows_a_big_allocation() -> None:
+    notebook_launcher(_allocating, num_processes=2)
+    speed = last_run().speed
+    assert speed is not None
+    peaks = speed.peak_memory_bytes
+    assert peaks[0] is not None and peaks[0] > 0
+    assert peaks[1] is not None and peaks[1] >= _BIG
+    assert peaks[1] - peaks[0] >= 0.9 * _BIG
+    assert speed.ranks[0].cuda_max_allocated is None  # a CPU run has no GPU figures
+    assert "peak memory" in speed_line(speed) and "samples/s" not in speed_line(speed)
+
+
+def _silent() -> int:
+    return 1
+
+
+def test_a_run_that_logs_nothing_and_has_no_loader_shows_nothing_new(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    notebook_launcher(_silent, num_processes=2)
+    assert last_run().speed is None
+    assert "[speed]" not in capsys.readouterr().out
+
+
+def test_samples_must_be_a_count() -> None:
+    with pytest.raises(TypeError, match=r"log\(samples=\.\.\.\) must be a non-negative int"):
+        notebook_kit.log({"loss": 1.0}, samples=-1)
+    with pytest.raises(TypeError, match="batch size"):
+        notebook_kit.log({"loss": 1.0}, samples=2.5)  # type: ignore[arg-type]

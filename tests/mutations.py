@@ -2015,4 +2015,88 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         ("tests/test_cluster_probe_integration.py::test_an_ipv6_cluster_trains",),
     ),
+    Mutation(
+        "speed-loader-samples-not-counted",
+        "a prepared loader counts the samples of every batch it hands out, with no user code",
+        (
+            Edit(
+                "accelerator/prepared_loader.py",
+                "                    count_batch(launch, batch, self)\n",
+                "                    pass\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_prepared_loader_counts_every_sample_of_every_rank_with_no_user_code",
+        ),
+    ),
+    Mutation(
+        "speed-evaluation-samples-counted",
+        "only the training loader counts: an evaluation pass adds no samples",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "            return  # another loader (evaluation) is being iterated\n",
+                "            pass\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_prepared_loader_counts_every_sample_of_every_rank_with_no_user_code",
+        ),
+    ),
+    Mutation(
+        "speed-padding-counted",
+        "tokens/s counts the non-padding tokens of the attention mask",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "        return mask\n",
+                "        return int(mask.numel())\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_tokens_are_the_non_padding_tokens_of_the_attention_mask",
+        ),
+    ),
+    Mutation(
+        "speed-log-samples-ignored",
+        "log(samples=n) counts n samples for a hand-written loop",
+        (
+            Edit(
+                "runtime/loop.py",
+                "        count_samples(current_launch(), int(samples))\n",
+                "        int(samples)\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_hand_written_loop_counts_the_samples_given_to_log",
+        ),
+    ),
+    Mutation(
+        "speed-memory-peak-not-read",
+        "each rank's peak resident memory is read and kept in last_run().speed",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "            peak_memory_bytes=peak_resident_bytes(),\n",
+                "            peak_memory_bytes=None,\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_the_peak_resident_memory_of_each_rank_shows_a_big_allocation",
+        ),
+    ),
+    Mutation(
+        "speed-line-not-in-the-live-view",
+        "the live view shows the speed line under the plot while the run goes",
+        (Edit("live/notebook_view.py", "        self._refresh_speed()\n", ""),),
+        (
+            "tests/test_speed.py::"
+            "test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary",
+        ),
+    ),
 )

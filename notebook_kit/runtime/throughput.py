@@ -167,6 +167,10 @@ def batch_size(batch: Any) -> int:
         >>> batch_size((torch.zeros(3, 2), torch.zeros(3)))
         3
     """
+    if isinstance(batch, (list, tuple)):  # the common cases first: this runs at every batch
+        if batch and _holds_tensor(batch[0]):
+            return batch_size(batch[0])
+        return len(batch)  # a batch of strings or numbers
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 1
@@ -174,11 +178,6 @@ def batch_size(batch: Any) -> int:
         for value in batch.values():
             if _holds_tensor(value):
                 return batch_size(value)
-        return 0
-    if isinstance(batch, (list, tuple)):
-        if batch and _holds_tensor(batch[0]):
-            return batch_size(batch[0])
-        return len(batch)  # a batch of strings or numbers
     return 0
 
 

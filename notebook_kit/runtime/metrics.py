@@ -112,11 +112,12 @@ class WorkerChannel:
             state = (self.dropped, self.steps, self.total, self.epoch_length)
             if send is None:
                 return
-            speed, now = self.speed.snapshot(wait), time.monotonic()
-            if not self.speed.due(speed, now, wait):
-                if not records and state == self._sent_state:
-                    return
+            now = time.monotonic()
+            speed = self.speed.snapshot(wait) if self.speed.may_send(now, wait) else None
+            if speed is not None and not self.speed.changed(speed, wait):
                 speed = None
+            if speed is None and not records and state == self._sent_state:
+                return
             batch = MetricsBatch(
                 rank=self.context.rank,
                 records=tuple((rank, step, settle(values)) for rank, step, values in records),

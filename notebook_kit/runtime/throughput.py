@@ -95,12 +95,17 @@ class SpeedCounter:
             cuda_max_reserved=reserved,
         )
 
-    def due(self, speed: RankSpeed, now: float, wait: bool) -> bool:
-        """Whether ``speed`` should travel: something changed, and not too soon after the last."""
+    def may_send(self, now: float, wait: bool) -> bool:
+        """Whether to take a snapshot now: not sooner than ``_SPEED_INTERVAL`` after the last
+        one sent (a run in the kernel sends at every ``log`` call), except at the end."""
+        return wait or self.sent is None or now - self.sent_at >= _SPEED_INTERVAL
+
+    def changed(self, speed: RankSpeed, wait: bool) -> bool:
+        """Whether ``speed`` says something new (at the end, the final window too)."""
         sent = self.sent
-        if sent is not None and _counts(sent) == _counts(speed):
-            return wait and sent.seconds != speed.seconds
-        return wait or sent is None or now - self.sent_at >= _SPEED_INTERVAL
+        if sent is None or _counts(sent) != _counts(speed):
+            return True
+        return wait and sent.seconds != speed.seconds
 
     def _read_tokens(self, wait: bool) -> None:
         pending = self.pending

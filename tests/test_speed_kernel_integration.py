@@ -1,0 +1,53 @@
+"""The speed line in a real kernel: made under the plot while the workers train, and kept as
+text in the summary that replaces the live view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.kernel_cells import real_kernel, run_cell
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    pytest.mark.usefixtures("no_leftover_processes"),
+]
+
+CELL = """\
+import time, torch
+from torch.utils.data import DataLoader, TensorDataset
+import notebook_kit
+from notebook_kit import Accelerator, notebook_launcher
+
+def train():
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.randn(160, 3)), batch_size=4))
+    for step, (inputs,) in enumerate(loader):
+        time.sleep(0.03)
+        notebook_kit.log({"loss": inputs.pow(2).mean()}, step=step)
+
+notebook_launcher(train, num_processes=2)
+print("samples", notebook_kit.last_run().speed.samples)
+"""
+
+
+def _speed_widgets(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    opened = [m for m in messages if m["msg_type"] == "comm_open"]
+    states = [m["content"]["data"].get("state", {}) for m in opened]
+    return [state for state in states if "nk-speed" in state.get("_dom_classes", ())]
+
+
+def test_the_speed_line_shows_under_the_plot_mid_run_and_stays_in_the_summary() -> None:
+    with real_kernel() as (_, client):
+        messages = run_cell(client, CELL, timeout=120)
+    widgets = _speed_widgets(messages)
+    assert len(widgets) == 1 and "samples/s" in widgets[0]["value"], widgets
+    shown = [m for m in messages if m["msg_type"] == "update_display_data"]
+    summary = shown[-1]["content"]["data"]["text/plain"].splitlines()
+    assert summary[0].startswith("Finished in"), summary
+    assert summary[1].startswith("speed: ") and " samples/s · " in summary[1], summary
+    assert "peak memory" in summary[1] and "CPU" in summary[1]
+    printed = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+    assert "samples 160" in printed

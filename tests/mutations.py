@@ -2099,4 +2099,19 @@ MUTATIONS: tuple[Mutation, ...] = (
             "test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary",
         ),
     ),
+    Mutation(
+        "speed-line-not-in-the-summary",
+        "the summary that replaces the live view (and the saved notebook) keeps the speed line",
+        (
+            Edit(
+                "live/notebook_view.py",
+                "summary_bundle(line, summary.outcome, banner, self.recorder.speed_line())",
+                "summary_bundle(line, summary.outcome, banner)",
+            ),
+        ),
+        (
+            "tests/test_speed_kernel_integration.py::"
+            "test_the_speed_line_shows_under_the_plot_mid_run_and_stays_in_the_summary",
+        ),
+    ),
 )

@@ -119,6 +119,20 @@ def test_the_stall_report_of_every_node_shows_in_the_kernel(client, capsys):
     assert_nothing_left(client)
 
 
+def test_a_cluster_pool_shows_the_stall_report_of_every_node_too(client, capsys):
+    from notebook_kit import WorkerPool
+
+    pool = WorkerPool(cluster=client, num_nodes=2, num_processes=1, stall_seconds=1.0, live=False)
+    try:
+        assert pool.run(_rank_1_waits_in_silence) == 0
+    finally:
+        pool.close()
+    out = capsys.readouterr().out
+    assert "No rank has made progress for" in out, out
+    assert "rank 1: not in a collective" in out, out
+    assert_nothing_left(client)
+
+
 def _sleep_on_every_rank(started: str):
     Path(f"{started}{dist.get_rank()}").touch()
     for _ in range(600):

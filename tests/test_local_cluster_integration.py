@@ -28,8 +28,7 @@ SETUP = """
 import time
 from notebook_kit import local_cluster, notebook_launcher
 
-cluster = local_cluster(n_workers=2, threads_per_worker=1)
-client = cluster.get_client()
+CLUSTER
 client.wait_for_workers(2)
 
 def train_forever(marker):
@@ -41,8 +40,15 @@ def train_forever(marker):
 def world():
     import torch.distributed as dist
     return dist.get_world_size()
-
-print("cluster pid", cluster.pid)
+"""
+LOCAL_CLUSTER = """
+cluster = local_cluster(n_workers=2, threads_per_worker=1)
+client = cluster.get_client()
+"""
+IN_KERNEL_CLUSTER = """
+from distributed import Client, LocalCluster
+cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+client = Client(cluster)
 """
 
 LAUNCH = "notebook_launcher({}, cluster=client, num_nodes=2, num_processes=1, live=False)"
@@ -76,35 +82,58 @@ def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
+def _interrupt_a_cluster_run_then_launch(
+    manager, client, setup: str, marker: str
+) -> tuple[list[psutil.Process], list]:
+    """Run ``setup``, interrupt a cluster run as Jupyter does once every rank runs, then
+    launch again: the processes of the cluster (of ``cluster.pid``) before the interrupt, and
+    the messages of that launch."""
+    done = run_cell(
+        client, setup + "\nprint('cluster pid', getattr(cluster, 'pid', 0))", timeout=240
+    )
+    assert not _errors(done), _text(done)
+    pid = int(_text(done).split("cluster pid ")[1].split()[0])
+    cluster = _tree(pid) if pid else []
+    msg_id = client.execute(LAUNCH.format(f"train_forever, args=({marker!r},)"))
+    deadline = time.monotonic() + 240
+    while not all(Path(marker + str(rank)).exists() for rank in (0, 1)):
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.1)
+    manager.interrupt_kernel()  # SIGINT to the kernel's process group, as Jupyter does
+    interrupted = cell_messages(client, msg_id, timeout=120)
+    assert _errors(interrupted) == ["KeyboardInterrupt"], _text(interrupted)
+    return cluster, run_cell(client, f"print('world', {LAUNCH.format('world')})", timeout=240)
+
+
 @pytest.mark.kernel
 @pytest.mark.timeout(600)
 def test_an_interrupt_during_a_cluster_run_leaves_the_cluster_ready_for_the_next(tmp_path):
-    marker = str(tmp_path / "started-")
     with real_kernel() as (manager, client):
-        setup = run_cell(client, SETUP, timeout=240)
-        assert not _errors(setup), _text(setup)
-        cluster = _tree(int(_text(setup).split("cluster pid ")[1].split()[0]))
-        assert len(cluster) >= 3  # the cluster's process and its two worker processes
-
-        msg_id = client.execute(LAUNCH.format(f"train_forever, args=({marker!r},)"))
-        deadline = time.monotonic() + 240
-        while not all(Path(marker + str(rank)).exists() for rank in (0, 1)):
-            assert time.monotonic() < deadline, "the ranks never started"
-            time.sleep(0.1)
-        manager.interrupt_kernel()  # SIGINT to the kernel's process group, as Jupyter does
-        interrupted = cell_messages(client, msg_id, timeout=120)
-        assert _errors(interrupted) == ["KeyboardInterrupt"], _text(interrupted)
-
-        after = run_cell(client, f"print('world', {LAUNCH.format('world')})", timeout=240)
+        cluster, after = _interrupt_a_cluster_run_then_launch(
+            manager, client, SETUP.replace("CLUSTER", LOCAL_CLUSTER), str(tmp_path / "r")
+        )
         assert not _errors(after), _text(after)
         assert "world 2" in _text(after)
-        assert len(_running(cluster)) == len(cluster)  # no worker was lost or replaced
+        assert len(cluster) >= 3  # the cluster's process and its two worker processes
+        assert _running(cluster) == cluster  # none lost or replaced
 
         os.kill(manager.provisioner.process.pid, signal.SIGKILL)  # the cluster ends with it
         deadline = time.monotonic() + END_BOUND_S
         while _running(cluster) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _running(cluster), "the cluster outlived its kernel"
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(600)
+def test_a_local_cluster_made_in_the_kernel_loses_its_workers_to_the_same_interrupt(tmp_path):
+    """Why local_cluster exists: the same steps with Dask's LocalCluster made in the kernel."""
+    with real_kernel() as (manager, client):
+        _, after = _interrupt_a_cluster_run_then_launch(
+            manager, client, SETUP.replace("CLUSTER", IN_KERNEL_CLUSTER), str(tmp_path / "r")
+        )
+        assert "world 2" not in _text(after)
+        assert _errors(after), _text(after)
 
 
 def test_close_ends_every_process_of_the_cluster():

@@ -2114,4 +2114,16 @@ MUTATIONS: tuple[Mutation, ...] = (
             "test_the_speed_line_shows_under_the_plot_mid_run_and_stays_in_the_summary",
         ),
     ),
+    Mutation(
+        "argument-and-variable-for-one-setting-collide",
+        "an explicit argument wins over the NOTEBOOK_KIT_ variable of the same setting",
+        (
+            Edit(
+                "config/launch_config.py",
+                "base.replace(**{**from_environ, **given})",
+                "base.replace(**from_environ, **given)",
+            ),
+        ),
+        ("tests/test_config.py::test_an_argument_wins_over_the_same_setting_s_variable",),
+    ),
 )

@@ -195,6 +195,11 @@ def test_precedence_explicit_over_config_over_saved_over_builtin() -> None:
     assert (resolved.num_processes, resolved.backend) == (3, "gloo")
 
 
+def test_an_argument_wins_over_the_same_setting_s_variable() -> None:
+    resolved = resolve_launch_config(None, {"NOTEBOOK_KIT_NUM_PROCESSES": "3"}, num_processes=2)
+    assert resolved.num_processes == 2
+
+
 def test_explicit_none_means_not_given() -> None:
     given = LaunchConfig(num_processes=2, seed=1)
     assert resolve_launch_config(given, num_processes=None, seed=None) == given

@@ -371,7 +371,7 @@ def resolve_launch_config(
     saved = saved_default() if config is None else None
     base = config if config is not None else saved or LaunchConfig()
     given = {name: value for name, value in explicit.items() if value is not None}
-    resolved = base.replace(**from_environ, **given) if from_environ or given else base
+    resolved = base.replace(**{**from_environ, **given}) if from_environ or given else base
     if "master_addr" not in given:  # an address given explicitly is the caller's choice
         origin = "from config=" if config else f"from {default_config_path()}" if saved else ""
         if "master_addr" in from_environ:

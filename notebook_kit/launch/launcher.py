@@ -15,17 +15,15 @@ from notebook_kit.config.launch_plan import (
 from notebook_kit.config.schema import SETTINGS, keyword_settings
 from notebook_kit.integrations import activation as integrations
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, resolve_cluster_plan
-from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.interrupts import interrupt_latch, interrupts_survive_forks
 from notebook_kit.launch.launchers import run_awaitable, run_blocking, select_launcher
-from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_not_in_a_launch
 from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
 from notebook_kit.launch.warmup import start_warmup
 from notebook_kit.live.observer import LaunchObserver
 
-__all__ = ["launch_seated_node", "notebook_launcher", "notebook_launcher_async", "resolve_plan"]
+__all__ = ["notebook_launcher", "notebook_launcher_async", "resolve_plan"]
 
 start_warmup()  # from the import cell on, workers' one-time imports are paid here, once
 integrations.register()  # every launch turns on the Trainer and Accelerate integrations
@@ -149,17 +147,6 @@ def _resolve_any(
         return (function, args, kwargs), resolve_cluster_plan(options["cluster"], options)
     with interrupts_survive_forks():  # the kernel probe may fork
         return _resolve(function, args, kwargs, options)
-
-
-def launch_seated_node(
-    call: Call, plan: LaunchPlan, observer: LaunchObserver, seat: NodeSeat
-) -> Any:
-    """Run this node's ranks of a multi-node run whose nodes something else started.
-
-    The same fork, guardian and supervision as any launch; the seat brings node 0's bound
-    rendezvous socket and the launch's store prefix, and receives rank 0's weights.
-    """
-    return run_blocking(ForkedLauncher(plan, seat).run(call, observer))
 
 
 async def notebook_launcher_async(

@@ -34,7 +34,7 @@ __all__ = [
     "worker_python_path",
 ]
 
-_NODE_LIKE_SECONDS = 120.0  # bound on the node-like process (it may import torch)
+_NODE_LIKE_SECONDS = 45.0  # bound on the node-like process, below the kernel's wait
 
 
 def probe_worker(payload: bytes, node0_host: str) -> ProbeReport:

@@ -62,7 +62,8 @@ def ask_workers(client: Any, workers: list[str], function: Callable, *args: Any)
         raise ClusterSetupError(
             f"Dask worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not answer "
             f"the probe within {PROBE_TIMEOUT_SECONDS:g} s: each chosen worker needs a free "
-            f"thread. Wait for its running tasks to finish, or add workers."
+            f"thread, and a worker too loaded to start a Python process in time cannot run a "
+            f"node. Wait for its running tasks to finish, or add workers."
         ) from error
     finally:
         client.cancel(futures, force=True)

@@ -92,10 +92,14 @@ class _RecordingPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+# What every node has: the node process runs on them, and the probe checks their versions.
+_ON_EVERY_NODE = frozenset({"__main__", "cloudpickle", "notebook_kit", "torch"})
+
+
 def _could_be_missing(names: set[str]) -> set[str]:
-    """Modules a node might lack: not the standard library, not a cell's ``__main__``."""
-    standard = sys.stdlib_module_names | set(sys.builtin_module_names)
-    return {name for name in names if name not in standard and name != "__main__"}
+    """Modules a node might lack: not the standard library, not what every node runs on."""
+    standard = sys.stdlib_module_names | set(sys.builtin_module_names) | _ON_EVERY_NODE
+    return {name for name in names if name not in standard}
 
 
 def _sendable_by_value(name: str) -> bool:

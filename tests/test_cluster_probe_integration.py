@@ -6,6 +6,8 @@ user's own Dask task is named at once, and only that worker.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from notebook_kit import notebook_launcher
@@ -64,8 +66,8 @@ def test_a_worker_busy_with_the_users_own_task_is_named_at_once_and_alone(client
     release = Event("nk-probe-test-hold", client=client)
     held = client.submit(_hold, release.name, workers=[busy], pure=False)
     try:
-        while not client.processing([busy])[busy]:
-            pass  # until the scheduler has given the task to the worker
+        while not client.processing([busy])[busy]:  # the worker has been given the task
+            time.sleep(0.05)
         with pytest.raises(ClusterSetupError) as refused:
             notebook_launcher(_all_reduce, cluster=client, num_nodes=2, num_processes=1, live=False)
     finally:

@@ -1,10 +1,11 @@
 """Code ships to the nodes of a real Dask LocalCluster the way users write it.
 
 The function, its arguments and what they refer to come from a notebook cell (``__main__``),
-a module of the working folder, a folder added to ``sys.path`` at run time, a file sent with
-``client.upload_file``, an installed package, or a compiled extension the nodes lack. Each
-node is a fresh ``python -m`` process, which has neither the kernel's nor the Dask worker's
-``sys.path``; the probe asks a process started the same way, so its verdict is the node's.
+a module of the working folder, a folder added to ``sys.path`` at run time, files sent with
+``client.upload_file`` or ``UploadDirectory``, an installed package, or a compiled extension
+the nodes lack. Each node is a fresh ``python -m`` process, which has neither the kernel's nor
+the Dask worker's ``sys.path``; the probe asks a process started the same way, so its verdict
+is the node's.
 """
 
 from __future__ import annotations
@@ -139,6 +140,28 @@ def test_a_module_sent_with_upload_file_runs_on_every_node(client, ships, tmp_pa
         assert _launch(client, uploaded.train) == 0
     finally:
         del sys.modules["nk_ship_uploaded"]
+
+
+def test_a_package_sent_with_the_upload_directory_plugin_runs_on_every_node(
+    client, ships, tmp_path, monkeypatch
+):
+    from distributed.diagnostics.plugin import UploadDirectory
+
+    package = tmp_path / "nk_ship_directory"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "steps.py").write_text(
+        "import torch.distributed as dist\n\ndef train():\n    return dist.get_world_size()\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the plugin adds its folder here too
+    client.register_plugin(UploadDirectory(str(package), update_path=True))
+    importlib.invalidate_caches()
+    try:
+        steps = importlib.import_module("nk_ship_directory.steps")
+        assert _launch(client, steps.train) == 2
+    finally:
+        for name in [n for n in sys.modules if n.startswith("nk_ship_directory")]:
+            del sys.modules[name]
 
 
 def _compiled_extension(folder: Path, name: str) -> Path:

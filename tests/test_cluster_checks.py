@@ -173,12 +173,12 @@ def test_nodes_that_share_a_host_share_its_cores_as_ranks_of_one_launch_would():
 
 def test_a_node_process_starts_without_what_the_nanny_tuned_for_its_worker(monkeypatch):
     pytest.importorskip("distributed")
-    from notebook_kit.node.task import _node_environment
+    from notebook_kit.node.task import node_environment
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as the nanny sets it
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    env = _node_environment("eth0")
+    env = node_environment("eth0")
     assert "MALLOC_TRIM_THRESHOLD_" not in env and "OMP_NUM_THREADS" not in env
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")  # the user's own value stays
-    assert _node_environment(None)["MALLOC_TRIM_THRESHOLD_"] == "1048576"
+    assert node_environment(None)["MALLOC_TRIM_THRESHOLD_"] == "1048576"

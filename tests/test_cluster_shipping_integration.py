@@ -53,20 +53,6 @@ def client():
 
 
 @pytest.fixture
-def ships(client, monkeypatch):
-    """The launch pickles its payload for the chosen workers (``payload_for_nodes``)."""
-    original = cluster_run._payload
-
-    def payload(call, models):
-        workers = choose_workers(current_workers(client), 2)
-        original(call, models)  # its size check
-        return payload_for_nodes(client, workers, (call, models))
-
-    if "payload_for_nodes" not in vars(cluster_run):
-        monkeypatch.setattr(cluster_run, "_payload", payload)
-
-
-@pytest.fixture
 def folder(tmp_path, monkeypatch):
     """A folder the kernel adds to ``sys.path`` now, after the cluster started."""
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -87,9 +73,7 @@ def _launch(client, function, *args):
     )
 
 
-def test_code_from_a_cell_the_working_folder_a_run_time_path_and_a_package_runs(
-    client, ships, folder
-):
+def test_code_from_a_cell_the_working_folder_a_run_time_path_and_a_package_runs(client, folder):
     helpers = _module(
         folder,
         "nk_ship_helpers",
@@ -125,7 +109,7 @@ def test_code_from_a_cell_the_working_folder_a_run_time_path_and_a_package_runs(
     assert value[2].worker == "tcp://10.0.0.2:4000"  # a working-folder module, by name
 
 
-def test_a_module_sent_with_upload_file_runs_on_every_node(client, ships, tmp_path):
+def test_a_module_sent_with_upload_file_runs_on_every_node(client, tmp_path):
     path = tmp_path / "nk_ship_uploaded.py"
     path.write_text(
         "import torch.distributed as dist\n\ndef train():\n    return dist.get_rank()\n"
@@ -143,7 +127,7 @@ def test_a_module_sent_with_upload_file_runs_on_every_node(client, ships, tmp_pa
 
 
 def test_a_package_sent_with_the_upload_directory_plugin_runs_on_every_node(
-    client, ships, tmp_path, monkeypatch
+    client, tmp_path, monkeypatch
 ):
     from distributed.diagnostics.plugin import UploadDirectory
 
@@ -176,7 +160,7 @@ def _compiled_extension(folder: Path, name: str) -> Path:
 
 
 def test_the_probes_verdict_is_the_nodes_outcome_for_a_module_they_cannot_import(
-    client, ships, folder, monkeypatch
+    client, folder, monkeypatch
 ):
     """A compiled extension cannot be sent by value. Sent to the Dask workers with
     ``upload_file``, the workers themselves could import it; what counts is whether the node

@@ -168,14 +168,14 @@ def _rebuild_error(payload: bytes) -> str | None:
 def _in_node_like_process(request: tuple) -> object:
     """Ask a process started as the node task starts a node process (``python -m``, the
     worker's working folder, the node environment) and return its answer."""
-    from notebook_kit.node.task import _node_environment
+    from notebook_kit.node.task import node_environment
 
     try:
         done = subprocess.run(
             [sys.executable, "-m", "notebook_kit.node.probe"],
             input=pickle.dumps(request),
             capture_output=True,
-            env=_node_environment(None),
+            env=node_environment(None),
             timeout=_NODE_LIKE_SECONDS,
             check=False,
         )

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from notebook_kit.node.probe import worker_python_path
 from notebook_kit.node.protocol import (
     ADDRESS,
     CONTROL_PERIOD_SECONDS,
@@ -34,7 +35,7 @@ from notebook_kit.node.protocol import (
     RunNames,
 )
 
-__all__ = ["run_node"]
+__all__ = ["node_environment", "run_node"]
 
 _BATCH_SECONDS = 0.25  # events leave in one Dask event this often (and a heartbeat if idle)
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
@@ -145,7 +146,7 @@ class _Relay:
         process = subprocess.Popen(
             [sys.executable, "-m", "notebook_kit.launch.cluster.node_process", *map(str, fds)],
             pass_fds=fds,
-            env=_node_environment(self.order.interface),
+            env=node_environment(self.order.interface),
             stdin=subprocess.DEVNULL,
         )
         orders_read.close()
@@ -236,9 +237,11 @@ class _Relay:
             self.worker.log_event(self.names.events, message)
 
 
-def _node_environment(interface: str | None) -> dict[str, str]:
+def node_environment(interface: str | None) -> dict[str, str]:
     """The worker's environment, less what Dask's nanny tuned for its own worker process, plus
-    the interface gloo and NCCL must use to reach node 0.
+    the interface gloo and NCCL must use to reach node 0, and a ``PYTHONPATH`` that gives the
+    node process the worker's own folders (its local directory, where ``client.upload_file``
+    and ``UploadDirectory`` put files, and those it was started with).
 
     The nanny sets ``distributed.nanny.pre-spawn-environ`` in its environment before it starts
     the worker: one-thread BLAS and OpenMP pools, and ``MALLOC_TRIM_THRESHOLD_=65536``, which
@@ -255,6 +258,7 @@ def _node_environment(interface: str | None) -> dict[str, str]:
     if interface:
         env["GLOO_SOCKET_IFNAME"] = interface
         env["NCCL_SOCKET_IFNAME"] = interface
+    env["PYTHONPATH"] = worker_python_path(env.get("PYTHONPATH"))
     return env
 
 

@@ -13,8 +13,9 @@ blocking and the awaited entry points drive a cluster run as they drive a local 
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import cloudpickle
@@ -22,6 +23,7 @@ import cloudpickle
 from notebook_kit.launch.cluster.attempt import END_GRACE_SECONDS as _END_GRACE_SECONDS
 from notebook_kit.launch.cluster.attempt import AttemptResult, ClusterAttempt
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+from notebook_kit.launch.cluster.code_shipping import payload_for_nodes
 from notebook_kit.launch.cluster.connect import choose_workers, current_workers
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports, probe_workers
@@ -51,7 +53,7 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
     client, settings = plan.client, dict(plan.settings)
     workers = choose_workers(current_workers(client), plan.num_nodes)
     models = list(find_kernel_models(*call).values())
-    payload = _payload(call, models)
+    payload = _payload(call, models, functools.partial(payload_for_nodes, client, workers))
     reports = probe_workers(client, workers, payload)
     check_reports(reports)
     if settings["num_processes"] is None:  # one per GPU of node 0, as on one machine
@@ -71,9 +73,12 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
     return _conclude(result, reports, settings, models, plan.timeout)
 
 
-def _payload(call: Call, models: list[Any]) -> bytes:
-    """The function, its arguments and the models, pickled together (identity kept)."""
-    payload = cloudpickle.dumps((call, models))
+def _payload(
+    call: Call, models: list[Any], pickle: Callable[[Any], bytes] = cloudpickle.dumps
+) -> bytes:
+    """The function, its arguments and the models, pickled together (identity kept) by
+    ``pickle``: for a launch, so that every chosen worker's node process can rebuild them."""
+    payload = pickle((call, models))
     if len(payload) > DEFAULT_SEND_LIMIT:
         raise SendTooLargeError(
             f"The function and its arguments pickle to {len(payload) >> 20} MiB, more than "

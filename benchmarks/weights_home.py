@@ -32,7 +32,8 @@ MIB = 1 << 20
 LAYER_MIB = 16  # Linear(2048, 2048) in float32
 
 
-def _status(pid: int | str = "self") -> dict[str, int]:
+def memory_status(pid: int | str = "self") -> dict[str, int]:
+    """A process's resident set now (``VmRSS``) and its peak (``VmHWM``), in bytes."""
     values = {}
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -60,7 +61,7 @@ def _train(model: object, report: str, fsdp: bool) -> int:
             parameter.add_(1.0)
     if accelerator.process_index == 0:
         _reset_peak()
-        Path(report).write_text(f"{os.getpid()} {_status()['VmRSS']}")
+        Path(report).write_text(f"{os.getpid()} {memory_status()['VmRSS']}")
     return accelerator.process_index
 
 
@@ -71,7 +72,7 @@ def _watch_rank_0(report: Path, found: list[int]) -> None:
     top = base
     while True:
         try:
-            top = max(top, _status(pid)["VmHWM"])
+            top = max(top, memory_status(pid)["VmHWM"])
         except (OSError, KeyError):  # gone, or a zombie whose status has no sizes
             break
         time.sleep(0.001)
@@ -92,12 +93,12 @@ def measure(strategy: str, size_mib: int, report: Path) -> dict[str, float]:
     rank_0: list[int] = []
     threading.Thread(target=_watch_rank_0, args=(report, rank_0), daemon=True).start()
     _reset_peak()
-    base = _status()["VmRSS"]
+    base = memory_status()["VmRSS"]
     started = time.monotonic()
     call_args = (model, str(report), strategy == "fsdp")
     notebook_launcher(_train, args=call_args, num_processes=2, live=False)
     seconds = time.monotonic() - started
-    kernel = _status()["VmHWM"] - base
+    kernel = memory_status()["VmHWM"] - base
     deadline = time.monotonic() + 30
     while not rank_0 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.weights_home import memory_status
 from notebook_kit import Accelerator, FullyShardedDataParallelPlugin, notebook_launcher
 
 pytestmark = [
@@ -41,16 +42,6 @@ def _size(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
-def _status(pid: int | str = "self") -> dict[str, int]:
-    values = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            name, _, value = line.partition(":")
-            if name in ("VmHWM", "VmRSS"):
-                values[name] = int(value.split()[0]) * 1024
-    return values
-
-
 def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as clear:
@@ -70,7 +61,7 @@ class _PeakAbove:
 
     def __enter__(self) -> _PeakAbove:
         self._exact = _reset_peak()
-        self._base = _status()["VmRSS"]
+        self._base = memory_status()["VmRSS"]
         if not self._exact:
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -78,11 +69,11 @@ class _PeakAbove:
 
     def _sample(self) -> None:
         while not self._done.wait(0.001):
-            self._sampled = max(self._sampled, _status()["VmRSS"])
+            self._sampled = max(self._sampled, memory_status()["VmRSS"])
 
     def __exit__(self, *exc: object) -> None:
         if self._exact:
-            top = _status()["VmHWM"]
+            top = memory_status()["VmHWM"]
         else:
             self._done.set()
             self._thread.join()
@@ -99,7 +90,7 @@ def _trained(model: nn.Module, report: str, plugin: Callable[[], object] | None)
             parameter.add_(1.0)
     if accelerator.process_index == 0:
         exact = _reset_peak()
-        Path(report).write_text(f"{os.getpid()} {_status()['VmRSS']} {int(exact)}")
+        Path(report).write_text(f"{os.getpid()} {memory_status()['VmRSS']} {int(exact)}")
     return accelerator.process_index
 
 
@@ -116,7 +107,7 @@ def _rank_0_peak(report: Path, finished: threading.Event) -> list[int]:
         top = base
         while True:
             try:
-                top = max(top, _status(pid)[key])
+                top = max(top, memory_status(pid)[key])
             except (OSError, KeyError):  # gone (or a zombie, whose status has no sizes)
                 break
             if finished.is_set() and not os.path.exists(f"/proc/{pid}"):

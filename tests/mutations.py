@@ -37,6 +37,7 @@ _WEIGHTS_HOME = (
     "test_the_weights_come_home_adding_at_most_a_quarter_more_than_the_model_to_the_kernel"
 )
 _CLUSTER = "tests/test_cluster_integration.py::"
+_CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
 _GPU_POOL = "tests/test_gpu_paths_pool_integration.py::"
@@ -1102,8 +1103,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/pool/worker_pool.py",
-                "        check_fork_safety()  # before stopping",
-                "        pass  #",
+                "        if self._cluster_plan is None:  # before stopping",
+                "        if False:  # before stopping",
             ),
         ),
         (
@@ -1293,18 +1294,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
-        "cluster-pool-forgets-rank-globals",
-        "a global a cluster pool's run sets on a rank is there for the next run",
+        "cluster-pool-thinks-nodes-hold-the-kernel",
+        "a notebook global a cluster pool's cell uses is sent to the nodes, which hold nothing",
         (
             Edit(
-                "launch/cluster/pool.py",
-                '        body = self._holdings.dumps(request, "pool.run")\n',
-                "        body = cloudpickle.dumps(request)\n",
+                "launch/pool/worker_pool.py",
+                "            self._holdings.forget_all()  # a node holds nothing",
+                "            self._holdings.remember_all()  # a node holds nothing",
             ),
         ),
-        (
-            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
-        ),
+        (f"{_CLUSTER_POOL}test_cells_push_and_pull_work_with_global_ranks",),
     ),
     Mutation(
         "cluster-pool-failure-leaves-other-nodes-running",
@@ -1331,7 +1330,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
             Edit(
                 "launch/cluster/pool.py",
-                "            self._attempt.finish(grace=_CLOSE_SECONDS)\n",
+                "            self._attempt.finish(grace=_CLOSE_SECONDS if close else 2.0)\n",
                 "",
             ),
         ),
@@ -1340,29 +1339,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
-        "cluster-pool-run-cell-not-refused",
-        "run_cell, push and pull on a cluster pool say they are not supported there yet",
+        "cluster-pool-stop-not-relayed",
+        "the Stop button ends a cluster pool's run on every node at the same step",
         (
             Edit(
-                "launch/pool/worker_pool.py",
-                "        if self._cluster is not None:\n"
-                "            from notebook_kit.launch.cluster.pool import unsupported\n",
-                "        if False:\n"
-                "            from notebook_kit.launch.cluster.pool import unsupported\n",
+                "launch/cluster/node_pool.py",
+                '            if order[:2] == ("stop", self.current):\n'
+                "                self.stop_flag.set()\n",
+                '            if order[:2] == ("stop", self.current):\n                pass\n',
             ),
         ),
-        (
-            f"{_CLUSTER}test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failure",
-        ),
+        (f"{_CLUSTER_POOL}test_the_stop_button_ends_the_run_on_every_node_at_the_same_step",),
     ),
     Mutation(
-        "cluster-pool-accepts-timeout",
+        "cluster-pool-accepts-send-limit",
         "a cluster pool refuses a setting it cannot honour before any node starts",
         (
             Edit(
                 "launch/pool/worker_pool.py",
-                '"timeout": options.get("timeout") is not None,',
-                '"timeout": False,',
+                "    if send_limit != DEFAULT_SEND_LIMIT:",
+                "    if False:",
             ),
         ),
         (f"{_CLUSTER}test_a_cluster_pool_refuses_what_it_cannot_honour_before_anything_starts",),
@@ -1660,8 +1656,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "                if (failed or interrupted) and not interrupt_sent:\n",
-                "                if failed and not interrupt_sent:\n",
+                "                if outcome.faulted and not interrupt_sent:\n",
+                "                if outcome.answers and outcome.faulted and not interrupt_sent:\n",
             ),
         ),
         (
@@ -2125,5 +2121,23 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         ("tests/test_config.py::test_an_argument_wins_over_the_same_setting_s_variable",),
+    ),
+    Mutation(
+        "cluster-pool-timeout-ignored",
+        "a cluster pool's timeout interrupts every node and keeps the pool",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                "and now >= deadline and not outcome.timed_out:",
+                "and now >= deadline and not outcome.timed_out and False:",
+            ),
+        ),
+        (f"{_CLUSTER_POOL}test_a_timeout_interrupts_every_node_and_keeps_the_pool",),
+    ),
+    Mutation(
+        "cluster-pool-lines-lose-their-node",
+        "a cluster pool's cell output names each rank's node",
+        (Edit("launch/pool/view.py", "        self.text.nodes = info.node_of()\n", ""),),
+        (f"{_CLUSTER_POOL}test_cells_push_and_pull_work_with_global_ranks",),
     ),
 )

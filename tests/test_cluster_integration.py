@@ -408,18 +408,8 @@ def test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failu
         assert "workers are still running" in str(error)
         assert pool.run(kept, ranks="all") == [("first", 0, ranks[0]), ("first", 1, ranks[1])]
         assert sorted(node_processes()) == nodes and pool.pids == ranks
-        for call, refused in [
-            (lambda: pool.run_cell("1"), "pool.run_cell (and the %%distributed magic)"),
-            (lambda: pool.push(x=1), "pool.push"),
-            (lambda: pool.pull("x"), "pool.pull"),
-        ]:
-            with pytest.raises(NotImplementedError, match="not supported with cluster= yet"):
-                call()
-            with pytest.raises(NotImplementedError) as unsupported:
-                call()
-            assert str(unsupported.value).startswith(refused) and "pool.run" in str(
-                unsupported.value
-            )
+        pool.push(x=1)  # every verb of a local pool (tests/test_cluster_pool_integration.py)
+        assert pool.run_cell("x + 1") == 2 and pool.pull("x", rank=1) == 1
     finally:
         pool.close()
     assert_nothing_left(client)  # the launches of the tests below take the same cluster
@@ -428,8 +418,8 @@ def test_a_cluster_pool_keeps_its_nodes_and_ranks_between_runs_and_after_a_failu
 def test_a_cluster_pool_refuses_what_it_cannot_honour_before_anything_starts(client):
     from notebook_kit import WorkerPool
 
-    with pytest.raises(ValueError, match=r"timeout= is not supported with cluster= yet"):
-        WorkerPool(cluster=client, num_nodes=2, num_processes=1, timeout=5, live=False)
+    with pytest.raises(ValueError, match=r"send_limit= is not supported with cluster= yet"):
+        WorkerPool(cluster=client, num_nodes=2, num_processes=1, send_limit=5, live=False)
     with pytest.raises(ValueError, match="use_port is chosen by the cluster"):
         WorkerPool(cluster=client, num_nodes=2, num_processes=1, use_port=29500, live=False)
     assert not node_processes()

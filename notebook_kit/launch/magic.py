@@ -4,7 +4,9 @@ Load it with ``%load_ext notebook_kit``. A cell that starts with ``%%distributed
 rank of a :class:`~notebook_kit.launch.pool.WorkerPool`, in that worker's own namespace: names
 it defines are there in the next ``%%distributed`` cell, rank 0's last expression is the cell's
 value, and what the workers print appears grouped by rank. The first such cell starts a default
-pool (and says so); ``-n`` picks its size, ``--pool NAME`` uses a pool of your own instead.
+pool (and says so); ``-n`` picks its size, ``--cluster NAME`` puts it on the machines of the
+Dask client (or cluster) of that name in the notebook, ``--pool NAME`` uses a pool of your own
+instead.
 
 Example:
     %load_ext notebook_kit
@@ -15,6 +17,8 @@ Example:
     print("hello from", rank)
 
     %distributed close        # ends the default pool (the kernel's end does too)
+
+    %distributed --cluster client   # the default pool on every machine of a Dask cluster
 """
 
 from __future__ import annotations
@@ -40,10 +44,14 @@ class DistributedMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.default_pool: WorkerPool | None = None
+        self.default_cluster: str | None = None  # the name of its Dask client, if on one
 
     @magic_arguments()
     @argument("-n", "--num-processes", type=int, default=None, help="workers of the default pool")
     @argument("--pool", default=None, help="name of a WorkerPool in the notebook to run on")
+    @argument(
+        "--cluster", default=None, help="name of a Dask client or cluster for the default pool"
+    )
     @argument("action", nargs="?", default=None, help="line form only: 'close' or 'restart'")
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None) -> Any:
@@ -72,7 +80,7 @@ class DistributedMagics(Magics):
         if options.action == "close":
             if self.default_pool is not None:
                 self.default_pool.close()
-                self.default_pool = None
+                self.default_pool, self.default_cluster = None, None
             return None
         if options.action == "restart":
             self._pool(options).restart()
@@ -92,17 +100,23 @@ class DistributedMagics(Magics):
                     f"create one first: {options.pool} = WorkerPool(num_processes=2)."
                 )
             return pool
-        wanted = options.num_processes
+        wanted, cluster = options.num_processes, options.cluster
         pool = self.default_pool
-        if pool is not None and (wanted is None or wanted == pool.num_processes):
+        same_place = cluster is None or cluster == self.default_cluster
+        if pool is not None and same_place and (wanted is None or wanted == pool.num_processes):
             return pool
+        client = self._cluster(cluster) if cluster is not None else None
         if pool is not None:
             pool.close()
             self.default_pool = None
             print(f"Closed the default pool of {pool.num_processes} workers.")
-        pool = self.default_pool = WorkerPool(num_processes=wanted or _default_size())
-        where = pool.plan.banner().removeprefix("Launching ")
-        more = " (`-n 2` for two ranks)" if pool.num_processes == 1 else ""
+        if client is not None:
+            pool = WorkerPool(num_processes=wanted, cluster=client)
+        else:
+            pool = WorkerPool(num_processes=wanted or _default_size())
+        self.default_pool, self.default_cluster = pool, cluster
+        where = pool.where
+        more = " (`-n 2` for two ranks)" if pool.world_size == 1 else ""
         print(
             f"Started a pool for %%distributed cells: {where}{more}. What the cells define "
             "stays on the workers until the kernel ends (`%distributed close` ends it sooner; "
@@ -110,6 +124,16 @@ class DistributedMagics(Magics):
             flush=True,
         )
         return pool
+
+    def _cluster(self, name: str) -> Any:
+        """The Dask client (or cluster) named ``name`` in the notebook."""
+        client = self.shell.user_ns.get(name)
+        if client is None or not (hasattr(client, "scheduler") or hasattr(client, "get_client")):
+            raise NameError(
+                f"--cluster {name}: no Dask client or cluster of that name in the notebook; "
+                f"create one first: {name} = distributed.Client(scheduler_address)."
+            )
+        return client
 
 
 def _default_size() -> int | None:

@@ -4,8 +4,11 @@ The node process builds the pool's :class:`~notebook_kit.launch.pool.persistent.
 with its :class:`~notebook_kit.launch.forking.NodeSeat`, says it is ready (with its ranks'
 pids), then reads commands from its orders pipe, one at a time, until ``close``:
 
-- ``("run", seq, kind, body, want)``: the pool command ``kind`` on every rank of this node;
-  ``want``: the global ranks whose value comes back. Answered with an ``answer`` event.
+- ``("run", seq, kind, body, ranks, want)``: the pool command ``kind`` on this node's ranks
+  among ``ranks`` (global); ``want``: the global ranks whose value comes back. Answered with
+  an ``answer`` event.
+- ``("stop", seq)``: the Stop button was pressed during ``seq``: this node's ranks read it at
+  their next step, as on one machine.
 - ``("interrupt", seq)``: another node's rank failed during ``seq``; this node's ranks are
   interrupted (the pool's own settling follows).
 - ``("check", seq)``: the group check after a fault, on every node at once (a node cannot
@@ -28,7 +31,7 @@ from notebook_kit.launch.cluster.node_relay import RelayObserver
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.pool.persistent import PersistentLauncher
-from notebook_kit.launch.pool.workers import PoolProcesses, WorkersStopped
+from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
 from notebook_kit.live.observer import Stream
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch
@@ -54,18 +57,23 @@ class _NodeView:
         """Read the orders that came during a command; an interrupt ends it on every rank."""
         while self.orders.poll(0):
             frame = self.orders.recv_bytes()
-            if frame == b"stop":
+            if frame == b"stop":  # a launch's Stop (the control variable): not a pool's
+                continue
+            order = pickle.loads(frame)
+            if order[:2] == ("stop", self.current):
                 self.stop_flag.set()
-            elif pickle.loads(frame)[:2] == ("interrupt", self.current):
+            elif order[:2] == ("interrupt", self.current):
                 raise KeyboardInterrupt  # the pool's wait interrupts every rank of this node
-            else:
+            elif order[0] not in ("stop", "interrupt"):  # (one for a command already over)
                 self.pending.append(frame)
 
     def next_order(self) -> tuple[Any, ...]:
         while True:
             frame = self.pending.popleft() if self.pending else self.orders.recv_bytes()
-            if frame != b"stop":
-                order = pickle.loads(frame)
+            if frame == b"stop":
+                continue
+            order = pickle.loads(frame)
+            if order[0] not in ("stop", "interrupt"):  # late: their command has ended
                 self.current = order[1] if len(order) > 1 else 0
                 return order
 
@@ -89,7 +97,7 @@ def serve_node_pool(
                 processes.close()
                 return ("value", None, {})
             if order[0] == "run":
-                _answer(relay, processes, order[1], functools.partial(_run, processes, order, plan))
+                _answer(relay, processes, order[1], functools.partial(_run, processes, order))
             elif order[0] == "check":
                 _answer(relay, processes, order[1], functools.partial(_check, processes))
     except WorkersStopped as stopped:
@@ -103,12 +111,13 @@ def _check(processes: PoolProcesses) -> dict[str, Any]:
     return {}
 
 
-def _run(processes: PoolProcesses, order: tuple[Any, ...], plan: LaunchPlan) -> dict[str, Any]:
-    _, _, kind, body, want = order
-    stop_flag = processes.stop_flag
-    stop_flag.clear()
-    mine = [rank for rank in want if rank in processes.ranks]
-    outcome = processes.execute(kind, body, processes.ranks, mine, plan.timeout)
+def _run(processes: PoolProcesses, order: tuple[Any, ...]) -> dict[str, Any]:
+    _, _, kind, body, ranks, want = order
+    processes.stop_flag.clear()
+    mine = [rank for rank in ranks if rank in processes.ranks]
+    wanted = [rank for rank in want if rank in processes.ranks]
+    # (the kernel times a command: it interrupts every node when its timeout passes)
+    outcome = processes.execute(kind, body, mine, wanted) if mine else RunOutcome()
     return {
         "answers": outcome.answers,
         "interrupted": outcome.interrupted,

@@ -1,44 +1,41 @@
-"""``WorkerPool(cluster=client)``: every node's ranks stay forked and grouped between runs.
+"""The nodes of ``WorkerPool(cluster=client)``: every node's ranks stay forked and grouped.
+
+This is a pool backend, as :class:`~notebook_kit.launch.pool.workers.PoolProcesses` is for the
+ranks of this machine: :class:`~notebook_kit.launch.pool.worker_pool.WorkerPool` drives either
+through the same :meth:`ClusterNodes.execute`, so runs, cells, ``push``, ``pull``, the live
+view and the Stop button behave the same on both.
 
 One :class:`~notebook_kit.launch.cluster.attempt.ClusterAttempt`, started with ``pool=True``,
-lasts the pool's life: each node task keeps its node process, which keeps its ranks
-(:mod:`notebook_kit.launch.cluster.node_pool`). A run is one order broadcast to every node as a
-Dask event (in order, none lost); each node answers with an event carrying its ranks' answers.
-The attempt's loop still watches the nodes (a lost worker, silence, the kernel's lease), so a
-node that goes away ends the pool, and the kernel's death ends every node through the lease.
+lasts the nodes' life: each node task keeps its node process, which keeps its ranks
+(:mod:`notebook_kit.launch.cluster.node_pool`). A command is one order broadcast to every node
+as a Dask event (in order, none lost); each node answers with an event carrying its ranks'
+answers. The attempt's loop still watches the nodes (a lost worker, silence, the kernel's
+lease), so a node that goes away ends the nodes, and the kernel's death ends every node through
+the lease.
 
 Runs in the kernel.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
-from notebook_kit.config import arguments
-from notebook_kit.errors import WorkerFailure
+from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.cluster.attempt import ClusterAttempt
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
 from notebook_kit.launch.cluster.connect import choose_workers, current_workers
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports, probe_workers
 from notebook_kit.launch.interrupts import interrupt_taken
-from notebook_kit.launch.pool.results import STILL_RUNNING, decode_value, failures_of
-from notebook_kit.launch.pool.shipping import (
-    DEFAULT_SEND_LIMIT,
-    WorkerHoldings,
-    hidden_names,
-    names_used_by,
-)
-from notebook_kit.live.observer import Stream
+from notebook_kit.launch.pool.workers import RunOutcome, WorkersStopped
+from notebook_kit.live.observer import LaunchObserver, Stream
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import MetricsBatch, PoolAnswer
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
-__all__ = ["ClusterPool", "ClusterPoolError", "unsupported"]
+__all__ = ["CLOSED", "ClusterNodes", "ClusterPoolError"]
 
 _START_SLACK = 60.0  # beyond the rendezvous timeout: node processes import torch and fork
 _ANSWER_SECONDS = 10.0  # after an interrupt or a check: how long the nodes get to answer
@@ -68,21 +65,19 @@ class ClusterPoolError(ClusterWorkerError):
         return "\n".join([lines[0], *lines[2:], "", self.aftermath])
 
 
-def unsupported(call: str, instead: str) -> NotImplementedError:
-    return NotImplementedError(f"{call} is not supported with cluster= yet; {instead}")
-
-
 class _Forward:
-    """The attempt's observer: the nodes' lines and metrics go to the run being shown."""
+    """The attempt's observer: the nodes' lines and metrics go to the run being shown; lines
+    printed between runs are held for the next run's view, as a local pool's are."""
 
     def __init__(self) -> None:
-        self.view: Any = None
+        self.view: LaunchObserver | None = None
+        self.held: list[OutputLine] = []
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         if self.view is not None:
             self.view.on_output(rank, stream, line)
         else:
-            print(f"[rank {rank}] {line}", flush=True)
+            self.held.append(OutputLine(rank, stream, line))
 
     def on_metrics(self, batch: MetricsBatch) -> None:
         if self.view is not None:
@@ -97,10 +92,22 @@ def _ready() -> None:
     """The function the probe rebuilds on each worker (a pool's nodes run commands instead)."""
 
 
-class ClusterPool:
-    """The nodes of a cluster pool, from start to close (``WorkerPool(cluster=...)``)."""
+class ClusterNodes:
+    """One generation of a cluster pool's nodes, from start to close.
 
-    def __init__(self, plan: ClusterPlan, rendezvous_timeout: float) -> None:
+    Started by :meth:`start`; then :meth:`execute` runs one pool command on every node::
+
+        nodes = ClusterNodes.start(plan, stop_flag)
+        outcome = nodes.execute("cell", body, ranks=[0, 1, 2, 3], want=[0])
+        nodes.close()
+    """
+
+    # A fault that stops the ranks closes the pool: its nodes were chosen among the Dask
+    # workers of that moment, which may be gone; a new pool chooses again.
+    restarts_after_fault = False
+    stopped_words = CLOSED
+
+    def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
         client, settings = plan.client, dict(plan.settings)
         workers = choose_workers(current_workers(client), plan.num_nodes)
         payload = cloudpickle.dumps(((_ready, (), {}), []))
@@ -111,137 +118,188 @@ class ClusterPool:
         self.num_processes = int(settings["num_processes"])
         self.world_size = self.num_processes * len(reports)
         self.workers = [report.worker for report in reports]
-        self.closed = False
+        self.alive = False
+        self._ended = False
+        self.stop_flag = stop_flag  # the kernel's; each node's own follows it per command
         self._forward = _Forward()
-        self._stop_flag = StopFlag()
+        self._never = StopFlag()  # the attempt's own Stop is a launch's; unused by a pool
         self._attempt = ClusterAttempt(
-            client, reports, payload, settings, self._forward, self._stop_flag, pool=True
+            client, reports, payload, settings, self._forward, self._never, pool=True
         )
         self._seq = 0
-        main = sys.modules["__main__"].__dict__
-        self._holdings = WorkerHoldings(main, hidden_names(), DEFAULT_SEND_LIMIT)
+        self._lost_at_fault: tuple[int, ...] = ()
+        self._rendezvous_timeout = float(settings["rendezvous_timeout"])
+
+    @classmethod
+    def start(cls, plan: ClusterPlan, stop_flag: StopFlag) -> ClusterNodes:
+        """Choose and probe the workers, start every node, wait until its ranks have grouped."""
+        nodes = cls(plan, stop_flag)
         try:
-            self._attempt.start()
-            deadline = time.monotonic() + rendezvous_timeout + _START_SLACK
-            while len(self._attempt.ready) < len(reports):
-                self._step("while starting")
+            nodes._attempt.start()
+            nodes.alive = True
+            limit = nodes._rendezvous_timeout + _START_SLACK
+            deadline = time.monotonic() + limit
+            while len(nodes._attempt.ready) < len(nodes.workers):
+                nodes._step("while starting")
                 if time.monotonic() > deadline:
-                    raise self._end(
-                        [], f"the nodes did not form their process group within "
-                        f"{rendezvous_timeout + _START_SLACK:g} s"
-                    )  # fmt: skip
+                    raise WorkersStopped(
+                        f"the nodes did not form their process group within {limit:g} s", []
+                    )
         except BaseException:
-            self.close()
+            nodes.kill()
             raise
+        return nodes
+
+    # -- what WorkerPool reads -----------------------------------------------------------
 
     @property
     def pids(self) -> list[int]:
         """Every rank's process id, node by node (empty once closed)."""
-        if self.closed:
+        if not self.alive:
             return []
         return [pid for node in sorted(self._attempt.ready) for pid in self._attempt.ready[node]]
 
-    def run(self, function: Callable[..., Any], args: tuple, kwargs: dict, ranks: Any) -> Any:
-        """``function(*args, **kwargs)`` on every rank; rank 0's value (``"all"``: every rank's)."""
-        self._check_open()
-        wanted = (
-            list(range(self.world_size))
-            if ranks == "all"
-            else [arguments.check_int("ranks", ranks, minimum=0, maximum=self.world_size - 1)]
+    @property
+    def rank_nodes(self) -> tuple[int, ...]:
+        """The node of each global rank."""
+        return tuple(rank // self.num_processes for rank in range(self.world_size))
+
+    def banner(self) -> str:
+        processes = f"{self.num_processes} process{'es' if self.num_processes > 1 else ''}"
+        return (
+            f"{processes} on each of {len(self.workers)} Dask workers "
+            f"({', '.join(self.workers)}), world size {self.world_size}"
         )
-        # As for a local pool: functions of kernel cells are rebuilt in the ranks' namespace
-        # (a global one run sets is there for the next), and the kernel globals they use are
-        # sent once; nothing of the kernel was inherited by a node.
-        names = set().union(*(names_used_by(v) for v in (function, *args, *kwargs.values())))
-        shipped = self._holdings.needed(names)
-        request = {"shipped": shipped, "call": (function, args, kwargs), "home": {}}
-        body = self._holdings.dumps(request, "pool.run")
-        answers, interrupted = self._order("run", "call", body, wanted)
-        for name, value in shipped.items():
-            self._holdings.remember(name, value)
-        faulted = interrupted or any(a.status != "ok" for a in answers.values())
-        if faulted:  # do all ranks of all nodes still meet? (every node checks at once)
-            self._order("check")
-        if interrupted:
-            print("Interrupted on every rank of every node; the ranks keep their state.")
-            raise KeyboardInterrupt
-        failures = failures_of(answers)
-        if failures:
-            raise ClusterPoolError(failures, self.world_size, self.workers, STILL_RUNNING)
-        values = [decode_value(answers[rank].value, rank, for_display=False) for rank in wanted]
-        return values if ranks == "all" else values[0]
 
-    def close(self) -> None:
-        """Every node's ranks leave the group and exit; nothing stays on any worker."""
-        if self.closed:
-            return
-        self.closed = True
+    def attach(self, view: LaunchObserver | None) -> None:
+        """Show the nodes' lines and metrics in ``view`` (None: hold lines for the next)."""
+        self._forward.view = view
+
+    def take_held_output(self) -> list[OutputLine]:
+        held, self._forward.held = self._forward.held, []
+        return held
+
+    def exit_codes(self) -> dict[int, int | None]:
+        """No rank's exit code is known in the kernel: the answers say how each ended."""
+        return dict.fromkeys(range(self.world_size))
+
+    def lost_rank(self) -> str | None:
+        """Between runs: how the nodes ended since the last run, or None while they run."""
+        if not self.alive:
+            return "the pool's nodes were closed"
         try:
-            if self._attempt.ready:
-                self._attempt.command("close")
-        finally:
-            self._attempt.finish(grace=_CLOSE_SECONDS)
-            self._stop_flag.close()
+            self._step("while the pool was idle", wait=0.0)
+        except WorkersStopped as ending:
+            return ending.reason
+        return None
 
-    # -- orders --------------------------------------------------------------------------
+    def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError:
+        """The error that names a failed rank with its node and Dask worker."""
+        lost = self._lost_at_fault
+        return ClusterPoolError(failures, self.world_size, self.workers, aftermath, lost)
 
-    def _order(self, *order: Any) -> tuple[dict[int, PoolAnswer], bool]:
-        """Send one order to every node and gather their answers (global rank: answer).
+    # -- commands ------------------------------------------------------------------------
 
-        A node's failed rank interrupts the other nodes' ranks; Ctrl-C interrupts them all.
-        Workers that had to stop on any node, or a lost node, close the pool.
+    def execute(
+        self,
+        kind: str,
+        body: bytes,
+        ranks: list[int],
+        want: list[int],
+        timeout: float | None = None,
+    ) -> RunOutcome:
+        """Run one pool command on ``ranks`` (global) of every node; ``want``: whose value.
+
+        A node's failed rank interrupts the other nodes' ranks; Ctrl-C, a timeout or the Stop
+        button reach every node at once. After a fault every node checks the group together.
+
+        Raises:
+            WorkersStopped: a node's ranks had to stop, or a node was lost.
         """
+        outcome = RunOutcome()
+        try:
+            self._order(outcome, timeout, "run", kind, body, tuple(ranks), tuple(want))
+            if outcome.faulted and len(ranks) == self.world_size:
+                self._order(RunOutcome(), None, "check")
+        except WorkersStopped as ending:
+            ending.outcome = outcome
+            self._lost_at_fault = tuple(self._attempt.result.lost_nodes)  # not those ended next
+            raise
+        return outcome
+
+    def _order(self, outcome: RunOutcome, timeout: float | None, *order: Any) -> None:
+        """Send one order to every node and gather their answers into ``outcome``."""
         self._seq += 1
         seq = self._seq
         self._attempt.command(order[0], seq, *order[1:])
-        answers: dict[int, PoolAnswer] = {}
-        interrupted, interrupt_sent, settle = False, False, None
-        nodes = len(self.workers)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        got: dict[int, dict[str, Any]] = {}
+        interrupt_sent, stop_sent, settle = False, False, None
         while True:
             try:
                 got = {n: a for n, (s, a) in self._attempt.answers.items() if s == seq}
                 for answer in got.values():
-                    answers.update(answer.get("answers", {}))
+                    outcome.answers.update(answer.get("answers", {}))
                 stopped = [a for a in got.values() if a["status"] == "stopped"]
                 if stopped:
-                    failures = failures_of(answers) + list(stopped[0]["failures"])
-                    raise self._end(failures, str(stopped[0]["reason"]))
-                if len(got) == nodes:  # (a node's ranks interrupted for a rank elsewhere:
-                    return answers, interrupted  # that rank's error is the run's)
-                failed = any(a.status != "ok" for a in answers.values())
-                if (failed or interrupted) and not interrupt_sent:
+                    raise self._stopped(outcome, str(stopped[0]["reason"]), stopped[0]["failures"])
+                if len(got) == len(self.workers):  # (a node's ranks interrupted for a rank
+                    return  # elsewhere: that rank's error is the command's)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and not outcome.timed_out:
+                    outcome.timed_out = True
+                if self.stop_flag.is_set() and not stop_sent:
+                    stop_sent = True
+                    self._attempt.command("stop", seq)
+                if outcome.faulted and not interrupt_sent:
                     interrupt_sent = True
                     self._attempt.command("interrupt", seq)
-                if (failed or interrupted or order[0] == "check") and settle is None:
-                    settle = time.monotonic() + _ANSWER_SECONDS
-                if settle is not None and time.monotonic() > settle:
-                    late = sorted(set(range(nodes)) - set(got))
-                    raise self._end(
-                        failures_of(answers),
+                if (outcome.faulted or order[0] == "check") and settle is None:
+                    settle = now + _ANSWER_SECONDS
+                if settle is not None and now > settle:
+                    late = sorted(set(range(len(self.workers))) - set(got))
+                    reason = (
                         f"node {', '.join(map(str, late))} did not answer within "
-                        f"{_ANSWER_SECONDS:g} s",
+                        f"{_ANSWER_SECONDS:g} s"
                     )
+                    raise self._stopped(outcome, reason, ())
                 self._step("during the run")
             except KeyboardInterrupt:
-                interrupt_taken()
-                interrupted = True
+                interrupt_taken()  # the command ends for it: more presses only repeat it
+                outcome.interrupted = True
 
-    def _step(self, when: str) -> None:
-        running = self._attempt.step(_TICK_SECONDS)
+    def _step(self, when: str, wait: float = _TICK_SECONDS) -> None:
+        running = self._attempt.step(wait)
         if self._attempt.abort or not running:
-            failures = list(self._attempt.result.failures)
-            raise self._end(failures, f"a node ended {when} ({self._attempt.abort or 'ended'})")
+            why = f"a node ended {when} ({self._attempt.abort or 'ended'})"
+            raise WorkersStopped(why, list(self._attempt.result.failures))
 
-    def _end(self, failures: list[WorkerFailure], reason: str) -> BaseException:
-        """Close the pool on every node; the error that says why."""
-        lost = tuple(self._attempt.result.lost_nodes)
-        self.close()
-        if not failures:
-            return RuntimeError(f"The cluster pool stopped: {reason}. {CLOSED}")
-        return ClusterPoolError(
-            failures, self.world_size, self.workers, f"{reason}. {CLOSED}", lost
-        )
+    def _stopped(self, outcome: RunOutcome, reason: str, failures: Any) -> WorkersStopped:
+        from notebook_kit.launch.pool.results import failures_of
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError("This WorkerPool is closed; create a new one.")
+        ending = WorkersStopped(reason, failures_of(outcome.answers) + list(failures))
+        ending.outcome = outcome
+        return ending
+
+    # -- the end -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Every node's ranks leave the group and exit; nothing stays on any worker."""
+        self._end(close=True)
+
+    def kill(self) -> None:
+        """End every node now (its ranks are interrupted and stopped), then release it all."""
+        self._end(close=False)
+
+    def _end(self, close: bool) -> None:
+        if self._ended:
+            return
+        self._ended, self.alive = True, False
+        try:
+            if close and self._attempt.ready:
+                self._attempt.command("close")
+            else:
+                self._attempt.end_all("the pool stopped its nodes")
+        finally:
+            self._attempt.finish(grace=_CLOSE_SECONDS if close else 2.0)
+            self._never.close()

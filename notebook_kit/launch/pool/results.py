@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.pool.workers import WorkersStopped
@@ -141,12 +141,20 @@ def run_summary(
     )
 
 
-LOST = "Everything defined on the workers is lost; the next run starts new workers."
 KEPT = "the workers keep everything defined on them."
 
 
+class Backend(Protocol):
+    """What :func:`raise_for` asks of a pool's backend (its local processes or its nodes)."""
+
+    world_size: int
+    stopped_words: str
+
+    def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError: ...
+
+
 def raise_for(
-    outcome: RunOutcome, error: BaseException | None, timeout: float | None, world_size: int
+    outcome: RunOutcome, error: BaseException | None, timeout: float | None, backend: Backend
 ) -> None:
     """Raise what the command came to, saying each time what became of the workers.
 
@@ -154,11 +162,11 @@ def raise_for(
     exception (Ctrl-C while a command was being sent) after which the workers were stopped.
     """
     if isinstance(error, WorkersStopped):
-        _raise_stopped(outcome, error, timeout, world_size)
+        _raise_stopped(outcome, error, timeout, backend)
     if isinstance(error, KeyboardInterrupt):
         print(
             "Interrupted while the command was being sent or answered, so the workers were "
-            f"stopped. {LOST}",
+            f"stopped. {backend.stopped_words}",
             flush=True,
         )
     if error is not None:
@@ -168,7 +176,7 @@ def raise_for(
         raise KeyboardInterrupt
     failures = failures_of(outcome.answers)
     if failures:
-        raise PoolRunError(failures, world_size, STILL_RUNNING)
+        raise backend.error(failures, STILL_RUNNING)
     if outcome.timed_out:
         raise TimeoutError(
             f"The run did not finish within timeout={timeout} s and was interrupted on every "
@@ -177,22 +185,21 @@ def raise_for(
 
 
 def _raise_stopped(
-    outcome: RunOutcome, error: WorkersStopped, timeout: float | None, world_size: int
+    outcome: RunOutcome, error: WorkersStopped, timeout: float | None, backend: Backend
 ) -> None:
+    words = backend.stopped_words
     if outcome.interrupted:
-        print(f"Interrupted; the workers were stopped: {error.reason}. {LOST}", flush=True)
+        print(f"Interrupted; the workers were stopped: {error.reason}. {words}", flush=True)
         raise KeyboardInterrupt
     if outcome.timed_out:
         raise TimeoutError(
             f"The run did not finish within timeout={timeout} s. It was interrupted on every "
-            f"rank, but {error.reason}, so the workers were stopped. {LOST}"
+            f"rank, but {error.reason}, so the workers were stopped. {words}"
         ) from None
     failures = failures_of(outcome.answers) + error.failures
     if not failures:
-        raise RuntimeError(f"The pool's workers were stopped: {error.reason}. {LOST}")
-    raise PoolRunError(
-        failures, world_size, f"The workers were stopped: {error.reason}. {LOST}"
-    ) from None
+        raise RuntimeError(f"The pool's workers were stopped: {error.reason}. {words}")
+    raise backend.error(failures, f"The workers were stopped: {error.reason}. {words}") from None
 
 
 def _exit_code(answer: PoolAnswer | None, exit_code: int | None) -> int | None:

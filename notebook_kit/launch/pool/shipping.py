@@ -96,6 +96,11 @@ class WorkerHoldings:
             if self._is_user_name(name):
                 self.remember(name, value)
 
+    def forget_all(self) -> None:
+        """At a start on other machines: the workers hold nothing of the kernel's."""
+        self.known.clear()
+        self.owned.clear()
+
     def remember(self, name: str, value: Any) -> None:
         """The workers now hold ``value`` under ``name`` (sent or pushed)."""
         self.owned.discard(name)

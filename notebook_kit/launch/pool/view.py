@@ -5,9 +5,10 @@ widgets, so the live view (the launcher's own observer: Stop button, progress ba
 opened once a run has lasted :data:`LIVE_AFTER` seconds, and is then given everything that
 arrived before. A run too short for it is still recorded for ``last_run()``.
 
-Worker lines are printed as cell text, grouped by rank under a ``[rank N]`` heading, for
-``%%distributed`` cells (``text=True``); for ``pool.run`` they go to the live view's tabs as in
-a launch, and are printed grouped at the end only when no live view was opened.
+Worker lines are printed as cell text, grouped by rank under a ``[rank N]`` heading
+(``[rank N · node M]`` on a cluster), for ``%%distributed`` cells (``text=True``); for
+``pool.run`` they go to the live view's tabs as in a launch, and are printed grouped at the end
+only when no live view was opened.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import warnings
 from notebook_kit.launch.supervisor import interrupts_deferred
 from notebook_kit.live.console import last_segment
 from notebook_kit.live.display import default_observer
-from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary, Stream
+from notebook_kit.live.observer import (
+    LaunchInfo,
+    LaunchObserver,
+    LaunchSummary,
+    Stream,
+    rank_label,
+)
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
@@ -47,6 +54,7 @@ class GroupedText:
 
     def __init__(self, streams: tuple[Stream, ...] = ("stdout", "stderr")) -> None:
         self.streams = streams
+        self.nodes: dict[int, int] = {}  # rank -> node, on a cluster: shown in each heading
         self._lines: dict[tuple[int, Stream], list[str]] = {}
         self._last: dict[str, int] = {}  # per stream: a notebook shows each as one block
 
@@ -64,7 +72,7 @@ class GroupedText:
                 if kind != stream:
                     continue
                 if self._last.get(stream) != rank:
-                    text.append(f"[rank {rank}]")
+                    text.append(f"[{rank_label(rank, self.nodes)}]")
                     self._last[stream] = rank
                 text.extend(group)
             if text:
@@ -99,6 +107,7 @@ class RunView:
 
     def on_start(self, info: LaunchInfo) -> None:
         self.info = info
+        self.text.nodes = info.node_of()
         self._started = self._printed = time.monotonic()
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:

@@ -48,7 +48,10 @@ from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.weights_file import WeightsFile
 
 if TYPE_CHECKING:
-    from notebook_kit.launch.cluster.pool import ClusterPool
+    from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+    from notebook_kit.launch.cluster.pool import ClusterNodes
+
+    Backend = PoolProcesses | ClusterNodes
 
 __all__ = ["WorkerPool"]
 
@@ -56,10 +59,11 @@ _cells = itertools.count(1)
 
 
 class _LiveProcesses:
-    """What the finalizer needs, without the pool itself: the live processes."""
+    """What the finalizer needs, without the pool itself: the running backend (the local
+    processes, or the cluster's nodes)."""
 
     def __init__(self) -> None:
-        self.processes: PoolProcesses | None = None
+        self.processes: Backend | None = None
         self.pid = os.getpid()
 
 
@@ -85,7 +89,8 @@ class WorkerPool:
             with a hint to ``push`` it once instead.
         cluster: A Dask ``Client`` (or anything with ``.get_client()``): keep
             ``num_processes`` ranks warm on each of ``num_nodes`` Dask workers instead of
-            forking here. Only :meth:`run` is supported there yet (docs/cluster.md).
+            forking here; every method works there as here, with global ranks
+            (docs/cluster.md).
         Others: as for ``notebook_launcher`` (``timeout`` applies to each run;
             ``max_restarts`` and ``isolate`` are accepted but a pool never retries a run).
 
@@ -124,19 +129,20 @@ class WorkerPool:
         cluster: Any = None,
     ) -> None:
         options = {k: v for k, v in locals().items() if k not in ("self", "send_limit")}
-        self._cluster: ClusterPool | None = None
-        if options.pop("cluster") is not None:
-            self._start_on_cluster(cluster, options, send_limit)
-            return
-        self.plan: LaunchPlan = resolve_plan(options, "WorkerPool", isolate=True)
-        if self.plan.num_nodes != 1:
-            raise ValueError(
-                f"num_nodes={self.plan.num_nodes}: a WorkerPool runs on this node only. Use "
-                "notebook_launcher (or `notebook-kit launch`) for a job across nodes."
-            )
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
-        check_fork_safety(self.plan.kernel)
-        prepare_live_view(self.plan.live)  # seconds the first time: not during a run
+        self._cluster_plan: ClusterPlan | None = None
+        if options.pop("cluster") is not None:
+            self._cluster_plan = _cluster_plan(cluster, options, send_limit)
+        else:
+            self.plan: LaunchPlan = resolve_plan(options, "WorkerPool", isolate=True)
+            if self.plan.num_nodes != 1:
+                raise ValueError(
+                    f"num_nodes={self.plan.num_nodes}: a WorkerPool runs on this node only. "
+                    "Use notebook_launcher (or `notebook-kit launch`) for a job across nodes, "
+                    "or cluster= for a pool on a Dask cluster's machines."
+                )
+            check_fork_safety(self.plan.kernel)
+        prepare_live_view(self._live_setting)  # seconds the first time: not during a run
         main = sys.modules["__main__"].__dict__
         self._holdings = WorkerHoldings(main, hidden_names(), send_limit)
         self._stop_flag = StopFlag()
@@ -148,7 +154,8 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
         # Opened before the first fork, so every generation of workers holds it: rank 0
         # writes the trained weights there, tensor by tensor, instead of into its answer.
-        self._weights_file = WeightsFile()
+        # (A cluster's nodes send them in rank 0's answer.)
+        self._weights_file = WeightsFile() if self._cluster_plan is None else None
         with interrupt_latch():
             self._start()
 
@@ -157,18 +164,24 @@ class WorkerPool:
     @property
     def num_processes(self) -> int:
         """Ranks of this machine (of each node, with ``cluster=``)."""
-        if self._cluster is not None:
-            return self._cluster.num_processes
-        return self.plan.num_processes
+        return self._shape.num_processes
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all (``num_processes`` on each node, with ``cluster=``)."""
+        return self._shape.world_size
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the running workers (empty while stopped); with ``cluster=``,
         every rank's, node by node."""
-        if self._cluster is not None:
-            return self._cluster.pids
         processes = self._live.processes
         return list(processes.pids) if processes is not None else []
+
+    @property
+    def where(self) -> str:
+        """Where the workers run: "2 processes on this machine ..." or the Dask workers."""
+        return self._shape.banner()
 
     @property
     def restarts(self) -> int:
@@ -197,8 +210,6 @@ class WorkerPool:
             # 0.12
         """
         function = arguments.check_function(function)
-        if self._cluster is not None:
-            return self._cluster.run(function, args, kwargs, ranks)
         wanted = self._wanted(ranks)
         home = find_kernel_models(function, args, kwargs)
         names = set().union(*(names_used_by(v) for v in (function, *args, *kwargs.values())))
@@ -208,16 +219,17 @@ class WorkerPool:
             "shipped": shipped,
             "call": (function, args, kwargs),
             "home": home,
-            "weights_fd": home_file.fd if home else None,
+            "weights_fd": home_file.fd if home and home_file is not None else None,
         }
         body = self._holdings.dumps(request, "pool.run")
         what = f"run {getattr(function, '__qualname__', type(function).__name__)}"
         try:
             outcome = self._execute("call", body, wanted, what, text=False, shipped=shipped)
             answers = outcome.answers
-            load_home_weights(home, answers[0].weights, home_file.fd)
+            load_home_weights(home, answers[0].weights, request["weights_fd"])
         finally:
-            home_file.clear()  # the file's memory is the machine's again
+            if home_file is not None:
+                home_file.clear()  # the file's memory is the machine's again
         values = [decode_value(answers[r].value, r, for_display=False) for r in wanted]
         return values if ranks == "all" else values[0]
 
@@ -234,11 +246,6 @@ class WorkerPool:
             pool.run_cell("rank")
             # 0
         """
-        self._refuse_on_cluster(
-            "pool.run_cell (and the %%distributed magic)",
-            "put the cell's code in a function and call pool.run(function); globals it sets "
-            "stay on each rank for the next pool.run.",
-        )
         if not isinstance(source, str):
             raise TypeError(f"source must be a str of Python code, got {type(source).__name__}.")
         filename = f"<distributed cell {next(_cells)}>"
@@ -261,11 +268,6 @@ class WorkerPool:
 
             pool.push(data=torch.randn(10_000, 512), lr=0.1)
         """
-        self._refuse_on_cluster(
-            "pool.push",
-            "pass the values as arguments to pool.run(function, ...), whose function can "
-            "keep them in a global on each rank.",
-        )
         for name in values:
             if not name.isidentifier():
                 raise ValueError(f"push names must be Python identifiers, got {name!r}.")
@@ -284,13 +286,9 @@ class WorkerPool:
 
             model = pool.pull("model")
         """
-        self._refuse_on_cluster(
-            "pool.pull",
-            "return the value from a function given to pool.run (ranks='all' for every rank's).",
-        )
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"name must be a Python identifier, got {name!r}.")
-        rank = arguments.check_int("rank", rank, minimum=0, maximum=self.num_processes - 1)
+        rank = arguments.check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
         body = self._holdings.dumps({"name": name}, "pool.pull")
         outcome = self._execute("pull", body, [rank], f"pull {name}", text=True, record=False)
         return decode_value(outcome.answers[rank].value, rank, for_display=False)
@@ -303,9 +301,9 @@ class WorkerPool:
             ForkSafetyError: The kernel can no longer fork (a CUDA context or a process group
                 appeared in it); the workers running now are kept.
         """
-        self._refuse_on_cluster("pool.restart", "close the pool and create a new one.")
         self._check_usable()
-        check_fork_safety()  # before stopping: a refused restart must not cost the workers
+        if self._cluster_plan is None:  # before stopping: a refused restart must not cost them
+            check_fork_safety()
         self._stop("restart() was called")
         self._generation += 1
         self._start()
@@ -313,18 +311,19 @@ class WorkerPool:
     @one_command_at_a_time
     def close(self) -> None:
         """Let the workers leave the process group and exit. Safe to call twice."""
+        self._close_now()
+
+    def _close_now(self) -> None:
         if self._closed or os.getpid() != self._live.pid:
             return
         self._closed = True
-        if self._cluster is not None:
-            self._cluster.close()
-            return
         processes, self._live.processes = self._live.processes, None
         if processes is not None:
             processes.close()
         self._finalizer.detach()
         self._stop_flag.close()
-        self._weights_file.close()
+        if self._weights_file is not None:
+            self._weights_file.close()
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -333,51 +332,17 @@ class WorkerPool:
         self.close()
 
     def __repr__(self) -> str:
-        if self._cluster is not None:
-            state = "closed" if self._cluster.closed else "running"
-            nodes = len(self._cluster.workers)
-            return f"<WorkerPool {self.num_processes} processes on each of {nodes} nodes, {state}>"
         state = "closed" if self._closed else "running" if self.pids else "stopped"
+        if self._cluster_plan is not None:
+            return f"<WorkerPool {self.where}, {state}>"
         return f"<WorkerPool {self.num_processes} processes, {state}, pids {self.pids}>"
-
-    # -- on a cluster --------------------------------------------------------------------
-
-    def _start_on_cluster(self, cluster: Any, options: dict[str, Any], send_limit: int) -> None:
-        """Check what a cluster pool can honour, then start every node (docs/cluster.md)."""
-        from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
-        from notebook_kit.launch.cluster.pool import ClusterPool
-
-        refused = {
-            "timeout": "interrupt a run with Ctrl-C instead",
-            "send_limit": "leave it at its default (64 MiB is sent to every node at most)",
-        }
-        given = {
-            "timeout": options.get("timeout") is not None,
-            "send_limit": send_limit != DEFAULT_SEND_LIMIT,
-        }
-        for name, fix in refused.items():
-            if given[name]:
-                raise ValueError(f"{name}= is not supported with cluster= yet: {fix}.")
-        options = {k: v for k, v in options.items() if k != "isolate"}
-        options.pop("max_restarts", None)  # a pool never retries a run
-        plan = resolve_cluster_plan(cluster, options)
-        self._live = _LiveProcesses()
-        self._turns = Turns()
-        self._closed = False
-        self._cluster = ClusterPool(plan, float(plan.settings["rendezvous_timeout"]))
-
-    def _refuse_on_cluster(self, call: str, instead: str) -> None:
-        if self._cluster is not None:
-            from notebook_kit.launch.cluster.pool import unsupported
-
-            raise unsupported(call, f"{instead}")
 
     # -- running -------------------------------------------------------------------------
 
     def _wanted(self, ranks: Any) -> list[int]:
         if ranks == "all":
-            return list(range(self.num_processes))
-        return [arguments.check_int("ranks", ranks, minimum=0, maximum=self.num_processes - 1)]
+            return list(range(self.world_size))
+        return [arguments.check_int("ranks", ranks, minimum=0, maximum=self.world_size - 1)]
 
     def _execute(
         self,
@@ -392,17 +357,17 @@ class WorkerPool:
     ) -> RunOutcome:
         """Run one command, show it, and raise what went wrong (workers stopped if needed)."""
         processes = self._ensure_running()
-        ranks = wanted if kind == "pull" else list(range(self.num_processes))
-        view = RunView(self.plan.live if record else False, text=text, record=record)
-        view.on_start(self._info(what))
+        ranks = wanted if kind == "pull" else list(range(processes.world_size))
+        view = RunView(self._live_setting if record else False, text=text, record=record)
+        view.on_start(self._info(what, processes))
         for line in processes.take_held_output():
             view.on_output(line.rank, line.stream, line.text)
         self._stop_flag.clear()
-        processes.relay.view = view
+        processes.attach(view)
         started = time.monotonic()
         outcome, error = RunOutcome(), None
         try:
-            outcome = processes.execute(kind, body, ranks, wanted, self.plan.timeout)
+            outcome = processes.execute(kind, body, ranks, wanted, self._timeout)
         except BaseException as raised:  # WorkersStopped, or Ctrl-C outside the wait: stop them
             error = raised
             if isinstance(raised, KeyboardInterrupt):
@@ -411,21 +376,22 @@ class WorkerPool:
                 outcome = raised.outcome or outcome
             self._stop(raised.reason if isinstance(raised, WorkersStopped) else "interrupted")
         finally:
-            processes.relay.view = None
-            codes = {w.rank: w.exit_code for w in processes.supervisor.workers}
+            processes.attach(None)
+            codes = processes.exit_codes()
             stopped = self._stop_flag.is_set()
             view.on_finish(run_summary(outcome, error, codes, started, stopped))
         for name, value in (shipped or {}).items():
             self._holdings.remember(name, value)
-        raise_for(outcome, error, self.plan.timeout, self.plan.world_size)
+        if error is not None and not processes.restarts_after_fault:
+            self._close_now()  # (a cluster's nodes, chosen among the workers of that moment)
+        raise_for(outcome, error, self._timeout, processes)
         return outcome
 
-    def _info(self, what: str) -> LaunchInfo:
-        where = self.plan.banner().removeprefix("Launching ")
-        ranks = tuple(range(self.num_processes))
+    def _info(self, what: str, processes: Backend) -> LaunchInfo:
+        ranks = tuple(range(processes.world_size))
         return LaunchInfo(
-            f"WorkerPool: {what} on {where}", self.num_processes, self.plan.world_size, ranks,
-            self._stop_flag,
+            f"WorkerPool: {what} on {processes.banner()}", processes.num_processes,
+            processes.world_size, ranks, self._stop_flag, processes.rank_nodes,
         )  # fmt: skip
 
     # -- the workers' lifetime -----------------------------------------------------------
@@ -436,11 +402,16 @@ class WorkerPool:
         if self._closed:
             raise RuntimeError("This WorkerPool is closed; create a new one.")
 
-    def _ensure_running(self) -> PoolProcesses:
+    def _ensure_running(self) -> Backend:
         self._check_usable()
-        lost = self._live.processes.lost_rank() if self._live.processes else None
-        if lost is not None:
+        processes = self._live.processes
+        lost = processes.lost_rank() if processes is not None else None
+        if processes is not None and lost is not None:
             self._stop(lost)
+            if not processes.restarts_after_fault:
+                self._close_now()
+                words = processes.stopped_words
+                raise RuntimeError(f"The pool's workers were stopped: {lost}. {words}")
         if self._live.processes is None:
             self._generation += 1
             reason = (self._stopped_because or "").split(" (")[0]
@@ -455,8 +426,15 @@ class WorkerPool:
         return self._live.processes
 
     def _start(self) -> None:
-        self._holdings.remember_all()  # the workers are about to hold all of this
-        self._live.processes = start_workers(self.plan, self._stop_flag, self._generation)
+        if self._cluster_plan is not None:
+            from notebook_kit.launch.cluster.pool import ClusterNodes
+
+            self._holdings.forget_all()  # a node holds nothing of this kernel's yet
+            self._live.processes = ClusterNodes.start(self._cluster_plan, self._stop_flag)
+        else:
+            self._holdings.remember_all()  # the workers are about to hold all of this
+            self._live.processes = start_workers(self.plan, self._stop_flag, self._generation)
+        self._shape = self._live.processes
         self._stopped_because = None
 
     def _stop(self, reason: str) -> None:
@@ -464,3 +442,25 @@ class WorkerPool:
         self._stopped_because = reason
         if processes is not None:
             processes.kill()
+
+    @property
+    def _live_setting(self) -> bool | None:
+        return (self._cluster_plan or self.plan).live
+
+    @property
+    def _timeout(self) -> float | None:
+        return (self._cluster_plan or self.plan).timeout
+
+
+def _cluster_plan(cluster: Any, options: dict[str, Any], send_limit: int) -> ClusterPlan:
+    """Check what a cluster pool can honour before anything starts (docs/cluster.md)."""
+    from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
+
+    if send_limit != DEFAULT_SEND_LIMIT:
+        raise ValueError(
+            "send_limit= is not supported with cluster= yet: leave it at its default "
+            "(64 MiB is sent to every node at most)."
+        )
+    options = {k: v for k, v in options.items() if k != "isolate"}
+    options.pop("max_restarts", None)  # a pool never retries a run
+    return resolve_cluster_plan(cluster, options)

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
-from notebook_kit.errors import WorkerFailure
+from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred
 from notebook_kit.launch.supervisor import Supervisor
 from notebook_kit.live.observer import LaunchObserver, Stream
@@ -40,12 +40,14 @@ from notebook_kit.runtime.messages import (
 )
 from notebook_kit.worker.pool.command_loop import PoolChannels
 
-__all__ = ["PoolProcesses", "RunOutcome", "WorkersStopped", "hold_kernel_ends"]
+__all__ = ["LOST", "PoolProcesses", "RunOutcome", "WorkersStopped", "hold_kernel_ends"]
 
 _TICK_SECONDS = 0.25
 _SETTLE_SECONDS = 1.0  # after a failure or interrupt: how long the other ranks get to stop
 _CHECK_SECONDS = 0.4  # the all-reduce that checks the group after a fault
 _CLOSE_SECONDS = 3.0  # for workers to leave the group cleanly when the pool closes
+
+LOST = "Everything defined on the workers is lost; the next run starts new workers."
 
 _kernel_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
 
@@ -157,6 +159,40 @@ class PoolProcesses:
         self._numbers = itertools.count(1)
         self.first_rank = plan.global_rank(0)  # ranks are global; the pipes are per local rank
         self.check_after_fault = True  # a cluster node leaves the group check to the kernel
+
+    # A fault that stops the workers leaves the pool usable: its next run forks new ones.
+    restarts_after_fault = True
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def num_processes(self) -> int:
+        return self.plan.num_processes
+
+    @property
+    def rank_nodes(self) -> tuple[int, ...]:
+        return ()  # one machine: no node is named
+
+    stopped_words = LOST
+
+    def banner(self) -> str:
+        return self.plan.banner().removeprefix("Launching ")
+
+    def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError:
+        """The error that names a failed rank, and says what became of the workers."""
+        from notebook_kit.launch.pool.results import PoolRunError
+
+        return PoolRunError(failures, self.plan.world_size, aftermath)
+
+    def attach(self, view: LaunchObserver | None) -> None:
+        """Show the workers' lines and metrics in ``view`` (None: hold lines for the next)."""
+        self.relay.view = view
+
+    def exit_codes(self) -> dict[int, int | None]:
+        """Each rank's exit code (None while it runs)."""
+        return {worker.rank: worker.exit_code for worker in self.supervisor.workers}
 
     @property
     def ranks(self) -> list[int]:

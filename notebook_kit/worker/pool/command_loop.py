@@ -151,6 +151,8 @@ class _Loop:
         fd = request.get("weights_fd")  # the kernel's weights file, inherited at the fork
         if fd is None:  # sharded models are gathered by every rank, before rank 0 sends them
             context.gather_weights(kernel_ids)
+            if self.base.rank != 0:  # the kernel loads global rank 0's weights only
+                return {}
             return weights_of(context.prepared_models, kernel_ids, context.gathered_weights)
         sharded = context.weight_gatherers.__contains__
         writer = fd if self.base.rank == 0 else None  # the kernel loads rank 0's weights only

@@ -40,6 +40,10 @@ def test_cluster_notebook(tmp_path):
     returned = float(shown.split("accuracy returned by rank 0: ")[1].split("%")[0])
     assert kernel > 80 and returned > 80  # the weights came home
     assert "loss over 10 epochs, mean of both nodes" in shown
+    # %%distributed cells on the cluster's nodes, each rank's lines under its rank and node
+    assert "Started a pool for %%distributed cells: 1 process on each of 2 Dask workers" in shown
+    assert "[rank 1 · node 1]\nrank 1 of 2 on" in shown and "sum of ranks + 1 is 3" in shown
+    assert "[rank 0 · node 0]\nrank 0 still holds total = 3" in shown, shown
 
 
 def _alive(process) -> bool:

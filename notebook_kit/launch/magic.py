@@ -18,7 +18,7 @@ Example:
 
     %distributed close        # ends the default pool (the kernel's end does too)
 
-    %distributed --cluster client   # the default pool on every machine of a Dask cluster
+    %distributed --cluster client --num-nodes 2   # the default pool on 2 Dask workers
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class DistributedMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.default_pool: WorkerPool | None = None
-        self.default_cluster: str | None = None  # the name of its Dask client, if on one
+        # its Dask client's name in the notebook and its --num-nodes, when on a cluster
+        self.default_place: tuple[str | None, int | None] = (None, None)
 
     @magic_arguments()
     @argument("-n", "--num-processes", type=int, default=None, help="workers of the default pool")
@@ -52,6 +53,7 @@ class DistributedMagics(Magics):
     @argument(
         "--cluster", default=None, help="name of a Dask client or cluster for the default pool"
     )
+    @argument("--num-nodes", type=int, default=None, help="with --cluster: Dask workers to use")
     @argument("action", nargs="?", default=None, help="line form only: 'close' or 'restart'")
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None) -> Any:
@@ -80,7 +82,7 @@ class DistributedMagics(Magics):
         if options.action == "close":
             if self.default_pool is not None:
                 self.default_pool.close()
-                self.default_pool, self.default_cluster = None, None
+                self.default_pool, self.default_place = None, (None, None)
             return None
         if options.action == "restart":
             self._pool(options).restart()
@@ -100,21 +102,26 @@ class DistributedMagics(Magics):
                     f"create one first: {options.pool} = WorkerPool(num_processes=2)."
                 )
             return pool
-        wanted, cluster = options.num_processes, options.cluster
+        wanted, place = options.num_processes, (options.cluster, options.num_nodes)
+        if options.num_nodes is not None and options.cluster is None:
+            raise ValueError(
+                "--num-nodes needs --cluster NAME: without a cluster the default pool runs on "
+                "this machine only."
+            )
         pool = self.default_pool
-        same_place = cluster is None or cluster == self.default_cluster
-        if pool is not None and same_place and (wanted is None or wanted == pool.num_processes):
+        same_place = options.cluster is None or place == self.default_place
+        if pool is not None and same_place and wanted in (None, pool.num_processes):
             return pool
-        client = self._cluster(cluster) if cluster is not None else None
+        client = self._cluster(options.cluster) if options.cluster is not None else None
         if pool is not None:
             pool.close()
             self.default_pool = None
             print(f"Closed the default pool of {pool.num_processes} workers.")
         if client is not None:
-            pool = WorkerPool(num_processes=wanted, cluster=client)
+            pool = WorkerPool(num_processes=wanted, num_nodes=options.num_nodes, cluster=client)
         else:
             pool = WorkerPool(num_processes=wanted or _default_size())
-        self.default_pool, self.default_cluster = pool, cluster
+        self.default_pool, self.default_place = pool, place
         where = pool.where
         more = " (`-n 2` for two ranks)" if pool.world_size == 1 else ""
         print(

@@ -1311,7 +1311,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                '                    self._attempt.command("interrupt", seq)\n',
+                "                    self._attempt.command(Interrupt(seq))\n",
                 "",
             ),
         ),
@@ -1325,7 +1325,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                '                self._attempt.command("close")\n',
+                "                self._attempt.command(ClosePool())\n",
                 "                pass\n",
             ),
             Edit(
@@ -1344,9 +1344,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/node_pool.py",
-                '            if order[:2] == ("stop", self.current):\n'
-                "                self.stop_flag.set()\n",
-                '            if order[:2] == ("stop", self.current):\n                pass\n',
+                "                if order.seq == self.current:\n"
+                "                    self.stop_flag.set()\n",
+                "                if order.seq == self.current:\n                    pass\n",
             ),
         ),
         (f"{_CLUSTER_POOL}test_the_stop_button_ends_the_run_on_every_node_at_the_same_step",),
@@ -1874,7 +1874,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/node_launch.py",
-                '                self._relay.send("print", line)\n',
+                "                self._relay.send(NodePrint(line))\n",
                 "                pass\n",
             ),
         ),

@@ -1,13 +1,33 @@
 """The messages of a cluster run, between the kernel, each node task and its node process.
 
+Three parties talk:
+
+- the **kernel** publishes a :class:`Control` (lease, Stop, abort) in a Dask variable, and a
+  pool's :data:`NodeCommand` on a Dask topic every node task subscribes to;
+- each **node task** (a Dask task, ``notebook_kit.node.task``) starts its node process and
+  relays: kernel to node on the process's orders pipe, node to kernel as one Dask event
+  holding a batch of encoded events;
+- the **node process** (``notebook_kit.launch.cluster.node_process``) runs the node's ranks
+  and sends its :data:`NodeEvent` and, last, its :data:`NodeOutcome`.
+
+Every message is a frozen dataclass of this module, turned into bytes by :func:`encode` and
+back by :func:`decode`, which checks that what arrived is one of the kinds expected there.
+Every party runs the same notebook_kit (the pre-flight probe checks the versions).
+
 Names on the scheduler (event topic, variables) all derive from the run's random id, so two
 runs, or two kernels sharing a cluster, never read each other's state.
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeVar
+
+import cloudpickle
+
+from notebook_kit.errors import WorkerFailure
+from notebook_kit.runtime.messages import MetricsBatch, PoolAnswer
 
 __all__ = [
     "ADDRESS",
@@ -15,11 +35,36 @@ __all__ = [
     "EVENT",
     "LEASE_SECONDS",
     "OUTCOME",
+    "URGENT",
+    "CheckGroup",
+    "ClosePool",
+    "Control",
+    "Interrupt",
+    "LaunchStop",
+    "NodeAnswer",
+    "NodeCommand",
+    "NodeError",
+    "NodeEvent",
+    "NodeFailed",
+    "NodeFinished",
+    "NodeInterrupted",
+    "NodeMetrics",
     "NodeOrder",
+    "NodeOutcome",
+    "NodeOutput",
+    "NodePrint",
+    "NodeReady",
     "NodeReport",
+    "NodeValue",
     "ProbeReport",
+    "ProtocolError",
+    "Rendezvous",
+    "RunCommand",
     "RunNames",
+    "StopCommand",
     "control_value",
+    "decode",
+    "encode",
 ]
 
 # The kernel renews its lease this often; a node that sees no renewal for LEASE_SECONDS
@@ -27,12 +72,212 @@ __all__ = [
 CONTROL_PERIOD_SECONDS = 0.5
 LEASE_SECONDS = 15.0
 
-# The first byte of each frame a node process writes to its task: node 0's rendezvous
-# address (for the task to publish), an event for the kernel's view, or the final outcome.
-# An event is a pickled tuple whose first item says what it is: "output", "metrics",
-# "print" (a line the node process printed, as the launcher prints in a local launch's
-# kernel), "start", "finish", and a pool's "ready" and "answer".
-ADDRESS, EVENT, OUTCOME = b"A", b"E", b"O"
+# The first byte of each frame a node process writes to its task: node 0's rendezvous address
+# (for the task to publish), an event for the kernel that may wait for the next batch, one the
+# kernel waits for (it leaves at once, with every event before it), or the final outcome.
+ADDRESS, EVENT, URGENT, OUTCOME = b"A", b"E", b"U", b"O"
+
+
+class ProtocolError(RuntimeError):
+    """A message of a kind not expected where it arrived (mismatched versions, a bug)."""
+
+
+T = TypeVar("T")
+
+
+def encode(message: Any) -> bytes:
+    """A message of this module as bytes (functions and values inside by cloudpickle)."""
+    return cloudpickle.dumps(message)
+
+
+def decode(data: bytes, *kinds: type[T]) -> T:
+    """The message ``data`` holds, which must be one of ``kinds``."""
+    message = pickle.loads(data)
+    if not isinstance(message, kinds):
+        names = ", ".join(kind.__name__ for kind in kinds)
+        raise ProtocolError(f"expected {names}, got {type(message).__name__}")
+    return message
+
+
+# -- the kernel's control variable ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Control:
+    """What the kernel publishes: a lease counter, the Stop request, an abort reason.
+
+    It travels as a plain dict, which the scheduler holds without unpickling anything.
+    """
+
+    lease: int
+    stop: bool
+    abort: str
+
+    @classmethod
+    def read(cls, value: dict[str, Any]) -> Control:
+        return cls(int(value["lease"]), bool(value["stop"]), str(value["abort"]))
+
+
+def control_value(lease: int, stop: bool, abort: str) -> dict[str, Any]:
+    """The control variable's value (:meth:`Control.read` reads it back)."""
+    return {"lease": lease, "stop": stop, "abort": abort}
+
+
+# -- kernel to node process (relayed by the node task) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Node 0's rendezvous address, for every other node (published, then relayed)."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class LaunchStop:
+    """The Stop button of a launch: the node's ranks stop at their next vote."""
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """A pool command (``call``, ``cell``, ``push``, ``pull``) for the node's ranks among
+    ``ranks`` (global); ``want``: the global ranks whose value comes back."""
+
+    seq: int
+    kind: str
+    body: bytes
+    ranks: tuple[int, ...]
+    want: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StopCommand:
+    """The Stop button during pool command ``seq``."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """A rank elsewhere failed, Ctrl-C or a timeout, during pool command ``seq``."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class CheckGroup:
+    """After a fault: every node's ranks check the group together (one all-reduce)."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class ClosePool:
+    """The pool's ranks leave the group and exit; the node process ends."""
+
+
+NodeCommand = RunCommand | StopCommand | Interrupt | CheckGroup | ClosePool
+NODE_COMMANDS = (RunCommand, StopCommand, Interrupt, CheckGroup, ClosePool)
+
+
+# -- node process to kernel ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeOutput:
+    """A line a rank printed."""
+
+    rank: int
+    stream: Literal["stdout", "stderr"]
+    line: str
+
+
+@dataclass(frozen=True)
+class NodeMetrics:
+    """Metrics a rank logged."""
+
+    batch: MetricsBatch
+
+
+@dataclass(frozen=True)
+class NodePrint:
+    """A line the node's launcher printed (a stall report), as a local launch prints it."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class NodeReady:
+    """A pool's node formed the group: its ranks' pids."""
+
+    node: int
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """A node's answer to pool order ``seq``: each of its ranks' answers, or why it stopped.
+
+    ``status`` is ``ok``, or ``stopped`` when the node's ranks had to be stopped (``reason``
+    and ``failures`` say why), which ends the node.
+    """
+
+    node: int
+    seq: int
+    status: str
+    answers: dict[int, PoolAnswer] = field(default_factory=dict)
+    reason: str = ""
+    failures: tuple[WorkerFailure, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeFinished:
+    """A launch's node ended; ``failures``: its ranks' (the kernel ends the others at once)."""
+
+    node: int
+    ranks: tuple[Any, ...]
+    failures: tuple[WorkerFailure, ...]
+    stopped: bool
+
+
+NodeEvent = NodeOutput | NodeMetrics | NodePrint | NodeReady | NodeAnswer | NodeFinished
+NODE_EVENTS = (NodeOutput, NodeMetrics, NodePrint, NodeReady, NodeAnswer, NodeFinished)
+# Events the kernel waits for: the task sends them on at once, with every event before them.
+URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished)
+
+
+@dataclass(frozen=True)
+class NodeValue:
+    """The node ended well; global rank 0's value and weights (other nodes: None, {})."""
+
+    value: Any = None
+    weights: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeFailed:
+    """The node's ranks failed."""
+
+    failures: tuple[WorkerFailure, ...]
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """The node process itself failed before or around its ranks."""
+
+    exception_type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class NodeInterrupted:
+    """The node process was interrupted (the kernel's abort, or its lease ran out)."""
+
+
+NodeOutcome = NodeValue | NodeFailed | NodeError | NodeInterrupted
+NODE_OUTCOMES = (NodeValue, NodeFailed, NodeError, NodeInterrupted)
 
 
 @dataclass(frozen=True)
@@ -63,11 +308,6 @@ class RunNames:
 
     def all_variables(self, num_nodes: int) -> list[str]:
         return [self.control, self.address, *(self.started(n) for n in range(num_nodes))]
-
-
-def control_value(lease: int, stop: bool, abort: str) -> dict[str, Any]:
-    """What the kernel publishes: a lease counter, the Stop request, an abort reason."""
-    return {"lease": lease, "stop": stop, "abort": abort}
 
 
 @dataclass(frozen=True)
@@ -115,7 +355,7 @@ class NodeReport:
 
     node_rank: int
     worker: str
-    outcome: bytes | None = None  # cloudpickled outcome event of the node process
+    outcome: bytes | None = None  # the node process's encoded NodeOutcome
     ended_by: str = ""  # "", "lease", "abort", "refused", "died"
     exit_code: int | None = None
     notes: tuple[str, ...] = field(default=())

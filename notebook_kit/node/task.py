@@ -17,12 +17,13 @@ import collections
 import contextlib
 import multiprocessing
 import os
-import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_kit.node.probe import worker_python_path
@@ -30,9 +31,15 @@ from notebook_kit.node.protocol import (
     ADDRESS,
     CONTROL_PERIOD_SECONDS,
     OUTCOME,
+    URGENT,
+    Control,
+    LaunchStop,
     NodeOrder,
     NodeReport,
+    Rendezvous,
     RunNames,
+    decode,
+    encode,
 )
 
 __all__ = ["node_environment", "run_node"]
@@ -53,7 +60,7 @@ class _Control(threading.Thread):
 
         self._variable = Variable(names.control, client=client)
         self._address = Variable(names.address, client=client) if wants_master else None
-        self.master: tuple[str, int] | None = None
+        self.master: Rendezvous | None = None
         self._lease_seconds = lease_seconds
         self._lease = -1
         self._renewed = time.monotonic()
@@ -71,18 +78,18 @@ class _Control(threading.Thread):
             self.finished.wait(CONTROL_PERIOD_SECONDS / (5 if waiting else 2))
 
     def _read_control(self) -> None:
-        value = self._variable.get(callback_timeout=_RPC_SECONDS)
-        if value["lease"] != self._lease:
-            self._lease, self._renewed = value["lease"], time.monotonic()
-        self.stop_requested = self.stop_requested or bool(value["stop"])
-        self.abort = self.abort or value["abort"]
+        control = Control.read(self._variable.get(callback_timeout=_RPC_SECONDS))
+        if control.lease != self._lease:
+            self._lease, self._renewed = control.lease, time.monotonic()
+        self.stop_requested = self.stop_requested or control.stop
+        self.abort = self.abort or control.abort
 
     def _read_master(self) -> None:
         """Node 0's rendezvous address, once it has published it (empty until then)."""
         assert self._address is not None
         published = self._address.get(callback_timeout=_RPC_SECONDS)
         if published:
-            self.master = (str(published[0]), int(published[1]))
+            self.master = Rendezvous(str(published[0]), int(published[1]))
 
     @property
     def lease_expired(self) -> bool:
@@ -133,11 +140,18 @@ class _Relay:
         self.ended_by = ""
         self.stop_sent = False
         self.interrupted_at: float | None = None
+        self.urgent = False  # an event the kernel waits for is in the batch: send it now
         self.commands: collections.deque[bytes] = collections.deque()
+        # Readable once a command has arrived: the relay's wait ends for it at once.
+        self.wake, self._ring = socket.socketpair()
+        self.wake.setblocking(False)
+        self._ring.setblocking(False)
 
     def commanded(self, event: tuple[float, Any]) -> None:
         """On the worker's client thread: a pool command for the node process, in order."""
         self.commands.append(bytes(event[1]))
+        with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
+            self._ring.send(b"!")
 
     def run(self) -> NodeReport:
         orders_read, orders = multiprocessing.Pipe(duplex=False)
@@ -152,7 +166,7 @@ class _Relay:
         orders_read.close()
         events_write.close()
         try:
-            orders.send_bytes(pickle.dumps(self.order))
+            orders.send_bytes(encode(self.order))
             self._relay(process, events, orders)
         finally:
             if process.poll() is None:  # only if the relay itself failed
@@ -160,6 +174,8 @@ class _Relay:
             process.wait()
             orders.close()
             events.close()
+            self.wake.close()
+            self._ring.close()
         self._send_batch()
         return NodeReport(
             self.order.node_rank,
@@ -178,14 +194,18 @@ class _Relay:
             else:
                 time.sleep(0.05)
             self._obey(process, orders)
-            if time.monotonic() - last_sent >= _BATCH_SECONDS:
+            if self.urgent or time.monotonic() - last_sent >= _BATCH_SECONDS:
                 self._send_batch()
                 last_sent = time.monotonic()
 
     def _read(self, events: Any) -> bool:
-        """Take what the node sent; False once its end of the pipe is closed."""
+        """Take what the node sent, waiting until it sends, a command arrives, or the batch is
+        due; False once the node's end of the pipe is closed."""
         try:
-            if not events.poll(_BATCH_SECONDS):
+            if events not in wait([events, self.wake], _BATCH_SECONDS):
+                with contextlib.suppress(OSError):
+                    while self.wake.recv(4096):
+                        pass
                 return True
             while True:
                 data = events.recv_bytes()
@@ -201,21 +221,23 @@ class _Relay:
         if tag == ADDRESS:
             from distributed import Variable
 
-            Variable(self.names.address, client=self.client).set(list(pickle.loads(data)))
+            master = decode(data, Rendezvous)
+            Variable(self.names.address, client=self.client).set([master.host, master.port])
         elif tag == OUTCOME:
             self.outcome = data
         else:
             self.batch.append(data)
+            self.urgent = self.urgent or tag == URGENT
 
     def _obey(self, process: subprocess.Popen, orders: Any) -> None:
         if not self.master_sent and self.control.master is not None:
             self.master_sent = True
             with contextlib.suppress(OSError):
-                orders.send_bytes(pickle.dumps(self.control.master))
+                orders.send_bytes(encode(self.control.master))
         if self.control.stop_requested and self.master_sent and not self.stop_sent:
             self.stop_sent = True
             with contextlib.suppress(OSError):
-                orders.send_bytes(b"stop")
+                orders.send_bytes(encode(LaunchStop()))
         while self.master_sent and self.commands:
             with contextlib.suppress(OSError):
                 orders.send_bytes(self.commands.popleft())
@@ -232,7 +254,7 @@ class _Relay:
     def _send_batch(self) -> None:
         """One Dask event with everything since the last (an empty one is the heartbeat)."""
         message = {"node": self.order.node_rank, "events": self.batch}
-        self.batch = []
+        self.batch, self.urgent = [], False
         with contextlib.suppress(Exception):
             self.worker.log_event(self.names.events, message)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import pickle
 import queue
 import secrets
 import socket
@@ -31,11 +30,26 @@ from notebook_kit.launch.cluster.failures import node_lost, on_kernel_clock
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.node.protocol import (
     CONTROL_PERIOD_SECONDS,
+    NODE_EVENTS,
+    NODE_OUTCOMES,
+    NodeAnswer,
+    NodeCommand,
+    NodeError,
+    NodeEvent,
+    NodeFailed,
+    NodeFinished,
+    NodeMetrics,
     NodeOrder,
+    NodeOutput,
+    NodePrint,
+    NodeReady,
     NodeReport,
+    NodeValue,
     ProbeReport,
     RunNames,
     control_value,
+    decode,
+    encode,
 )
 from notebook_kit.node.task import run_node
 from notebook_kit.runtime.context import StopFlag
@@ -85,7 +99,7 @@ class ClusterAttempt:
         self.restart_count = restart_count  # restarts of every node before this attempt
         self.pool = pool  # the nodes keep their ranks and serve commands (a cluster pool)
         self.ready: dict[int, tuple[int, ...]] = {}  # a pool's nodes: their ranks' pids
-        self.answers: dict[int, tuple[int, dict[str, Any]]] = {}  # node: (seq, its answer)
+        self.answers: dict[int, NodeAnswer] = {}  # a pool's nodes: the last answer of each
         self.settings, self.observer, self.stop_flag = settings, observer, stop_flag
         self.names = RunNames(uuid.uuid4().hex)
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -156,14 +170,14 @@ class ClusterAttempt:
         with contextlib.suppress(OSError):
             while self.wake.recv(4096):
                 pass
-        deadline = time.monotonic() + timeout
+        wait = timeout
         while True:
             try:
-                left = deadline - time.monotonic()
-                event = self.events.get(timeout=left) if left > 0 else self.events.get_nowait()
+                event = self.events.get(timeout=wait) if wait > 0 else self.events.get_nowait()
             except queue.Empty:
                 break
             self._deliver(event)
+            wait = 0.0  # then only what has arrived with it
         self.observer.on_tick()
         if self.stop_flag.is_set() and not self.result.stopped:
             self.result.stopped = True
@@ -172,9 +186,9 @@ class ClusterAttempt:
         self._check_nodes()
         return len(self.ended) + len(self.result.lost_nodes) < self.num_nodes
 
-    def command(self, *order: Any) -> None:
+    def command(self, order: NodeCommand) -> None:
         """A pool's order to every node (each node relays it to its node process, in order)."""
-        self.client.log_event(self.names.commands, pickle.dumps(order))
+        self.client.log_event(self.names.commands, encode(order))
 
     def end_all(self, why: str) -> None:
         """Ask every node to end now (Ctrl-C for each node's launcher)."""
@@ -204,22 +218,21 @@ class ClusterAttempt:
         node = int(message["node"])
         self.heard[node] = time.monotonic()
         for data in message["events"]:
-            self._show(pickle.loads(data))
+            self._show(decode(data, *NODE_EVENTS))
 
-    def _show(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "output":
-            self.observer.on_output(event[1], event[2], event[3])
-        elif kind == "metrics":
-            self.observer.on_metrics(event[1])
-        elif kind == "print":  # what a node's launcher printed (a stall report)
-            print(event[1], flush=True)
-        elif kind == "ready":
-            self.ready[event[1]] = event[2]
-        elif kind == "answer":
-            self.answers[event[1]] = (event[2], event[3])
-        elif kind == "finish" and event[3]:  # a node's ranks failed: end the others now,
-            self._node_failed(event[1], event[3])  # before its task has even returned
+    def _show(self, event: NodeEvent) -> None:
+        if isinstance(event, NodeOutput):
+            self.observer.on_output(event.rank, event.stream, event.line)
+        elif isinstance(event, NodeMetrics):
+            self.observer.on_metrics(event.batch)
+        elif isinstance(event, NodePrint):  # what a node's launcher printed (a stall report)
+            print(event.text, flush=True)
+        elif isinstance(event, NodeReady):
+            self.ready[event.node] = event.pids
+        elif isinstance(event, NodeAnswer):
+            self.answers[event.node] = event
+        elif isinstance(event, NodeFinished) and event.failures:  # a node's ranks failed: end
+            self._node_failed(event.node, event.failures)  # the others before its task returns
 
     def _node_failed(self, node: int, failures: tuple[WorkerFailure, ...]) -> None:
         """Record a node's failures once (its event and its outcome both carry them)."""
@@ -246,17 +259,18 @@ class ClusterAttempt:
         if report.outcome is None:
             self._lose(node, f"its node process exited with code {report.exit_code}")
             return
-        outcome = pickle.loads(report.outcome)
-        if outcome[0] == "value":
+        outcome = decode(report.outcome, *NODE_OUTCOMES)
+        if isinstance(outcome, NodeValue):
             if node == 0:
-                self.result.value, self.result.weights = outcome[1], outcome[2]
-        elif outcome[0] == "failed":
-            self._node_failed(node, outcome[1])
-        elif outcome[0] == "error":
+                self.result.value, self.result.weights = outcome.value, outcome.weights
+        elif isinstance(outcome, NodeFailed):
+            self._node_failed(node, outcome.failures)
+        elif isinstance(outcome, NodeError):
             rank = node * self._ranks_per_node()
             failure = WorkerFailure(
-                rank, None, outcome[1], outcome[2], outcome[3], time.monotonic()
-            )
+                rank, None, outcome.exception_type, outcome.message, outcome.traceback,
+                time.monotonic(),
+            )  # fmt: skip
             self.result.failures.append(failure)
             self.end_all(f"node {node} failed")
         elif not self.abort:  # interrupted although nobody asked: treat as lost

@@ -33,6 +33,7 @@ from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.supervisor import Supervisor
+from notebook_kit.node.protocol import NodePrint
 from notebook_kit.runtime.context import StopFlag, current_launch
 
 __all__ = ["OffHomeCall", "launch_node", "prints_to_kernel"]
@@ -111,12 +112,12 @@ class _KernelPrint(io.TextIOBase):
         if os.getpid() == self._pid:
             *lines, self._pending = (self._pending + text).split("\n")
             for line in lines:
-                self._relay.send("print", line)
+                self._relay.send(NodePrint(line))
         return len(text)
 
     def flush(self) -> None:
         if self._pending and os.getpid() == self._pid:
-            self._relay.send("print", self._pending)
+            self._relay.send(NodePrint(self._pending))
             self._pending = ""
 
 

@@ -2,18 +2,17 @@
 
 The node process builds the pool's :class:`~notebook_kit.launch.pool.persistent.PersistentLauncher`
 with its :class:`~notebook_kit.launch.forking.NodeSeat`, says it is ready (with its ranks'
-pids), then reads commands from its orders pipe, one at a time, until ``close``:
+pids), then reads the kernel's :data:`~notebook_kit.node.protocol.NodeCommand` from its orders
+pipe, one at a time, until :class:`~notebook_kit.node.protocol.ClosePool`:
 
-- ``("run", seq, kind, body, ranks, want)``: the pool command ``kind`` on this node's ranks
-  among ``ranks`` (global); ``want``: the global ranks whose value comes back. Answered with
-  an ``answer`` event.
-- ``("stop", seq)``: the Stop button was pressed during ``seq``: this node's ranks read it at
-  their next step, as on one machine.
-- ``("interrupt", seq)``: another node's rank failed during ``seq``; this node's ranks are
-  interrupted (the pool's own settling follows).
-- ``("check", seq)``: the group check after a fault, on every node at once (a node cannot
+- :class:`RunCommand`: the pool command on this node's ranks among ``ranks``; answered with a
+  :class:`NodeAnswer` holding each of its ranks' answers.
+- :class:`StopCommand`: the Stop button was pressed during that command: this node's ranks
+  read it at their next vote, as on one machine.
+- :class:`Interrupt`: a rank elsewhere failed, Ctrl-C or a timeout, during that command; this
+  node's ranks are interrupted (the pool's own settling follows).
+- :class:`CheckGroup`: the group check after a fault, on every node at once (a node cannot
   check alone: the all-reduce spans every node's ranks).
-- ``("close",)``: the ranks leave the group and exit; the node process ends.
 
 Runs on a node, in the node process.
 """
@@ -21,10 +20,8 @@ Runs on a node, in the node process.
 from __future__ import annotations
 
 import collections
-import functools
-import pickle
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.cluster.node_relay import RelayObserver
@@ -33,8 +30,24 @@ from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.pool.persistent import PersistentLauncher
 from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
 from notebook_kit.live.observer import Stream
+from notebook_kit.node.protocol import (
+    NODE_COMMANDS,
+    CheckGroup,
+    ClosePool,
+    Interrupt,
+    LaunchStop,
+    NodeAnswer,
+    NodeCommand,
+    NodeFailed,
+    NodeOutcome,
+    NodeReady,
+    NodeValue,
+    RunCommand,
+    StopCommand,
+    decode,
+)
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import MetricsBatch
+from notebook_kit.runtime.messages import MetricsBatch, PoolAnswer
 
 __all__ = ["serve_node_pool"]
 
@@ -44,8 +57,8 @@ class _NodeView:
 
     def __init__(self, relay: RelayObserver, orders: Connection, stop_flag: StopFlag) -> None:
         self.relay, self.orders, self.stop_flag = relay, orders, stop_flag
-        self.pending: collections.deque[bytes] = collections.deque()
-        self.current = 0  # the order being served: only an interrupt of it ends it
+        self.pending: collections.deque[NodeCommand] = collections.deque()
+        self.current = 0  # the command being served: only a Stop or interrupt of it counts
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         self.relay.on_output(rank, stream, line)
@@ -56,32 +69,34 @@ class _NodeView:
     def on_tick(self) -> None:
         """Read the orders that came during a command; an interrupt ends it on every rank."""
         while self.orders.poll(0):
-            frame = self.orders.recv_bytes()
-            if frame == b"stop":  # a launch's Stop (the control variable): not a pool's
-                continue
-            order = pickle.loads(frame)
-            if order[:2] == ("stop", self.current):
-                self.stop_flag.set()
-            elif order[:2] == ("interrupt", self.current):
-                raise KeyboardInterrupt  # the pool's wait interrupts every rank of this node
-            elif order[0] not in ("stop", "interrupt"):  # (one for a command already over)
-                self.pending.append(frame)
+            order = self._read()
+            if isinstance(order, StopCommand):
+                if order.seq == self.current:
+                    self.stop_flag.set()
+            elif isinstance(order, Interrupt):
+                if order.seq == self.current:  # the pool's wait interrupts every rank here
+                    raise KeyboardInterrupt
+            elif order is not None:
+                self.pending.append(order)
 
-    def next_order(self) -> tuple[Any, ...]:
+    def next_order(self) -> NodeCommand:
         while True:
-            frame = self.pending.popleft() if self.pending else self.orders.recv_bytes()
-            if frame == b"stop":
-                continue
-            order = pickle.loads(frame)
-            if order[0] not in ("stop", "interrupt"):  # late: their command has ended
-                self.current = order[1] if len(order) > 1 else 0
-                return order
+            order = self.pending.popleft() if self.pending else self._read()
+            if isinstance(order, StopCommand | Interrupt) or order is None:
+                continue  # late: their command has ended
+            if isinstance(order, RunCommand | CheckGroup):
+                self.current = order.seq
+            return order
+
+    def _read(self) -> NodeCommand | None:
+        order = decode(self.orders.recv_bytes(), *NODE_COMMANDS, LaunchStop)
+        return None if isinstance(order, LaunchStop) else order  # a launch's: not a pool's
 
 
 def serve_node_pool(
     plan: LaunchPlan, relay: RelayObserver, seat: NodeSeat, orders: Connection
-) -> tuple[Any, ...]:
-    """Start this node's pool ranks and serve commands until ``close``; the node's outcome."""
+) -> NodeOutcome:
+    """Start this node's pool ranks and serve commands until the pool closes; its outcome."""
     stop_flag = StopFlag()
     processes = PoolProcesses(plan, stop_flag)
     processes.check_after_fault = False  # the kernel asks every node to check at once
@@ -90,49 +105,44 @@ def serve_node_pool(
         run_blocking(launcher.run(launcher.call(), observer=None))
         view = _NodeView(relay, orders, stop_flag)
         processes.relay.view = view
-        relay.send("ready", relay.node_rank, tuple(processes.pids))
+        relay.send(NodeReady(relay.node_rank, tuple(processes.pids)))
         while True:
             order = view.next_order()
-            if order[0] == "close":
+            if isinstance(order, ClosePool):
                 processes.close()
-                return ("value", None, {})
-            if order[0] == "run":
-                _answer(relay, processes, order[1], functools.partial(_run, processes, order))
-            elif order[0] == "check":
-                _answer(relay, processes, order[1], functools.partial(_check, processes))
+                return NodeValue()
+            if isinstance(order, RunCommand):
+                _answer(relay, order.seq, lambda order=order: _run(processes, order))
+            elif isinstance(order, CheckGroup):
+                _answer(relay, order.seq, lambda: _check(processes))
     except WorkersStopped as stopped:
-        return ("failed", tuple(stopped.failures))
+        return NodeFailed(tuple(stopped.failures))
     finally:
         processes.kill()
 
 
-def _check(processes: PoolProcesses) -> dict[str, Any]:
+def _check(processes: PoolProcesses) -> dict[int, PoolAnswer]:
     processes.check_group()
     return {}
 
 
-def _run(processes: PoolProcesses, order: tuple[Any, ...]) -> dict[str, Any]:
-    _, _, kind, body, ranks, want = order
+def _run(processes: PoolProcesses, order: RunCommand) -> dict[int, PoolAnswer]:
     processes.stop_flag.clear()
-    mine = [rank for rank in ranks if rank in processes.ranks]
-    wanted = [rank for rank in want if rank in processes.ranks]
+    mine = [rank for rank in order.ranks if rank in processes.ranks]
+    wanted = [rank for rank in order.want if rank in processes.ranks]
     # (the kernel times a command: it interrupts every node when its timeout passes)
-    outcome = processes.execute(kind, body, mine, wanted) if mine else RunOutcome()
-    return {
-        "answers": outcome.answers,
-        "interrupted": outcome.interrupted,
-        "timed_out": outcome.timed_out,
-    }
+    outcome = processes.execute(order.kind, order.body, mine, wanted) if mine else RunOutcome()
+    return outcome.answers
 
 
-def _answer(relay: RelayObserver, processes: PoolProcesses, seq: int, work: Any) -> None:
+def _answer(relay: RelayObserver, seq: int, work: Callable[[], dict[int, PoolAnswer]]) -> None:
     """Do one order and send its answer; workers that had to stop end this node too."""
+    node = relay.node_rank
     try:
-        answer = {"status": "ok", **work()}
+        answers = work()
     except WorkersStopped as stopped:
-        answer = {"status": "stopped", "reason": stopped.reason, "failures": stopped.failures}
-        if stopped.outcome is not None:
-            answer["answers"] = stopped.outcome.answers
-        relay.send("answer", relay.node_rank, seq, answer)
+        done = stopped.outcome.answers if stopped.outcome is not None else {}
+        failures = tuple(stopped.failures)
+        relay.send(NodeAnswer(node, seq, "stopped", done, stopped.reason, failures))
         raise
-    relay.send("answer", relay.node_rank, seq, answer)
+    relay.send(NodeAnswer(node, seq, "ok", answers))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -29,7 +28,19 @@ from notebook_kit.launch.cluster.node_relay import RelayObserver
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.preflight import open_rendezvous_socket
-from notebook_kit.node.protocol import ADDRESS, OUTCOME, NodeOrder
+from notebook_kit.node.protocol import (
+    ADDRESS,
+    OUTCOME,
+    NodeError,
+    NodeFailed,
+    NodeInterrupted,
+    NodeOrder,
+    NodeOutcome,
+    NodeValue,
+    Rendezvous,
+    decode,
+    encode,
+)
 
 __all__ = ["main", "node_options", "node_threads"]
 
@@ -41,14 +52,14 @@ def main(argv: list[str]) -> int:
     parent = os.getppid()
     _die_with_parent(parent)
     orders, events = Connection(int(argv[0])), Connection(int(argv[1]), readable=False)
-    order = pickle.loads(orders.recv_bytes())
+    order = decode(orders.recv_bytes(), NodeOrder)
     outcome = _run(order, orders, events)
-    events.send_bytes(OUTCOME + cloudpickle.dumps(outcome))
+    events.send_bytes(OUTCOME + encode(outcome))
     return 0
 
 
-def _run(order: NodeOrder, orders: Connection, events: Connection) -> tuple:
-    """This node's launch, as an outcome tuple the kernel reads.
+def _run(order: NodeOrder, orders: Connection, events: Connection) -> NodeOutcome:
+    """This node's launch, and how it ended.
 
     Every node process starts at once; the others import and unpickle while node 0 binds,
     then read node 0's address from their orders pipe.
@@ -58,10 +69,10 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> tuple:
         seat = NodeSeat(order.store_prefix)
         if order.node_rank == 0:
             seat.listener = _rendezvous_listener(order.host)
-            master = (order.host, seat.listener.getsockname()[1])
-            events.send_bytes(ADDRESS + pickle.dumps(master))
+            master = Rendezvous(order.host, seat.listener.getsockname()[1])
+            events.send_bytes(ADDRESS + encode(master))
         else:
-            master = pickle.loads(orders.recv_bytes())
+            master = decode(orders.recv_bytes(), Rendezvous)
         plan = resolve_plan(node_options(order, master), "notebook_launcher")
         relay = RelayObserver(order.node_rank, orders, events)
         if order.pool:
@@ -72,30 +83,30 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> tuple:
         with prints_to_kernel(relay):
             value = launch_node((function, args, kwargs), plan, relay, seat, order.restart_count)
     except WorkerError as error:
-        return ("failed", tuple(error.failures))
+        return NodeFailed(tuple(error.failures))
     except KeyboardInterrupt:
-        return ("interrupted",)
+        return NodeInterrupted()
     except BaseException as error:
-        return ("error", type(error).__qualname__, str(error), traceback.format_exc())
+        return NodeError(type(error).__qualname__, str(error), traceback.format_exc())
     if order.node_rank != 0:  # only global rank 0's value and weights go home
-        return ("value", None, {})
+        return NodeValue()
     weights = {
         index: seat.weights[id(model)]
         for index, model in enumerate(models)
         if id(model) in seat.weights
     }
-    return ("value", value, weights)
+    return NodeValue(value, weights)
 
 
-def node_options(order: NodeOrder, master: tuple[str, int]) -> dict[str, Any]:
+def node_options(order: NodeOrder, master: Rendezvous) -> dict[str, Any]:
     """This node's launcher options: the run's settings, and what the cluster chose for it."""
     return {
         **order.settings,
         "threads_per_process": node_threads(order),
         "num_nodes": order.num_nodes,
         "node_rank": order.node_rank,
-        "master_addr": master[0],
-        "use_port": master[1],
+        "master_addr": master.host,
+        "use_port": master.port,
         "max_restarts": 0,  # the kernel restarts every node together
     }
 

@@ -1,19 +1,28 @@
 """The observer of a node process: it forwards what the launcher shows to the node task.
 
-Every observer call becomes one pickled event frame on the pipe to the task, which batches
-them to the scheduler. The task's one message back, ``stop``, sets this node's stop flag, so
-the ranks' stop vote ends every node at the same step, as the Stop button does on one machine.
+Every observer call becomes one encoded event frame on the pipe to the task, which batches
+them to the scheduler (an event the kernel waits for leaves at once). A launch's one message
+back, :class:`~notebook_kit.node.protocol.LaunchStop`, sets this node's stop flag, so the ranks'
+stop vote ends every node at the same step, as the Stop button does on one machine.
 """
 
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from typing import Any
-
-import cloudpickle
 
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
-from notebook_kit.node.protocol import EVENT
+from notebook_kit.node.protocol import (
+    EVENT,
+    URGENT,
+    URGENT_EVENTS,
+    LaunchStop,
+    NodeEvent,
+    NodeFinished,
+    NodeMetrics,
+    NodeOutput,
+    decode,
+    encode,
+)
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch
 
@@ -29,27 +38,29 @@ class RelayObserver:
         self._events = events
         self._stop_flag: StopFlag | None = None
 
-    def send(self, *event: Any) -> None:
-        self._events.send_bytes(EVENT + cloudpickle.dumps(event))
+    def send(self, event: NodeEvent) -> None:
+        tag = URGENT if isinstance(event, URGENT_EVENTS) else EVENT
+        self._events.send_bytes(tag + encode(event))
 
     def on_start(self, info: LaunchInfo) -> None:
+        """The kernel showed the run's start itself; only the stop flag is kept."""
         self._stop_flag = info.stop_flag
-        self.send("start", self.node_rank, info.banner, info.ranks)
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        self.send("output", rank, stream, line)
+        self.send(NodeOutput(rank, stream, line))
 
     def on_metrics(self, batch: MetricsBatch) -> None:
-        self.send("metrics", batch)
+        self.send(NodeMetrics(batch))
 
     def on_tick(self) -> None:
         try:
             while self._orders.poll(0):
-                if self._orders.recv_bytes() == b"stop" and self._stop_flag is not None:
+                decode(self._orders.recv_bytes(), LaunchStop)
+                if self._stop_flag is not None:
                     self._stop_flag.set()
         except (EOFError, OSError):
             return
 
     def on_finish(self, summary: LaunchSummary) -> None:
-        ranks = tuple(summary.ranks)
-        self.send("finish", self.node_rank, ranks, tuple(summary.failures), summary.stopped)
+        failures = tuple(summary.failures)
+        self.send(NodeFinished(self.node_rank, tuple(summary.ranks), failures, summary.stopped))

@@ -19,7 +19,6 @@ Runs in the kernel.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import cloudpickle
 
@@ -32,6 +31,13 @@ from notebook_kit.launch.cluster.probing import check_reports, probe_workers
 from notebook_kit.launch.interrupts import interrupt_taken
 from notebook_kit.launch.pool.workers import RunOutcome, WorkersStopped
 from notebook_kit.live.observer import LaunchObserver, Stream
+from notebook_kit.node.protocol import (
+    CheckGroup,
+    ClosePool,
+    Interrupt,
+    RunCommand,
+    StopCommand,
+)
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
@@ -218,31 +224,33 @@ class ClusterNodes:
         """
         outcome = RunOutcome()
         try:
-            self._order(outcome, timeout, "run", kind, body, tuple(ranks), tuple(want))
+            self._seq += 1
+            self._order(outcome, timeout, RunCommand(self._seq, kind, body, (*ranks,), (*want,)))
             if outcome.faulted and len(ranks) == self.world_size:
-                self._order(RunOutcome(), None, "check")
+                self._seq += 1
+                self._order(RunOutcome(), None, CheckGroup(self._seq))
         except WorkersStopped as ending:
             ending.outcome = outcome
             self._lost_at_fault = tuple(self._attempt.result.lost_nodes)  # not those ended next
             raise
         return outcome
 
-    def _order(self, outcome: RunOutcome, timeout: float | None, *order: Any) -> None:
+    def _order(
+        self, outcome: RunOutcome, timeout: float | None, order: RunCommand | CheckGroup
+    ) -> None:
         """Send one order to every node and gather their answers into ``outcome``."""
-        self._seq += 1
-        seq = self._seq
-        self._attempt.command(order[0], seq, *order[1:])
+        seq = order.seq
+        self._attempt.command(order)
         deadline = None if timeout is None else time.monotonic() + timeout
-        got: dict[int, dict[str, Any]] = {}
         interrupt_sent, stop_sent, settle = False, False, None
         while True:
             try:
-                got = {n: a for n, (s, a) in self._attempt.answers.items() if s == seq}
+                got = {n: a for n, a in self._attempt.answers.items() if a.seq == seq}
                 for answer in got.values():
-                    outcome.answers.update(answer.get("answers", {}))
-                stopped = [a for a in got.values() if a["status"] == "stopped"]
+                    outcome.answers.update(answer.answers)
+                stopped = [a for a in got.values() if a.status == "stopped"]
                 if stopped:
-                    raise self._stopped(outcome, str(stopped[0]["reason"]), stopped[0]["failures"])
+                    raise self._stopped(outcome, stopped[0].reason, stopped[0].failures)
                 if len(got) == len(self.workers):  # (a node's ranks interrupted for a rank
                     return  # elsewhere: that rank's error is the command's)
                 now = time.monotonic()
@@ -250,11 +258,11 @@ class ClusterNodes:
                     outcome.timed_out = True
                 if self.stop_flag.is_set() and not stop_sent:
                     stop_sent = True
-                    self._attempt.command("stop", seq)
+                    self._attempt.command(StopCommand(seq))
                 if outcome.faulted and not interrupt_sent:
                     interrupt_sent = True
-                    self._attempt.command("interrupt", seq)
-                if (outcome.faulted or order[0] == "check") and settle is None:
+                    self._attempt.command(Interrupt(seq))
+                if (outcome.faulted or isinstance(order, CheckGroup)) and settle is None:
                     settle = now + _ANSWER_SECONDS
                 if settle is not None and now > settle:
                     late = sorted(set(range(len(self.workers))) - set(got))
@@ -274,7 +282,9 @@ class ClusterNodes:
             why = f"a node ended {when} ({self._attempt.abort or 'ended'})"
             raise WorkersStopped(why, list(self._attempt.result.failures))
 
-    def _stopped(self, outcome: RunOutcome, reason: str, failures: Any) -> WorkersStopped:
+    def _stopped(
+        self, outcome: RunOutcome, reason: str, failures: tuple[WorkerFailure, ...]
+    ) -> WorkersStopped:
         from notebook_kit.launch.pool.results import failures_of
 
         ending = WorkersStopped(reason, failures_of(outcome.answers) + list(failures))
@@ -297,7 +307,7 @@ class ClusterNodes:
         self._ended, self.alive = True, False
         try:
             if close and self._attempt.ready:
-                self._attempt.command("close")
+                self._attempt.command(ClosePool())
             else:
                 self._attempt.end_all("the pool stopped its nodes")
         finally:

@@ -14,8 +14,15 @@ Each round, in the same process and interleaved, launches the same DDP training 
 
 Reported per way, as the median over rounds: seconds from the call to the first optimizer
 step done on every rank, and the median step time after the first five steps, with its
-ratio to the local fork launch (the goal for the cluster: at most 1.05x). Writes
-``benchmarks/results/cluster.md`` and ``cluster.json``.
+ratio to the local fork launch (the goal for the cluster: at most 1.05x).
+
+Then the warm pools: a ``WorkerPool(cluster=client, num_nodes=2, num_processes=1)`` against a
+local ``WorkerPool(num_processes=2)``, interleaved call by call: a trivial ``pool.run`` (from
+the call to its value; goal for the cluster: at most 50 ms) and a ``%%distributed`` cell that
+prints a line (``pool.run_cell``, what the magic runs; from the call to the line printed in
+the kernel and the cell's end). Medians over ``--calls`` calls each.
+
+Writes ``benchmarks/results/cluster.md`` and ``cluster.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any
 
 WARMUP_STEPS = 5
 STEP_GOAL = 1.05
+POOL_CALL_GOAL = 0.050  # seconds: a trivial pool.run on the cluster, call to value
 
 
 def train(run_dir: str, steps: int) -> None:
@@ -172,7 +180,48 @@ def _ray(steps: int) -> dict[str, float]:
     return _read(run_dir, started)
 
 
-def measure(rounds: int, steps: int) -> dict[str, dict[str, Any]]:
+def nothing() -> int:
+    """The trivial pool call."""
+    return 1
+
+
+def _pool_latency(client: Any, calls: int) -> dict[str, dict[str, float]]:
+    """Median seconds of a trivial run and of a printing cell, cluster pool and local pool."""
+    import contextlib
+    import io
+
+    from notebook_kit import WorkerPool
+
+    pools = {
+        "cluster pool": WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False),
+        "local pool": WorkerPool(num_processes=2, live=False),
+    }
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in pools}
+    try:
+        for _ in range(3):  # first calls warm caches: not timed
+            for pool in pools.values():
+                pool.run(nothing)
+        for _ in range(calls):
+            for name, pool in pools.items():
+                started = time.perf_counter()
+                pool.run(nothing)
+                samples[name].setdefault("run", []).append(time.perf_counter() - started)
+                printed = io.StringIO()
+                started = time.perf_counter()
+                with contextlib.redirect_stdout(printed):
+                    pool.run_cell("print('a line from every rank')")
+                samples[name].setdefault("cell", []).append(time.perf_counter() - started)
+                assert printed.getvalue().count("a line from every rank") == 2
+    finally:
+        for pool in pools.values():
+            pool.close()
+    return {
+        name: {metric: statistics.median(values) for metric, values in rows.items()}
+        for name, rows in samples.items()
+    }
+
+
+def measure(rounds: int, steps: int, calls: int = 30) -> dict[str, dict[str, Any]]:
     """Medians over ``rounds`` of each way, interleaved in this one process."""
     from distributed import Client, LocalCluster
 
@@ -199,6 +248,7 @@ def measure(rounds: int, steps: int) -> dict[str, dict[str, Any]]:
                     samples[name].setdefault(metric, []).append(value)
             for metric, value in _faults(client).items():
                 faults.setdefault(metric, []).append(value)
+        pools = _pool_latency(client, calls)
     if "ray train" in ways:
         import ray
 
@@ -210,6 +260,7 @@ def measure(rounds: int, steps: int) -> dict[str, dict[str, Any]]:
     for name, why in notes.items():
         results[name] = {"note": why}
     results["faults"] = {metric: max(values) for metric, values in faults.items()}
+    results["pools"] = pools
     return results
 
 
@@ -220,7 +271,7 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
         "|---|---|---|---|",
     ]
     for name, row in results.items():
-        if name == "faults":
+        if name in ("faults", "pools"):
             continue
         if "note" in row:
             lines.append(f"| {name} | {row['note']} | | |")
@@ -231,31 +282,54 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _pool_table(pools: dict[str, dict[str, float]]) -> str:
+    base = pools["local pool"]
+    lines = [
+        "| warm pool | trivial `pool.run`, call to value | `%%distributed` cell printing a line |",
+        "|---|---|---|",
+    ]
+    for name, row in pools.items():
+        run = f"{row['run'] * 1e3:.1f} ms (x{row['run'] / base['run']:.0f})"
+        cell = f"{row['cell'] * 1e3:.1f} ms (x{row['cell'] / base['cell']:.0f})"
+        lines.append(f"| {name} | {run} | {cell} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--rounds", type=int, default=3)
     cli.add_argument("--steps", type=int, default=60)
+    cli.add_argument("--calls", type=int, default=30, help="timed calls of each pool command")
     cli.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     arguments = cli.parse_args()
     from benchmarks._report import machine_description
 
     load_before = _load()
-    results = measure(arguments.rounds, arguments.steps)
+    results = measure(arguments.rounds, arguments.steps, arguments.calls)
     ratio = results["cluster"]["step"] / results["local fork"]["step"]
     verdict = "met" if ratio <= STEP_GOAL else "not met"
+    call = results["pools"]["cluster pool"]["run"]
+    call_verdict = "met" if call <= POOL_CALL_GOAL else "not met"
     header = (
         "# A 2-node Dask LocalCluster against a local 2-process fork launch\n\n"
         f"Small CNN with DDP, batch 32, one thread per rank, {arguments.steps} steps, median "
         f"of {arguments.rounds} interleaved rounds; ratios against the local fork launch "
         f"measured in the same run. Step-time goal x{STEP_GOAL}: {verdict} (x{ratio:.3f}).\n\n"
         f"Command: `python -m benchmarks.cluster --rounds {arguments.rounds} --steps "
-        f"{arguments.steps}`. Machine: {machine_description(load_before, _load())}\n\n"
+        f"{arguments.steps} --calls {arguments.calls}`. "
+        f"Machine: {machine_description(load_before, _load())}\n\n"
     )
     arguments.out.mkdir(parents=True, exist_ok=True)
     faults = "\n\nEndings on the cluster, slowest of the rounds: " + ", ".join(
         f"{metric} {value:.2f} s" for metric, value in results["faults"].items()
     )
-    text = header + _table(results) + faults + "\n"
+    pools = (
+        f"\n\nWarm pools, median of {arguments.calls} interleaved calls each (ratios against the "
+        f"local pool). Goal for a trivial cluster `pool.run`: at most "
+        f"{POOL_CALL_GOAL * 1e3:.0f} ms, {call_verdict} ({call * 1e3:.1f} ms).\n\n"
+        + _pool_table(results["pools"])
+    )
+    text = header + _table(results) + faults + pools + "\n"
     (arguments.out / "cluster.md").write_text(text)
     (arguments.out / "cluster.json").write_text(json.dumps(results, indent=2))
     print(text)

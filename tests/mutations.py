@@ -491,8 +491,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/attempt.py",
-                """                    self._lose(node, "its Dask worker left the cluster")""",
-                """                    pass""",
+                'self._lose(node, f"its {self.engine.worker_noun} left the cluster")',
+                "pass",
             ),
         ),
         (f"{_CLUSTER}test_a_killed_dask_worker_is_node_lost_and_never_retrains",),
@@ -1670,7 +1670,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster run leaves no event topic on the scheduler, even one unsubscribed late",
         (
             Edit(
-                "launch/cluster/attempt.py",
+                "launch/cluster/engine.py",
                 "    while time.monotonic() < deadline and any(\n",
                 "    while False and any(\n",
             ),

@@ -561,7 +561,7 @@ def test_an_unsubscribe_that_arrives_after_the_clean_up_leaves_no_topic(client):
     clean-up call: the scheduler must not keep an empty topic for it."""
     from distributed import Client
 
-    from notebook_kit.launch.cluster.attempt import _forget
+    from notebook_kit.launch.cluster.engine import forget_on_scheduler as _forget
 
     topic = f"notebook_kit-{secrets.token_hex(8)}-events"
     with Client(client.scheduler.address) as late:

@@ -9,6 +9,10 @@ so a Dask worker that dies takes its node with it; its guardian then stops the r
 
 A task whose worker died may be run again by Dask (``allowed-failures``). Each node marks
 itself started on the scheduler first, so a second run of the same node refuses to train.
+
+All it asks of the cluster goes through a :class:`NodeLink`: :func:`run_node` is the Dask task,
+which serves its node through a :class:`DaskNodeLink`; another engine's task calls
+:func:`serve_node` with its own link.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Protocol
 
 from notebook_kit.node.probe import worker_python_path
 from notebook_kit.node.protocol import (
@@ -42,24 +47,96 @@ from notebook_kit.node.protocol import (
     encode,
 )
 
-__all__ = ["node_environment", "run_node"]
+__all__ = ["DaskNodeLink", "NodeLink", "node_environment", "run_node", "serve_node"]
 
 _BATCH_SECONDS = 0.25  # events leave in one Dask event this often (and a heartbeat if idle)
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
 _RPC_SECONDS = 2.0  # no scheduler call of a watcher waits longer
 
 
-class _Control(threading.Thread):
-    """Reads the kernel's control variable in the background; a read never blocks the relay."""
+class NodeLink(Protocol):
+    """The node task's side of a cluster engine: all it asks of the cluster.
 
-    def __init__(
-        self, client: Any, names: RunNames, lease_seconds: float, wants_master: bool
-    ) -> None:
-        super().__init__(name="notebook_kit-control", daemon=True)
+    :class:`DaskNodeLink` is Dask's; the kernel's side is
+    :class:`~notebook_kit.launch.cluster.engine.Engine`.
+    """
+
+    worker: str  # this worker's address, as the kernel names it
+
+    def claim(self) -> bool:
+        """Mark this node started; False if it was already (the engine ran the task again)."""
+
+    def control(self) -> Control:
+        """The kernel's control value now (raises when the cluster cannot be reached)."""
+
+    def master(self) -> Rendezvous | None:
+        """Node 0's rendezvous address, once node 0 has published it."""
+
+    def publish_master(self, master: Rendezvous) -> None:
+        """Node 0: where every other node finds the rendezvous."""
+
+    def send(self, node: int, events: list[bytes]) -> None:
+        """One batch of encoded events to the kernel (an empty one is a heartbeat)."""
+
+    def listen(self, commanded: Callable[[bytes], None]) -> None:
+        """Call ``commanded`` with each encoded pool command, in order, from now on."""
+
+    def close(self) -> None:
+        """Stop listening; nothing of the link stays."""
+
+
+class DaskNodeLink:
+    """A node task's link on a Dask cluster: variables, topics and events of the scheduler."""
+
+    def __init__(self, names: RunNames, node_rank: int) -> None:
+        from distributed import Variable, get_client, get_worker
+
+        self._worker, self._client = get_worker(), get_client()
+        self.worker = self._worker.address
+        self._names, self._node = names, node_rank
+        self._control = Variable(names.control, client=self._client)
+        self._address = Variable(names.address, client=self._client)
+        self._listening = False
+
+    def claim(self) -> bool:
         from distributed import Variable
 
-        self._variable = Variable(names.control, client=client)
-        self._address = Variable(names.address, client=client) if wants_master else None
+        started = Variable(self._names.started(self._node), client=self._client)
+        if started.get(callback_timeout=_RPC_SECONDS):  # the kernel set it empty at the start
+            return False
+        started.set(self.worker)
+        return True
+
+    def control(self) -> Control:
+        return Control.read(self._control.get(callback_timeout=_RPC_SECONDS))
+
+    def master(self) -> Rendezvous | None:
+        published = self._address.get(callback_timeout=_RPC_SECONDS)
+        return Rendezvous(str(published[0]), int(published[1])) if published else None
+
+    def publish_master(self, master: Rendezvous) -> None:
+        self._address.set([master.host, master.port])
+
+    def send(self, node: int, events: list[bytes]) -> None:
+        self._worker.log_event(self._names.events, {"node": node, "events": events})
+
+    def listen(self, commanded: Callable[[bytes], None]) -> None:
+        self._listening = True
+        self._client.subscribe_topic(self._names.commands, lambda event: commanded(event[1]))
+
+    def close(self) -> None:
+        if self._listening:
+            with contextlib.suppress(Exception):
+                self._client.unsubscribe_topic(self._names.commands)
+
+
+class _Control(threading.Thread):
+    """Reads the kernel's control value in the background; a read never blocks the relay."""
+
+    def __init__(self, link: NodeLink, lease_seconds: float, wants_master: bool) -> None:
+        super().__init__(name="notebook_kit-control", daemon=True)
+        self._link = link
+        self._wants_master = wants_master
         self.master: Rendezvous | None = None
         self._lease_seconds = lease_seconds
         self._lease = -1
@@ -72,24 +149,17 @@ class _Control(threading.Thread):
         while not self.finished.is_set():
             with contextlib.suppress(Exception):  # unreachable scheduler: the lease ages
                 self._read_control()
-                if self._address is not None and self.master is None:
-                    self._read_master()
-            waiting = self._address is not None and self.master is None
+                if self._wants_master and self.master is None:
+                    self.master = self._link.master()
+            waiting = self._wants_master and self.master is None
             self.finished.wait(CONTROL_PERIOD_SECONDS / (5 if waiting else 2))
 
     def _read_control(self) -> None:
-        control = Control.read(self._variable.get(callback_timeout=_RPC_SECONDS))
+        control = self._link.control()
         if control.lease != self._lease:
             self._lease, self._renewed = control.lease, time.monotonic()
         self.stop_requested = self.stop_requested or control.stop
         self.abort = self.abort or control.abort
-
-    def _read_master(self) -> None:
-        """Node 0's rendezvous address, once it has published it (empty until then)."""
-        assert self._address is not None
-        published = self._address.get(callback_timeout=_RPC_SECONDS)
-        if published:
-            self.master = Rendezvous(str(published[0]), int(published[1]))
 
     @property
     def lease_expired(self) -> bool:
@@ -104,37 +174,32 @@ class _Control(threading.Thread):
 
 def run_node(order: NodeOrder) -> NodeReport:
     """The Dask task of one node: run it, relay it, and report how it ended."""
-    from distributed import Variable, get_client, get_worker
+    return serve_node(order, DaskNodeLink(RunNames(order.run_id), order.node_rank))
 
-    worker, client = get_worker(), get_client()
-    names = RunNames(order.run_id)
-    started = Variable(names.started(order.node_rank), client=client)
-    if started.get(callback_timeout=_RPC_SECONDS):  # the kernel set it empty before submitting
-        return NodeReport(order.node_rank, worker.address, ended_by="refused")
-    started.set(worker.address)
-    control = _Control(client, names, order.lease_seconds, wants_master=order.node_rank != 0)
+
+def serve_node(order: NodeOrder, link: NodeLink) -> NodeReport:
+    """One node, on any engine: start its node process, relay until it ends, report."""
+    if not link.claim():
+        return NodeReport(order.node_rank, link.worker, ended_by="refused")
+    control = _Control(link, order.lease_seconds, wants_master=order.node_rank != 0)
     control.start()
-    relay = _Relay(order, names, control, worker, client)
+    relay = _Relay(order, control, link)
     if order.pool:  # a pool's commands: every node hears each one, in the order sent
-        client.subscribe_topic(names.commands, relay.commanded)
+        link.listen(relay.commanded)
     try:
         return relay.run()
     finally:
         control.finished.set()
-        if order.pool:
-            with contextlib.suppress(Exception):
-                client.unsubscribe_topic(names.commands)
+        link.close()
 
 
 class _Relay:
     """Starts the node process and passes messages both ways until it has ended."""
 
-    def __init__(
-        self, order: NodeOrder, names: RunNames, control: _Control, worker: Any, client: Any
-    ) -> None:
-        self.order, self.names = order, names
+    def __init__(self, order: NodeOrder, control: _Control, link: NodeLink) -> None:
+        self.order = order
         self.master_sent = order.node_rank == 0  # node 0 binds the rendezvous itself
-        self.control, self.worker, self.client = control, worker, client
+        self.control, self.link = control, link
         self.batch: list[bytes] = []
         self.outcome: bytes | None = None
         self.ended_by = ""
@@ -147,9 +212,9 @@ class _Relay:
         self.wake.setblocking(False)
         self._ring.setblocking(False)
 
-    def commanded(self, event: tuple[float, Any]) -> None:
-        """On the worker's client thread: a pool command for the node process, in order."""
-        self.commands.append(bytes(event[1]))
+    def commanded(self, command: bytes) -> None:
+        """On the engine's thread: a pool command for the node process, in order."""
+        self.commands.append(bytes(command))
         with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
             self._ring.send(b"!")
 
@@ -179,7 +244,7 @@ class _Relay:
         self._send_batch()
         return NodeReport(
             self.order.node_rank,
-            self.worker.address,
+            self.link.worker,
             outcome=self.outcome,
             ended_by=self.ended_by,
             exit_code=process.returncode,
@@ -219,10 +284,7 @@ class _Relay:
         """Route one frame by its tag; events go on to the kernel still pickled."""
         tag, data = frame[:1], frame[1:]
         if tag == ADDRESS:
-            from distributed import Variable
-
-            master = decode(data, Rendezvous)
-            Variable(self.names.address, client=self.client).set([master.host, master.port])
+            self.link.publish_master(decode(data, Rendezvous))
         elif tag == OUTCOME:
             self.outcome = data
         else:
@@ -252,11 +314,10 @@ class _Relay:
             process.kill()  # its guardian sees it die and stops the ranks
 
     def _send_batch(self) -> None:
-        """One Dask event with everything since the last (an empty one is the heartbeat)."""
-        message = {"node": self.order.node_rank, "events": self.batch}
-        self.batch, self.urgent = [], False
+        """Everything since the last batch, at once (an empty one is the heartbeat)."""
+        batch, self.batch, self.urgent = self.batch, [], False
         with contextlib.suppress(Exception):
-            self.worker.log_event(self.names.events, message)
+            self.link.send(self.order.node_rank, batch)
 
 
 def node_environment(interface: str | None) -> dict[str, str]:

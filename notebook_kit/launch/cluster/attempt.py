@@ -1,19 +1,19 @@
 """One attempt of a cluster run: submit a node task per node, watch them, end them together.
 
 The kernel never waits on a single node. Its loop drains the events the node tasks send
-through the scheduler, ticks the view, renews its lease, and checks that every node is still
-there: a node is lost when its Dask worker leaves the scheduler, or when no event (not even
-the heartbeat a node task sends four times a second) has come from it for
-``NODE_SILENCE_SECONDS``. Any failure or loss sets ``abort`` on the control variable, which
-every node task reads within a fraction of a second and turns into Ctrl-C for its node.
+through the cluster's :class:`~notebook_kit.launch.cluster.engine.Engine`, ticks the view,
+renews its lease, and checks that every node is still there: a node is lost when its worker
+leaves the cluster, or when no event (not even the heartbeat a node task sends four times a
+second) has come from it for ``NODE_SILENCE_SECONDS``. Any failure or loss sets ``abort`` on
+the control value, which every node task reads within a fraction of a second and turns into
+Ctrl-C for its node.
 
-The kernel's loop never blocks here: the events arrive on the Dask client's thread, which
-queues them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on.
+The kernel's loop never blocks here: the events arrive on the engine's thread, which queues
+them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import queue
 import secrets
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.launch.cluster.connect import current_workers
+from notebook_kit.launch.cluster.engine import Engine, NodeTask
 from notebook_kit.launch.cluster.failures import node_lost, on_kernel_clock
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.node.protocol import (
@@ -51,7 +51,6 @@ from notebook_kit.node.protocol import (
     decode,
     encode,
 )
-from notebook_kit.node.task import run_node
 from notebook_kit.runtime.context import StopFlag
 
 __all__ = [
@@ -65,7 +64,6 @@ __all__ = [
 NODE_SILENCE_SECONDS = 15.0  # no event from a node this long: it is lost
 _WORKER_CHECK_SECONDS = 0.5  # how often the scheduler's worker list is read
 END_GRACE_SECONDS = 8.0  # after an abort, the nodes get this long to report
-_UNSUBSCRIBED_SECONDS = 2.0  # at most this long, the run's topics wait for subscribers to leave
 
 
 @dataclass
@@ -86,7 +84,7 @@ class ClusterAttempt:
 
     def __init__(
         self,
-        client: Any,
+        engine: Engine,
         reports: list[ProbeReport],
         payload: bytes,
         settings: dict[str, Any],
@@ -95,7 +93,7 @@ class ClusterAttempt:
         pool: bool = False,
         restart_count: int = 0,
     ) -> None:
-        self.client, self.reports, self.payload = client, reports, payload
+        self.engine, self.reports, self.payload = engine, reports, payload
         self.restart_count = restart_count  # restarts of every node before this attempt
         self.pool = pool  # the nodes keep their ranks and serve commands (a cluster pool)
         self.ready: dict[int, tuple[int, ...]] = {}  # a pool's nodes: their ranks' pids
@@ -103,7 +101,7 @@ class ClusterAttempt:
         self.settings, self.observer, self.stop_flag = settings, observer, stop_flag
         self.names = RunNames(uuid.uuid4().hex)
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.futures: list[Any] = []
+        self.tasks: list[NodeTask] = []
         self.heard = [time.monotonic()] * len(reports)
         self.ended: dict[int, NodeReport] = {}
         self.result = AttemptResult()
@@ -122,16 +120,8 @@ class ClusterAttempt:
 
     def start(self) -> None:
         """Publish the control variable, subscribe to the events, submit every node task."""
-        from distributed import Variable
-
-        self._control = Variable(self.names.control, client=self.client)
         self._publish()
-        # Set before any task runs, so a task only ever reads a variable that exists: empty
-        # means node 0 has not published yet, or this node has not started yet.
-        Variable(self.names.address, client=self.client).set([])
-        for node in range(self.num_nodes):
-            Variable(self.names.started(node), client=self.client).set("")
-        self.client.subscribe_topic(self.names.events, self._arrived)
+        self.engine.open_run(self.names, self.num_nodes, self._arrived)
         prefix = f"notebook_kit/{secrets.token_hex(16)}/"
         sharing = nodes_per_host(self.reports)
         for node, report in enumerate(self.reports):
@@ -148,16 +138,7 @@ class ClusterAttempt:
                 pool=self.pool,
                 restart_count=self.restart_count,
             )
-            self.futures.append(
-                self.client.submit(
-                    run_node,
-                    order,
-                    workers=[report.worker],
-                    allow_other_workers=False,
-                    pure=False,
-                    retries=0,
-                )
-            )
+            self.tasks.append(self.engine.submit(order, report.worker))
         self.heard = [time.monotonic()] * self.num_nodes
         self._lease_thread.start()
 
@@ -188,7 +169,7 @@ class ClusterAttempt:
 
     def command(self, order: NodeCommand) -> None:
         """A pool's order to every node (each node relays it to its node process, in order)."""
-        self.client.log_event(self.names.commands, encode(order))
+        self.engine.command(self.names, encode(order))
 
     def end_all(self, why: str) -> None:
         """Ask every node to end now (Ctrl-C for each node's launcher)."""
@@ -208,7 +189,7 @@ class ClusterAttempt:
     # -- events from the nodes ------------------------------------------------------------
 
     def _arrived(self, event: tuple[float, dict[str, Any]]) -> None:
-        """On the Dask client's thread: queue the event, wake the kernel's loop."""
+        """On the engine's thread: queue the event, wake the kernel's loop."""
         self.events.put(event)
         with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
             self._ring.send(b"!")
@@ -242,19 +223,20 @@ class ClusterAttempt:
         self.end_all(f"node {node} failed")
 
     def _collect_ended(self) -> None:
-        for node, future in enumerate(self.futures):
-            if node in self.ended or node in self.result.lost_nodes or not future.done():
+        for node, task in enumerate(self.tasks):
+            if node in self.ended or node in self.result.lost_nodes or not task.done():
                 continue
-            if future.status != "finished":
-                self._lose(node, f"its node task ended with {future.status}")
+            failure = task.failure()
+            if failure is not None:
+                self._lose(node, failure)
                 continue
-            report: NodeReport = future.result()
+            report = task.report()
             self.ended[node] = report
             self._take_outcome(node, report)
 
     def _take_outcome(self, node: int, report: NodeReport) -> None:
         if report.ended_by == "refused":
-            self._lose(node, "Dask ran its node task again after a worker died; refused")
+            self._lose(node, "the engine ran its node task again after a worker died; refused")
             return
         if report.outcome is None:
             self._lose(node, f"its node process exited with code {report.exit_code}")
@@ -281,13 +263,13 @@ class ClusterAttempt:
         if now - getattr(self, "_workers_read", 0.0) >= _WORKER_CHECK_SECONDS:
             self._workers_read = now
             try:
-                present = set(current_workers(self.client))
+                present = self.engine.present()
             except Exception:
                 present = None
             for node, report in enumerate(self.reports):
                 running = node not in self.ended and node not in self.result.lost_nodes
                 if running and present is not None and report.worker not in present:
-                    self._lose(node, "its Dask worker left the cluster")
+                    self._lose(node, f"its {self.engine.worker_noun} left the cluster")
         for node, heard in enumerate(self.heard):
             running = node not in self.ended and node not in self.result.lost_nodes
             if running and now - heard > NODE_SILENCE_SECONDS:
@@ -307,7 +289,7 @@ class ClusterAttempt:
 
     def _publish(self) -> None:
         value = control_value(self._lease, self.result.stopped, self.abort)
-        self._control.set(value)
+        self.engine.publish(self.names, value)
 
     def _renew(self) -> None:
         """The lease: a counter the nodes watch; it stops moving when this kernel dies."""
@@ -324,13 +306,8 @@ class ClusterAttempt:
         if self._lease_thread.is_alive():
             self._lease_thread.join(timeout=5)
         self.end_all("finished")  # a node that never got to start must not start late
-        self.client.unsubscribe_topic(self.names.events)
-        self.client.cancel(self.futures, force=True)
-        names = self.names.all_variables(self.num_nodes)
-        topics = [self.names.events, self.names.commands]
-        topics += [f"variable-{name}" for name in names]
         try:
-            self.client.run_on_scheduler(_forget, names, topics)
+            self.engine.forget(self.names, self.num_nodes, self.tasks)
         finally:
             self.wake.close()
             self._ring.close()
@@ -342,33 +319,3 @@ def nodes_per_host(reports: list[ProbeReport]) -> list[int]:
     A host is the address of its Dask workers, as when choosing one worker per host.
     """
     return [sum(other.host == report.host for other in reports) for report in reports]
-
-
-async def _forget(names: list[str], topics: list[str], dask_scheduler: Any = None) -> None:
-    """On the scheduler: delete the run's variables, then drop the run's event logs.
-
-    One call, so nothing is logged after the logs are dropped: deleting a variable itself
-    logs to a topic named after it. The scheduler keeps up to
-    ``distributed.admin.low-level-log-length`` events per topic and has no call to forget a
-    topic; its event broker is asked directly, if it is there.
-
-    An unsubscribe (the kernel's from the events, a pool node's from the commands) travels on
-    its client's batched stream, not with this call, and one handled after the topic is gone
-    would bring it back empty: each topic is dropped once its last subscriber has left, or
-    after ``_UNSUBSCRIBED_SECONDS`` at most.
-    """
-    variables = dask_scheduler.extensions.get("variables")
-    for name in names:
-        if variables is not None:
-            await variables.delete(name=name)
-    broker = getattr(dask_scheduler, "_broker", None)
-    known = getattr(broker, "_topics", None)
-    if not isinstance(known, dict):
-        return
-    deadline = time.monotonic() + _UNSUBSCRIBED_SECONDS
-    while time.monotonic() < deadline and any(
-        getattr(known.get(topic), "subscribers", None) for topic in topics
-    ):
-        await asyncio.sleep(0.01)
-    for topic in topics:
-        known.pop(topic, None)

@@ -25,7 +25,7 @@ from notebook_kit.config.schema import (
     check_argument,
     settings_from_environ,
 )
-from notebook_kit.launch.cluster.connect import dask_client
+from notebook_kit.launch.cluster.engine import Engine, engine_for
 from notebook_kit.launch.plan import check_explicit_settings
 
 __all__ = [
@@ -58,7 +58,7 @@ CLUSTER_REFUSES = {
 class ClusterPlan:
     """A cluster run's checked options: what every node gets, and what the kernel keeps."""
 
-    client: Any  # the distributed.Client
+    engine: Engine  # the cluster's (a DaskEngine around the distributed.Client)
     settings: dict[str, Any]  # every node's launcher options, by keyword (num_processes, fsdp...)
     num_nodes: int | None
     max_restarts: int
@@ -67,12 +67,12 @@ class ClusterPlan:
 
 
 def resolve_cluster_plan(cluster: Any, options: Mapping[str, Any]) -> ClusterPlan:
-    """Check the options and reach the cluster's client; nothing has started when this raises.
+    """Check the options and reach the cluster's engine; nothing has started when this raises.
 
     ``options`` are the launcher's keyword arguments.
     """
     settings, extra = _settings(options)
-    return ClusterPlan(dask_client(cluster), settings, **extra)
+    return ClusterPlan(engine_for(cluster), settings, **extra)
 
 
 def _settings(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

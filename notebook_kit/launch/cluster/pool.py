@@ -25,9 +25,8 @@ import cloudpickle
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.cluster.attempt import ClusterAttempt
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
-from notebook_kit.launch.cluster.connect import choose_workers, current_workers
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
-from notebook_kit.launch.cluster.probing import check_reports, probe_workers
+from notebook_kit.launch.cluster.probing import check_reports
 from notebook_kit.launch.interrupts import interrupt_taken
 from notebook_kit.launch.pool.workers import RunOutcome, WorkersStopped
 from notebook_kit.live.observer import LaunchObserver, Stream
@@ -114,10 +113,10 @@ class ClusterNodes:
     stopped_words = CLOSED
 
     def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
-        client, settings = plan.client, dict(plan.settings)
-        workers = choose_workers(current_workers(client), plan.num_nodes)
+        engine, settings = plan.engine, dict(plan.settings)
+        workers = engine.choose(plan.num_nodes)
         payload = cloudpickle.dumps(((_ready, (), {}), []))
-        reports = probe_workers(client, workers, payload)
+        reports = engine.probe(workers, payload)
         check_reports(reports)
         if settings["num_processes"] is None:  # one per GPU of node 0, as for a launch
             settings["num_processes"] = max(reports[0].gpus, 1)
@@ -130,7 +129,7 @@ class ClusterNodes:
         self._forward = _Forward()
         self._never = StopFlag()  # the attempt's own Stop is a launch's; unused by a pool
         self._attempt = ClusterAttempt(
-            client, reports, payload, settings, self._forward, self._never, pool=True
+            engine, reports, payload, settings, self._forward, self._never, pool=True
         )
         self._seq = 0
         self._lost_at_fault: tuple[int, ...] = ()

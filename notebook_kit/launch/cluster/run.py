@@ -23,10 +23,9 @@ import cloudpickle
 from notebook_kit.launch.cluster.attempt import END_GRACE_SECONDS as _END_GRACE_SECONDS
 from notebook_kit.launch.cluster.attempt import AttemptResult, ClusterAttempt
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
-from notebook_kit.launch.cluster.code_shipping import payload_for_nodes
-from notebook_kit.launch.cluster.connect import choose_workers, current_workers
+from notebook_kit.launch.cluster.engine import Engine
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
-from notebook_kit.launch.cluster.probing import check_reports, probe_workers
+from notebook_kit.launch.cluster.probing import check_reports
 from notebook_kit.launch.interrupts import interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.plan import Call
@@ -50,18 +49,18 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
     (a ``WorkerError``) for a failed rank or a lost node, ``TimeoutError`` after ``timeout``,
     ``KeyboardInterrupt`` on Ctrl-C (or what else is thrown into the steps).
     """
-    client, settings = plan.client, dict(plan.settings)
-    workers = choose_workers(current_workers(client), plan.num_nodes)
+    engine, settings = plan.engine, dict(plan.settings)
+    workers = engine.choose(plan.num_nodes)
     models = list(find_kernel_models(*call).values())
-    payload = _payload(call, models, functools.partial(payload_for_nodes, client, workers))
-    reports = probe_workers(client, workers, payload)
+    payload = _payload(call, models, functools.partial(engine.ship, workers))
+    reports = engine.probe(workers, payload)
     check_reports(reports)
     if settings["num_processes"] is None:  # one per GPU of node 0, as on one machine
         settings["num_processes"] = max(reports[0].gpus, 1)
     observer = observer or default_observer(plan.live)
     for restart in range(plan.max_restarts + 1):
         result = yield from _attempt(
-            client, reports, payload, settings, observer, plan.timeout, restart
+            engine, reports, payload, settings, observer, plan.timeout, restart
         )
         if not result.failures or restart == plan.max_restarts or result.interrupted:
             break
@@ -89,7 +88,7 @@ def _payload(
 
 
 def _attempt(
-    client: Any,
+    engine: Engine,
     reports: list[ProbeReport],
     payload: bytes,
     settings: dict[str, Any],
@@ -104,7 +103,7 @@ def _attempt(
     """
     stop_flag = StopFlag()
     attempt = ClusterAttempt(
-        client, reports, payload, settings, observer, stop_flag, restart_count=restart_count
+        engine, reports, payload, settings, observer, stop_flag, restart_count=restart_count
     )
     processes = int(settings["num_processes"])
     world = processes * len(reports)

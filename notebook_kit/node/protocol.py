@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import cloudpickle
 
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.runtime.messages import MetricsBatch, PoolAnswer
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine, PoolAnswer
 
 __all__ = [
     "ADDRESS",
@@ -48,10 +48,8 @@ __all__ = [
     "NodeFailed",
     "NodeFinished",
     "NodeInterrupted",
-    "NodeMetrics",
     "NodeOrder",
     "NodeOutcome",
-    "NodeOutput",
     "NodePrint",
     "NodeReady",
     "NodeReport",
@@ -185,22 +183,6 @@ NODE_COMMANDS = (RunCommand, StopCommand, Interrupt, CheckGroup, ClosePool)
 
 
 @dataclass(frozen=True)
-class NodeOutput:
-    """A line a rank printed."""
-
-    rank: int
-    stream: Literal["stdout", "stderr"]
-    line: str
-
-
-@dataclass(frozen=True)
-class NodeMetrics:
-    """Metrics a rank logged."""
-
-    batch: MetricsBatch
-
-
-@dataclass(frozen=True)
 class NodePrint:
     """A line the node's launcher printed (a stall report), as a local launch prints it."""
 
@@ -241,8 +223,9 @@ class NodeFinished:
     stopped: bool
 
 
-NodeEvent = NodeOutput | NodeMetrics | NodePrint | NodeReady | NodeAnswer | NodeFinished
-NODE_EVENTS = (NodeOutput, NodeMetrics, NodePrint, NodeReady, NodeAnswer, NodeFinished)
+# A rank's lines and metrics travel as the runtime's own OutputLine and MetricsBatch.
+NodeEvent = OutputLine | MetricsBatch | NodePrint | NodeReady | NodeAnswer | NodeFinished
+NODE_EVENTS = (OutputLine, MetricsBatch, NodePrint, NodeReady, NodeAnswer, NodeFinished)
 # Events the kernel waits for: the task sends them on at once, with every event before them.
 URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished)
 

@@ -38,9 +38,7 @@ from notebook_kit.node.protocol import (
     NodeEvent,
     NodeFailed,
     NodeFinished,
-    NodeMetrics,
     NodeOrder,
-    NodeOutput,
     NodePrint,
     NodeReady,
     NodeReport,
@@ -52,6 +50,7 @@ from notebook_kit.node.protocol import (
     encode,
 )
 from notebook_kit.runtime.context import StopFlag
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
 __all__ = [
     "END_GRACE_SECONDS",
@@ -202,10 +201,10 @@ class ClusterAttempt:
             self._show(decode(data, *NODE_EVENTS))
 
     def _show(self, event: NodeEvent) -> None:
-        if isinstance(event, NodeOutput):
-            self.observer.on_output(event.rank, event.stream, event.line)
-        elif isinstance(event, NodeMetrics):
-            self.observer.on_metrics(event.batch)
+        if isinstance(event, OutputLine):
+            self.observer.on_output(event.rank, event.stream, event.text)
+        elif isinstance(event, MetricsBatch):
+            self.observer.on_metrics(event)
         elif isinstance(event, NodePrint):  # what a node's launcher printed (a stall report)
             print(event.text, flush=True)
         elif isinstance(event, NodeReady):

@@ -18,13 +18,11 @@ from notebook_kit.node.protocol import (
     LaunchStop,
     NodeEvent,
     NodeFinished,
-    NodeMetrics,
-    NodeOutput,
     decode,
     encode,
 )
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import MetricsBatch
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
 __all__ = ["RelayObserver"]
 
@@ -47,10 +45,10 @@ class RelayObserver:
         self._stop_flag = info.stop_flag
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        self.send(NodeOutput(rank, stream, line))
+        self.send(OutputLine(rank, stream, line))
 
     def on_metrics(self, batch: MetricsBatch) -> None:
-        self.send(NodeMetrics(batch))
+        self.send(batch)
 
     def on_tick(self) -> None:
         try:

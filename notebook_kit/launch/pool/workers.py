@@ -214,7 +214,7 @@ class PoolProcesses:
         want: list[int],
         timeout: float | None = None,
     ) -> RunOutcome:
-        """Run one command on ``ranks`` (local ranks); ``want``: whose value comes back.
+        """Run one command on ``ranks`` (global ranks of these workers); ``want``: whose value.
 
         Raises:
             WorkersStopped: the workers were stopped (a rank died, did not stop in time, or the

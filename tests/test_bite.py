@@ -2,9 +2,9 @@
 
 That every breakage still applies is checked in a second. Running them is slower: each one
 copies the package, breaks it and runs its guarding tests, about 20 minutes for all of them on
-2 cores. So each run of the suite runs one quarter of them, two at a time: the quarter is
-chosen by the checked-out commit, so the same commit always runs the same breakages, and four
-commits in a row cover about all of them. ``NOTEBOOK_KIT_BITE=all`` runs every breakage
+2 cores. So each run of the suite runs one sixth of them, two at a time: the sixth is chosen
+by the checked-out commit, so the same commit always runs the same breakages, and a few
+commits in a row cover them all. ``NOTEBOOK_KIT_BITE=all`` runs every breakage
 (``python -m tests.bite`` does too); select the check with ``-m bite``. It skips the check's own
 baseline run: the rest of the suite runs every guarding test on the unbroken code, and fails if
 one does not pass there.
@@ -20,11 +20,11 @@ import pytest
 from tests import bite
 from tests.mutations import MUTATIONS
 
-QUARTERS = 4
+PARTS = 6
 
 
 def this_runs_breakages() -> list[str]:
-    """The names of the breakages this run checks: a quarter chosen by the commit, or all."""
+    """The names of the breakages this run checks: a sixth chosen by the commit, or all."""
     names = [mutation.name for mutation in MUTATIONS]
     if os.environ.get("NOTEBOOK_KIT_BITE") == "all":
         return names
@@ -32,8 +32,8 @@ def this_runs_breakages() -> list[str]:
         ["git", "rev-parse", "HEAD"], cwd=bite.ROOT, capture_output=True, text=True
     )
     commit = done.stdout.strip() if done.returncode == 0 else ""
-    quarter = int(commit[:8], 16) % QUARTERS if commit else 0
-    return names[quarter::QUARTERS]
+    part = int(commit[:8], 16) % PARTS if commit else 0
+    return names[part::PARTS]
 
 
 def test_every_breakage_still_applies_to_the_code():

@@ -420,7 +420,8 @@ class WorkerPool:
                 f"stopped: {reason}); they start from this kernel's namespace as it is now.",
                 flush=True,
             )
-            check_fork_safety()
+            if self._cluster_plan is None:
+                check_fork_safety()
             self._start()
         assert self._live.processes is not None
         return self._live.processes

@@ -16,7 +16,7 @@ from notebook_kit.launch.cluster import cluster_plan
 from notebook_kit.launch.cluster.cluster_plan import _settings
 from notebook_kit.launch.cluster.node_process import node_options
 from notebook_kit.launch.launcher import resolve_plan
-from notebook_kit.node.protocol import NodeOrder, Rendezvous
+from notebook_kit.node.protocol import NodeOrder, NodeSettings, Rendezvous
 
 # Each setting, a value other than its default, and where a cluster run honours it: "node"
 # (the LaunchPlan every node's launcher resolves: the attribute that holds it), "kernel" (the
@@ -43,9 +43,9 @@ _ON_A_CLUSTER = {
 _SCHEMA = {**SETTINGS, **CALL_SETTINGS}
 
 
-def _node_plan(settings: dict) -> object:
+def _node_plan(settings: NodeSettings) -> object:
     """The LaunchPlan node 1 of 2 resolves from the settings the kernel sends it."""
-    settings = {**settings, "num_processes": settings["num_processes"] or 1}  # as node 0's probe
+    settings = settings.with_processes(0)  # as node 0's probe on a machine without a GPU
     order = NodeOrder("run", 1, 2, "127.0.0.1", None, b"", settings, "notebook_kit/x/")
     return resolve_plan(node_options(order, Rendezvous("127.0.0.1", 29500)), "notebook_launcher")
 

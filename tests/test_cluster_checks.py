@@ -9,7 +9,7 @@ from dataclasses import replace
 import cloudpickle
 import pytest
 
-from notebook_kit import notebook_launcher
+from notebook_kit import LaunchConfig, notebook_launcher
 from notebook_kit.config.environment import usable_cpu_count
 from notebook_kit.launch.cluster.attempt import nodes_per_host
 from notebook_kit.launch.cluster.cluster_plan import _settings
@@ -20,7 +20,7 @@ from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
 from notebook_kit.launch.cluster.run import _payload
 from notebook_kit.launch.pool.shipping import SendTooLargeError
 from notebook_kit.node.probe import interface_for, probe_version, worker_python_path
-from notebook_kit.node.protocol import NodeOrder, ProbeReport
+from notebook_kit.node.protocol import NodeOrder, NodeSettings, ProbeReport
 
 
 def _report(**changes) -> ProbeReport:
@@ -155,8 +155,9 @@ def test_a_payload_over_the_pools_limit_is_refused(monkeypatch):
 
 
 def _order(host_nodes: int, **settings) -> NodeOrder:
+    config = LaunchConfig(**{"num_processes": 1, **settings})
     return NodeOrder(
-        "run", 0, 3, "10.0.0.2", "eth0", b"", {"num_processes": 1, **settings}, "p/",
+        "run", 0, 3, "10.0.0.2", "eth0", b"", NodeSettings(config, 60.0, None), "p/",
         host_nodes=host_nodes,
     )  # fmt: skip
 

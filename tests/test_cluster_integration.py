@@ -598,14 +598,15 @@ def test_a_node_task_run_again_refuses_to_train(client, tmp_path):
     """Dask may run a task again after its worker died: the node must not train twice."""
     from distributed import Variable
 
-    from notebook_kit.node.protocol import NodeOrder, RunNames, control_value
+    from notebook_kit.node.protocol import NodeOrder, NodeSettings, RunNames, control_value
     from notebook_kit.node.task import run_node
 
     names = RunNames("rerun-check")
     Variable(names.control, client=client).set(control_value(0, False, ""))
     Variable(names.address, client=client).set([])
     Variable(names.started(0), client=client).set("tcp://127.0.0.1:1")  # it ran once already
-    order = NodeOrder(names.run_id, 0, 1, "127.0.0.1", "lo", b"", {}, "notebook_kit/x/")
+    settings = NodeSettings(notebook_kit.LaunchConfig(), 60.0, None)
+    order = NodeOrder(names.run_id, 0, 1, "127.0.0.1", "lo", b"", settings, "notebook_kit/x/")
     try:
         report = client.submit(run_node, order, pure=False).result(timeout=120)
     finally:

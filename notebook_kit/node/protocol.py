@@ -21,11 +21,12 @@ runs, or two kernels sharing a cluster, never read each other's state.
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import cloudpickle
 
+from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine, PoolAnswer
 
@@ -53,6 +54,7 @@ __all__ = [
     "NodePrint",
     "NodeReady",
     "NodeReport",
+    "NodeSettings",
     "NodeValue",
     "ProbeReport",
     "ProtocolError",
@@ -310,11 +312,37 @@ class ProbeReport:
 
 
 @dataclass(frozen=True)
+class NodeSettings:
+    """What every node's launcher is given, resolved in the kernel before anything starts.
+
+    ``config`` holds the run's settings as one node (what the kernel keeps, ``num_nodes``,
+    ``max_restarts`` and ``live``, at their defaults: each node gets its own place and the
+    kernel restarts and shows every node); ``num_processes`` None until node 0's probe.
+    """
+
+    config: LaunchConfig
+    rendezvous_timeout: float
+    stall_seconds: float | None
+
+    @property
+    def num_processes(self) -> int:
+        """Ranks on each node (known once node 0's probe has counted its GPUs)."""
+        assert self.config.num_processes is not None, "set from node 0's probe first"
+        return self.config.num_processes
+
+    def with_processes(self, gpus: int) -> NodeSettings:
+        """``num_processes`` decided as on one machine: one per GPU of node 0, else one."""
+        if self.config.num_processes is not None:
+            return self
+        return replace(self, config=self.config.replace(num_processes=max(gpus, 1)))
+
+
+@dataclass(frozen=True)
 class NodeOrder:
     """Everything one node needs; it travels inside the Dask task, not the environment.
 
     ``payload`` is the cloudpickled ``((function, args, kwargs), models)``; ``settings`` are
-    the launcher options every node shares (``num_processes``, ``backend``, ...).
+    what every node's launcher shares.
     """
 
     run_id: str
@@ -323,7 +351,7 @@ class NodeOrder:
     host: str
     interface: str | None
     payload: bytes
-    settings: dict[str, Any]
+    settings: NodeSettings
     store_prefix: str
     lease_seconds: float = LEASE_SECONDS
     master: tuple[str, int] | None = None  # node 0's rendezvous; filled by the task

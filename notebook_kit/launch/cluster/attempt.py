@@ -42,6 +42,7 @@ from notebook_kit.node.protocol import (
     NodePrint,
     NodeReady,
     NodeReport,
+    NodeSettings,
     NodeValue,
     ProbeReport,
     RunNames,
@@ -86,7 +87,7 @@ class ClusterAttempt:
         engine: Engine,
         reports: list[ProbeReport],
         payload: bytes,
-        settings: dict[str, Any],
+        settings: NodeSettings,
         observer: LaunchObserver,
         stop_flag: StopFlag,
         pool: bool = False,
@@ -282,7 +283,7 @@ class ClusterAttempt:
         self.end_all(f"node {node} lost")
 
     def _ranks_per_node(self) -> int:
-        return int(self.settings["num_processes"])
+        return self.settings.num_processes
 
     # -- control and cleanup --------------------------------------------------------------
 

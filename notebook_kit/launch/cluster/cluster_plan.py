@@ -27,6 +27,7 @@ from notebook_kit.config.schema import (
 )
 from notebook_kit.launch.cluster.engine import Engine, engine_for
 from notebook_kit.launch.plan import check_explicit_settings
+from notebook_kit.node.protocol import NodeSettings
 
 __all__ = [
     "CLUSTER_REFUSES",
@@ -59,7 +60,7 @@ class ClusterPlan:
     """A cluster run's checked options: what every node gets, and what the kernel keeps."""
 
     engine: Engine  # the cluster's (a DaskEngine around the distributed.Client)
-    settings: dict[str, Any]  # every node's launcher options, by keyword (num_processes, fsdp...)
+    settings: NodeSettings  # what every node's launcher is given
     num_nodes: int | None
     max_restarts: int
     live: bool | None
@@ -75,7 +76,7 @@ def resolve_cluster_plan(cluster: Any, options: Mapping[str, Any]) -> ClusterPla
     return ClusterPlan(engine_for(cluster), settings, **extra)
 
 
-def _settings(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]:
     """The options every node gets, and the ones the kernel keeps; checked before anything.
 
     As for a local launch, a setting not given comes from ``config``, else from the
@@ -90,15 +91,15 @@ def _settings(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     explicit = check_explicit_settings({n: options.get(SETTINGS[n].keyword) for n in named})
     # The cluster numbers the nodes: resolved as one node, so no loopback check applies.
     resolved = resolve_launch_config(config, **explicit, num_nodes=1, node_rank=0)
-    settings = {
-        SETTINGS[name].keyword: getattr(resolved, name)
-        for name in NODE_SETTINGS
-        if name in SETTINGS
-    }
+    # What the kernel keeps goes to the nodes at its default: it restarts and shows them all.
+    kept = {name: SETTINGS[name].default for name in KERNEL_KEEPS if name in SETTINGS}
     rendezvous = options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT)
     stall = options.get("stall_seconds", DEFAULT_STALL_SECONDS)
-    settings["rendezvous_timeout"] = check_argument(CALL_SETTINGS["rendezvous_timeout"], rendezvous)
-    settings["stall_seconds"] = check_argument(CALL_SETTINGS["stall_seconds"], stall)
+    settings = NodeSettings(
+        resolved.replace(**kept),
+        check_argument(CALL_SETTINGS["rendezvous_timeout"], rendezvous),
+        check_argument(CALL_SETTINGS["stall_seconds"], stall),
+    )
     num_nodes = check_argument(SETTINGS["num_nodes"], options.get("num_nodes"))
     if num_nodes is None and stored["num_nodes"] != SETTINGS["num_nodes"].default:
         num_nodes = stored["num_nodes"]  # else: one node per host

@@ -100,14 +100,18 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> NodeOutcom
 
 def node_options(order: NodeOrder, master: Rendezvous) -> dict[str, Any]:
     """This node's launcher options: the run's settings, and what the cluster chose for it."""
+    config = order.settings.config.replace(
+        threads_per_process=node_threads(order),
+        num_nodes=order.num_nodes,
+        node_rank=order.node_rank,
+        max_restarts=0,  # the kernel restarts every node together
+    )
     return {
-        **order.settings,
-        "threads_per_process": node_threads(order),
-        "num_nodes": order.num_nodes,
-        "node_rank": order.node_rank,
-        "master_addr": master.host,
+        "config": config,
+        "master_addr": master.host,  # given, as node 0 bound it (a loopback one included)
         "use_port": master.port,
-        "max_restarts": 0,  # the kernel restarts every node together
+        "rendezvous_timeout": order.settings.rendezvous_timeout,
+        "stall_seconds": order.settings.stall_seconds,
     }
 
 
@@ -120,15 +124,17 @@ def node_threads(order: NodeOrder) -> int:
     instead of each node sizing its ranks as if it had the host to itself.
 
     Example:
-        >>> from dataclasses import replace
-        >>> order = NodeOrder("run", 0, 2, "h", None, b"", {"num_processes": 1}, "p/")
-        >>> node_threads(replace(order, settings={"num_processes": 1, "threads_per_process": 3}))
+        >>> from notebook_kit import LaunchConfig
+        >>> from notebook_kit.node.protocol import NodeSettings
+        >>> config = LaunchConfig(num_processes=1, threads_per_process=3)
+        >>> order = NodeOrder("run", 0, 2, "h", None, b"", NodeSettings(config, 60, None), "p/")
+        >>> node_threads(order)
         3
     """
-    explicit = order.settings.get("threads_per_process")
+    explicit = order.settings.config.threads_per_process
     if explicit is not None:
-        return int(explicit)
-    ranks_on_host = int(order.settings["num_processes"]) * max(order.host_nodes, 1)
+        return explicit
+    ranks_on_host = order.settings.num_processes * max(order.host_nodes, 1)
     return auto_threads(ranks_on_host)
 
 

@@ -113,14 +113,13 @@ class ClusterNodes:
     stopped_words = CLOSED
 
     def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
-        engine, settings = plan.engine, dict(plan.settings)
+        engine = plan.engine
         workers = engine.choose(plan.num_nodes)
         payload = cloudpickle.dumps(((_ready, (), {}), []))
         reports = engine.probe(workers, payload)
         check_reports(reports)
-        if settings["num_processes"] is None:  # one per GPU of node 0, as for a launch
-            settings["num_processes"] = max(reports[0].gpus, 1)
-        self.num_processes = int(settings["num_processes"])
+        settings = plan.settings.with_processes(reports[0].gpus)  # as for a launch
+        self.num_processes = settings.num_processes
         self.world_size = self.num_processes * len(reports)
         self.workers = [report.worker for report in reports]
         self.alive = False
@@ -133,7 +132,7 @@ class ClusterNodes:
         )
         self._seq = 0
         self._lost_at_fault: tuple[int, ...] = ()
-        self._rendezvous_timeout = float(settings["rendezvous_timeout"])
+        self._rendezvous_timeout = settings.rendezvous_timeout
 
     @classmethod
     def start(cls, plan: ClusterPlan, stop_flag: StopFlag) -> ClusterNodes:

@@ -32,7 +32,7 @@ from notebook_kit.launch.plan import Call
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT, SendTooLargeError
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
-from notebook_kit.node.protocol import ProbeReport
+from notebook_kit.node.protocol import NodeSettings, ProbeReport
 from notebook_kit.runtime.context import StopFlag
 
 __all__ = ["cluster_steps"]
@@ -49,14 +49,13 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
     (a ``WorkerError``) for a failed rank or a lost node, ``TimeoutError`` after ``timeout``,
     ``KeyboardInterrupt`` on Ctrl-C (or what else is thrown into the steps).
     """
-    engine, settings = plan.engine, dict(plan.settings)
+    engine = plan.engine
     workers = engine.choose(plan.num_nodes)
     models = list(find_kernel_models(*call).values())
     payload = _payload(call, models, functools.partial(engine.ship, workers))
     reports = engine.probe(workers, payload)
     check_reports(reports)
-    if settings["num_processes"] is None:  # one per GPU of node 0, as on one machine
-        settings["num_processes"] = max(reports[0].gpus, 1)
+    settings = plan.settings.with_processes(reports[0].gpus)  # as on one machine
     observer = observer or default_observer(plan.live)
     for restart in range(plan.max_restarts + 1):
         result = yield from _attempt(
@@ -91,7 +90,7 @@ def _attempt(
     engine: Engine,
     reports: list[ProbeReport],
     payload: bytes,
-    settings: dict[str, Any],
+    settings: NodeSettings,
     observer: LaunchObserver,
     timeout: float | None,
     restart_count: int,
@@ -105,7 +104,7 @@ def _attempt(
     attempt = ClusterAttempt(
         engine, reports, payload, settings, observer, stop_flag, restart_count=restart_count
     )
-    processes = int(settings["num_processes"])
+    processes = settings.num_processes
     world = processes * len(reports)
     banner = (
         f"Launching {processes} process{'es' if processes > 1 else ''} on each of "
@@ -147,7 +146,7 @@ def _attempt(
 def _summary(
     result: AttemptResult,
     reports: list[ProbeReport],
-    settings: dict[str, Any],
+    settings: NodeSettings,
     started: float,
     error: BaseException | None,
 ) -> LaunchSummary:
@@ -163,9 +162,9 @@ def _summary(
 
 
 def _error(
-    result: AttemptResult, reports: list[ProbeReport], settings: dict[str, Any]
+    result: AttemptResult, reports: list[ProbeReport], settings: NodeSettings
 ) -> ClusterWorkerError:
-    world = int(settings["num_processes"]) * len(reports)
+    world = settings.num_processes * len(reports)
     workers = [report.worker for report in reports]
     return ClusterWorkerError(result.failures, world, workers, result.lost_nodes)
 
@@ -173,7 +172,7 @@ def _error(
 def _conclude(
     result: AttemptResult,
     reports: list[ProbeReport],
-    settings: dict[str, Any],
+    settings: NodeSettings,
     models: list[Any],
     timeout: float | None,
 ) -> Any:

@@ -279,7 +279,7 @@ class ClusterAttempt:
         self.result.lost_nodes = (*self.result.lost_nodes, node)
         worker = self.reports[node].worker
         rank = node * self._ranks_per_node()
-        self.result.failures.append(node_lost(node, rank, worker, why))
+        self.result.failures.append(node_lost(node, rank, worker, why, self.engine.worker_noun))
         self.end_all(f"node {node} lost")
 
     def _ranks_per_node(self) -> int:

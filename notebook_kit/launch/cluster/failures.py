@@ -1,4 +1,5 @@
-"""How a cluster run names a failure: the rank, its node and that node's Dask worker."""
+"""How a cluster run names a failure: the rank, its node and that node's machine, in the words
+of its engine ("Dask worker tcp://...")."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ __all__ = ["ClusterWorkerError", "node_lost", "on_kernel_clock"]
 
 
 class ClusterWorkerError(WorkerError):
-    """A rank failed or a node was lost; the message says which node and Dask worker.
+    """A rank failed or a node was lost; the message says which node and worker.
 
     Attributes:
-        nodes: For each node rank, its Dask worker's address.
+        nodes: For each node rank, its worker's address.
         ranks_per_node: Ranks on each node (global rank = node * ranks_per_node + local).
-        lost_nodes: Nodes whose Dask worker died or went silent.
+        lost_nodes: Nodes whose worker died or went silent.
+        worker_noun: What the engine calls one of its workers ("Dask worker").
     """
 
     def __init__(
@@ -25,8 +27,10 @@ class ClusterWorkerError(WorkerError):
         world_size: int,
         nodes: list[str],
         lost_nodes: tuple[int, ...] = (),
+        worker_noun: str = "Dask worker",
     ) -> None:
         self.nodes = nodes
+        self.worker_noun = worker_noun
         self.ranks_per_node = max(world_size // max(len(nodes), 1), 1)
         self.lost_nodes = lost_nodes
         super().__init__(failures, world_size)
@@ -38,17 +42,17 @@ class ClusterWorkerError(WorkerError):
         root = self.failure
         node = self.node_of(root.rank)
         text = super()._format()
-        where = f"Rank {root.rank} (node {node}, Dask worker {self.nodes[node]})"
+        where = f"Rank {root.rank} (node {node}, {self.worker_noun} {self.nodes[node]})"
         return text.replace(f"Rank {root.rank}", where, 1)
 
 
-def node_lost(node: int, rank: int, worker: str, why: str) -> WorkerFailure:
+def node_lost(node: int, rank: int, worker: str, why: str, noun: str) -> WorkerFailure:
     """The failure that stands for a whole node that is gone (no traceback can come from it)."""
     return WorkerFailure(
         rank=rank,
         exit_code=None,
         exception_type=None,
-        message=f"node {node} lost: {why} (Dask worker {worker})",
+        message=f"node {node} lost: {why} ({noun} {worker})",
         traceback="",
         time=time.monotonic(),
     )

@@ -59,9 +59,10 @@ class ClusterPoolError(ClusterWorkerError):
         nodes: list[str],
         aftermath: str,
         lost_nodes: tuple[int, ...] = (),
+        worker_noun: str = "Dask worker",
     ) -> None:
         self.aftermath = aftermath
-        super().__init__(failures, world_size, nodes, lost_nodes)
+        super().__init__(failures, world_size, nodes, lost_nodes, worker_noun)
 
     def _format(self) -> str:
         """The cluster launch's message, saying what became of the pool instead of a launch's
@@ -114,6 +115,7 @@ class ClusterNodes:
 
     def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
         engine = plan.engine
+        self._noun = engine.worker_noun
         workers = engine.choose(plan.num_nodes)
         payload = cloudpickle.dumps(((_ready, (), {}), []))
         reports = engine.probe(workers, payload)
@@ -171,7 +173,7 @@ class ClusterNodes:
     def banner(self) -> str:
         processes = f"{self.num_processes} process{'es' if self.num_processes > 1 else ''}"
         return (
-            f"{processes} on each of {len(self.workers)} Dask workers "
+            f"{processes} on each of {len(self.workers)} {self._noun}s "
             f"({', '.join(self.workers)}), world size {self.world_size}"
         )
 
@@ -198,9 +200,9 @@ class ClusterNodes:
         return None
 
     def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError:
-        """The error that names a failed rank with its node and Dask worker."""
-        lost = self._lost_at_fault
-        return ClusterPoolError(failures, self.world_size, self.workers, aftermath, lost)
+        """The error that names a failed rank with its node and worker."""
+        lost, noun = self._lost_at_fault, self._noun
+        return ClusterPoolError(failures, self.world_size, self.workers, aftermath, lost, noun)
 
     # -- commands ------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
             f"{len(reports)} nodes (restart {restart + 1} of {plan.max_restarts}).",
             flush=True,
         )
-    return _conclude(result, reports, settings, models, plan.timeout)
+    return _conclude(result, reports, settings, models, plan.timeout, engine.worker_noun)
 
 
 def _payload(
@@ -108,8 +108,8 @@ def _attempt(
     world = processes * len(reports)
     banner = (
         f"Launching {processes} process{'es' if processes > 1 else ''} on each of "
-        f"{len(reports)} Dask workers ({', '.join(r.worker for r in reports)}), world size "
-        f"{world}"
+        f"{len(reports)} {engine.worker_noun}s ({', '.join(r.worker for r in reports)}), "
+        f"world size {world}"
     )
     nodes = tuple(rank // processes for rank in range(world))
     observer.on_start(LaunchInfo(banner, world, world, tuple(range(world)), stop_flag, nodes))
@@ -162,11 +162,14 @@ def _summary(
 
 
 def _error(
-    result: AttemptResult, reports: list[ProbeReport], settings: NodeSettings
+    result: AttemptResult,
+    reports: list[ProbeReport],
+    settings: NodeSettings,
+    noun: str = "Dask worker",
 ) -> ClusterWorkerError:
     world = settings.num_processes * len(reports)
     workers = [report.worker for report in reports]
-    return ClusterWorkerError(result.failures, world, workers, result.lost_nodes)
+    return ClusterWorkerError(result.failures, world, workers, result.lost_nodes, noun)
 
 
 def _conclude(
@@ -175,6 +178,7 @@ def _conclude(
     settings: NodeSettings,
     models: list[Any],
     timeout: float | None,
+    noun: str,
 ) -> Any:
     if result.timed_out:
         raise TimeoutError(
@@ -182,6 +186,6 @@ def _conclude(
             f"stopped. Raise timeout or pass None."
         )
     if result.failures:
-        raise _error(result, reports, settings)
+        raise _error(result, reports, settings, noun)
     load_home_weights(dict(enumerate(models)), result.weights)  # global rank 0's, by index
     return result.value

@@ -179,10 +179,13 @@ def test_twenty_cells_leave_nothing_growing(pool, client):
     assert pool.run(counts, ranks="all") == ranks
     assert client.run_on_scheduler(on_scheduler) == scheduler
     assert sorted(node_processes()) == nodes
+    # A Dask worker opens a descriptor or a thread of its own now and then (its executor, its
+    # connections); one a command leaked would show twenty times.
     after = client.run(counts)
     for worker, (files, sockets, threads) in after.items():
         before = workers[worker]
-        assert files <= before[0] and threads <= before[2] and sockets <= before[1] + 2, after
+        grown = (files - before[0], sockets - before[1], threads - before[2])
+        assert max(grown) <= 2, (workers, after)
 
 
 def test_restart_starts_new_nodes_that_hold_nothing(pool, client):

@@ -78,9 +78,13 @@ def _round(delay: float, give_up: threading.Event) -> dict[str, object] | None:
 
 
 def _poisoned(found: dict[str, object]) -> bool:
+    """Poisoned: a launch after the press fails, or the pressed one fails other than by the
+    interrupt. A press that lands before the kernel has begun the cell ends the request with
+    no output at all ("KeyboardInterrupt caught in kernel"), which is Jupyter's own outcome."""
     return found["after"] != ["RESULT 2", "RESULT 2"] or found["pressed"] not in (
         "RESULT 2",
         "KeyboardInterrupt: ",
+        "",
     )
 
 

@@ -118,6 +118,23 @@ class ClusterAttempt:
     def num_nodes(self) -> int:
         return len(self.reports)
 
+    @property
+    def world_size(self) -> int:
+        return self.settings.num_processes * self.num_nodes
+
+    def where(self) -> str:
+        """``2 processes on each of 2 Dask workers (tcp://..., tcp://...), world size 4``."""
+        processes = self.settings.num_processes
+        return (
+            f"{processes} process{'es' if processes > 1 else ''} on each of {self.num_nodes} "
+            f"{self.engine.worker_noun}s ({', '.join(r.worker for r in self.reports)}), "
+            f"world size {self.world_size}"
+        )
+
+    def rank_nodes(self) -> tuple[int, ...]:
+        """The node of each global rank."""
+        return tuple(rank // self.settings.num_processes for rank in range(self.world_size))
+
     def start(self) -> None:
         """Publish the control variable, subscribe to the events, submit every node task."""
         self._publish()

@@ -115,7 +115,6 @@ class ClusterNodes:
 
     def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
         engine = plan.engine
-        self._noun = engine.worker_noun
         workers = engine.choose(plan.num_nodes)
         payload = cloudpickle.dumps(((_ready, (), {}), []))
         reports = engine.probe(workers, payload)
@@ -134,7 +133,6 @@ class ClusterNodes:
         )
         self._seq = 0
         self._lost_at_fault: tuple[int, ...] = ()
-        self._rendezvous_timeout = settings.rendezvous_timeout
 
     @classmethod
     def start(cls, plan: ClusterPlan, stop_flag: StopFlag) -> ClusterNodes:
@@ -143,7 +141,7 @@ class ClusterNodes:
         try:
             nodes._attempt.start()
             nodes.alive = True
-            limit = nodes._rendezvous_timeout + _START_SLACK
+            limit = nodes._attempt.settings.rendezvous_timeout + _START_SLACK
             deadline = time.monotonic() + limit
             while len(nodes._attempt.ready) < len(nodes.workers):
                 nodes._step("while starting")
@@ -167,15 +165,10 @@ class ClusterNodes:
 
     @property
     def rank_nodes(self) -> tuple[int, ...]:
-        """The node of each global rank."""
-        return tuple(rank // self.num_processes for rank in range(self.world_size))
+        return self._attempt.rank_nodes()
 
     def banner(self) -> str:
-        processes = f"{self.num_processes} process{'es' if self.num_processes > 1 else ''}"
-        return (
-            f"{processes} on each of {len(self.workers)} {self._noun}s "
-            f"({', '.join(self.workers)}), world size {self.world_size}"
-        )
+        return self._attempt.where()
 
     def attach(self, view: LaunchObserver | None) -> None:
         """Show the nodes' lines and metrics in ``view`` (None: hold lines for the next)."""
@@ -201,7 +194,7 @@ class ClusterNodes:
 
     def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError:
         """The error that names a failed rank with its node and worker."""
-        lost, noun = self._lost_at_fault, self._noun
+        lost, noun = self._lost_at_fault, self._attempt.engine.worker_noun
         return ClusterPoolError(failures, self.world_size, self.workers, aftermath, lost, noun)
 
     # -- commands ------------------------------------------------------------------------

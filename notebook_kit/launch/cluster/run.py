@@ -104,15 +104,9 @@ def _attempt(
     attempt = ClusterAttempt(
         engine, reports, payload, settings, observer, stop_flag, restart_count=restart_count
     )
-    processes = settings.num_processes
-    world = processes * len(reports)
-    banner = (
-        f"Launching {processes} process{'es' if processes > 1 else ''} on each of "
-        f"{len(reports)} {engine.worker_noun}s ({', '.join(r.worker for r in reports)}), "
-        f"world size {world}"
-    )
-    nodes = tuple(rank // processes for rank in range(world))
-    observer.on_start(LaunchInfo(banner, world, world, tuple(range(world)), stop_flag, nodes))
+    world, banner = attempt.world_size, f"Launching {attempt.where()}"
+    ranks = tuple(range(world))
+    observer.on_start(LaunchInfo(banner, world, world, ranks, stop_flag, attempt.rank_nodes()))
     started = time.monotonic()
     error: BaseException | None = None
     try:

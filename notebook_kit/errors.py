@@ -109,6 +109,10 @@ class WorkerError(RuntimeError):
         """Rank of the root-cause failure."""
         return self.failure.rank
 
+    def restart_reason(self) -> str:
+        """What a restart of every worker answers, said in the cell before it starts them."""
+        return f"Rank {self.failure.rank} failed ({self.failure.summary()})"
+
     def _format(self) -> str:
         root = self.failure
         lines = [

@@ -114,23 +114,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         "max_restarts= starts the workers again after a failure, that many times",
         (
             Edit(
-                "launch/launchers/forked.py",
-                "if error is not None or self.restart_count >= self.plan.max_restarts:",
-                "if True:",
+                "launch/restarts.py",
+                "        if restart >= self.max_restarts:\n            return False",
+                "        if True:\n            return False",
             ),
         ),
         (
             "tests/test_fault_tolerance_integration.py::test_a_failure_beyond_max_restarts_is_raised",
+            f"{_CLUSTER}test_max_restarts_starts_every_node_again",
         ),
+    ),
+    Mutation(
+        "pool-accepts-max-restarts-silently",
+        "a WorkerPool refuses max_restarts, which it could only ignore",
+        (
+            Edit(
+                "launch/pool/worker_pool.py",
+                "    if max_restarts is not None and arguments.check_int(",
+                "    if False and arguments.check_int(",
+            ),
+        ),
+        ("tests/test_pool_integration.py::test_bad_settings_fail_before_any_fork",),
     ),
     Mutation(
         "max-restarts-unbounded",
         "a failure beyond max_restarts is raised",
         (
             Edit(
-                "launch/launchers/forked.py",
-                "if error is not None or self.restart_count >= self.plan.max_restarts:",
-                "if error is not None or self.restart_count > self.plan.max_restarts:",
+                "launch/restarts.py",
+                "        if restart >= self.max_restarts:",
+                "        if restart > self.max_restarts:",
             ),
         ),
         (
@@ -466,8 +479,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/run.py",
-                "    load_home_weights(dict(enumerate(models)), result.weights)",
-                "    pass",
+                "bring_home=lambda: load_home_weights(dict(enumerate(models)), result.weights),",
+                "bring_home=lambda: None,",
             ),
         ),
         (f"{_CLUSTER}test_all_reduce_metrics_result_and_weights_come_home",),

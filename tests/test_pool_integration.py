@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from notebook_kit import WorkerError, WorkerPool, last_run
+from notebook_kit import LaunchConfig, WorkerError, WorkerPool, last_run
 from notebook_kit.launch.pool.shipping import SendTooLargeError
 
 pytestmark = [pytest.mark.integration]
@@ -124,7 +124,16 @@ def test_bad_settings_fail_before_any_fork() -> None:
         WorkerPool(num_processes=2, config="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="runs on this node only"):
         WorkerPool(num_processes=2, num_nodes=2, master_addr="10.0.0.1", node_rank=0)
+    with pytest.raises(ValueError, match=r"max_restarts=2: a WorkerPool never reruns.*restart\(\)"):
+        WorkerPool(num_processes=2, max_restarts=2)
+    with pytest.raises(ValueError, match="isolate=False: a WorkerPool always runs"):
+        WorkerPool(num_processes=2, isolate=False)
     assert len(psutil.Process().children(recursive=True)) == before
+
+
+def test_a_configs_launch_only_setting_is_left_to_launches() -> None:
+    with WorkerPool(num_processes=1, max_restarts=0, config=LaunchConfig(max_restarts=3)) as pool:
+        assert pool.run(lambda: 5) == 5
 
 
 def test_an_error_on_every_rank_names_the_rank_and_keeps_the_workers(pool: WorkerPool) -> None:

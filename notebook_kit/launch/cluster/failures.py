@@ -38,6 +38,10 @@ class ClusterWorkerError(WorkerError):
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
 
+    def restart_reason(self) -> str:
+        """The root failure as its node reported it ("node 1 lost: ..." names no rank)."""
+        return self.failure.summary()
+
     def _format(self) -> str:
         root = self.failure
         node = self.node_of(root.rank)

@@ -28,8 +28,9 @@ from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports
 from notebook_kit.launch.interrupts import interrupt_taken
+from notebook_kit.launch.pool.view import RunForward
 from notebook_kit.launch.pool.workers import RunOutcome, WorkersStopped
-from notebook_kit.live.observer import LaunchObserver, Stream
+from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.node.protocol import (
     CheckGroup,
     ClosePool,
@@ -38,7 +39,7 @@ from notebook_kit.node.protocol import (
     StopCommand,
 )
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import MetricsBatch, OutputLine
+from notebook_kit.runtime.messages import OutputLine
 
 __all__ = ["CLOSED", "ClusterNodes", "ClusterPoolError"]
 
@@ -69,29 +70,6 @@ class ClusterPoolError(ClusterWorkerError):
         "the other workers were stopped" (its second line, whatever follows it)."""
         lines = super()._format().split("\n")
         return "\n".join([lines[0], *lines[2:], "", self.aftermath])
-
-
-class _Forward:
-    """The attempt's observer: the nodes' lines and metrics go to the run being shown; lines
-    printed between runs are held for the next run's view, as a local pool's are."""
-
-    def __init__(self) -> None:
-        self.view: LaunchObserver | None = None
-        self.held: list[OutputLine] = []
-
-    def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        if self.view is not None:
-            self.view.on_output(rank, stream, line)
-        else:
-            self.held.append(OutputLine(rank, stream, line))
-
-    def on_metrics(self, batch: MetricsBatch) -> None:
-        if self.view is not None:
-            self.view.on_metrics(batch)
-
-    def on_tick(self) -> None:
-        if self.view is not None:
-            self.view.on_tick()
 
 
 def _ready() -> None:
@@ -126,7 +104,7 @@ class ClusterNodes:
         self.alive = False
         self._ended = False
         self.stop_flag = stop_flag  # the kernel's; each node's own follows it per command
-        self._forward = _Forward()
+        self._forward = RunForward()
         self._never = StopFlag()  # the attempt's own Stop is a launch's; unused by a pool
         self._attempt = ClusterAttempt(
             engine, reports, payload, settings, self._forward, self._never, pool=True
@@ -172,11 +150,10 @@ class ClusterNodes:
 
     def attach(self, view: LaunchObserver | None) -> None:
         """Show the nodes' lines and metrics in ``view`` (None: hold lines for the next)."""
-        self._forward.view = view
+        self._forward.attach(view)
 
     def take_held_output(self) -> list[OutputLine]:
-        held, self._forward.held = self._forward.held, []
-        return held
+        return self._forward.take_held()
 
     def exit_codes(self) -> dict[int, int | None]:
         """No rank's exit code is known in the kernel: the answers say how each ended."""

@@ -30,6 +30,7 @@ from notebook_kit.launch.interrupts import interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT, SendTooLargeError
+from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.node.protocol import NodeSettings, ProbeReport
@@ -57,18 +58,24 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
     check_reports(reports)
     settings = plan.settings.with_processes(reports[0].gpus)  # as on one machine
     observer = observer or default_observer(plan.live)
-    for restart in range(plan.max_restarts + 1):
-        result = yield from _attempt(
+    policy = RestartPolicy(
+        plan.max_restarts, plan.timeout, run="cluster run", everyone=f"all {len(reports)} nodes"
+    )
+
+    def attempt(restart: int) -> Generator[tuple[list[Any], float], list[Any], AttemptEnding]:
+        result, error = yield from _attempt(
             engine, reports, payload, settings, observer, plan.timeout, restart
         )
-        if not result.failures or restart == plan.max_restarts or result.interrupted:
-            break
-        print(
-            f"{_error(result, reports, settings).failure.summary()}; restarting all "
-            f"{len(reports)} nodes (restart {restart + 1} of {plan.max_restarts}).",
-            flush=True,
-        )
-    return _conclude(result, reports, settings, models, plan.timeout, engine.worker_noun)
+        failure = _error(result, reports, settings, engine.worker_noun) if result.failures else None
+        return AttemptEnding(
+            error=error,
+            timed_out=result.timed_out,
+            failure=failure,
+            value=result.value,
+            bring_home=lambda: load_home_weights(dict(enumerate(models)), result.weights),
+        )  # the weights are global rank 0's, its models in the order found here
+
+    return (yield from policy.run_attempts(attempt))
 
 
 def _payload(
@@ -94,8 +101,8 @@ def _attempt(
     observer: LaunchObserver,
     timeout: float | None,
     restart_count: int,
-) -> Generator[tuple[list[Any], float], list[Any], AttemptResult]:
-    """Run every node once; tell the observer; return how it ended (never raises for nodes).
+) -> Generator[tuple[list[Any], float], list[Any], tuple[AttemptResult, BaseException | None]]:
+    """Run every node once; tell the observer; return how it ended and what was thrown in.
 
     It waits only by yielding: on the attempt's wake-up socket, which the nodes' events ring,
     for at most a tick, so the view ticks and the Stop button is read while nothing arrives.
@@ -132,9 +139,7 @@ def _attempt(
         attempt.finish(grace=2.0 if error is not None else 0.0)
         observer.on_finish(_summary(attempt.result, reports, settings, started, error))
         stop_flag.close()
-    if error is not None:
-        raise error
-    return attempt.result
+    return attempt.result, error
 
 
 def _summary(
@@ -164,22 +169,3 @@ def _error(
     world = settings.num_processes * len(reports)
     workers = [report.worker for report in reports]
     return ClusterWorkerError(result.failures, world, workers, result.lost_nodes, noun)
-
-
-def _conclude(
-    result: AttemptResult,
-    reports: list[ProbeReport],
-    settings: NodeSettings,
-    models: list[Any],
-    timeout: float | None,
-    noun: str,
-) -> Any:
-    if result.timed_out:
-        raise TimeoutError(
-            f"The cluster run did not finish within timeout={timeout} s; every node was "
-            f"stopped. Raise timeout or pass None."
-        )
-    if result.failures:
-        raise _error(result, reports, settings, noun)
-    load_home_weights(dict(enumerate(models)), result.weights)  # global rank 0's, by index
-    return result.value

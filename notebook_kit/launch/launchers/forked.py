@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
@@ -19,9 +19,10 @@ from notebook_kit.errors import WorkerError
 from notebook_kit.launch.forking import NodeSeat, fork_workers, open_listener
 from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred, interrupts_held
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
-from notebook_kit.launch.launchers.base import Launcher, Steps
+from notebook_kit.launch.launchers.base import Launcher, Steps, WaitRequest
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
 from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.display import prepare_live_view
@@ -73,22 +74,27 @@ class ForkedLauncher(Launcher):
                 shown.append(self.view(observer))
             return shown[0]
 
-        restart = 0
-        while True:
-            attempt = _Attempt(self, call, view, kernel_models, restart)
+        policy = RestartPolicy(
+            self.plan.max_restarts,
+            self.plan.timeout,
+            run="launch",
+            everyone="all workers",
+        )
+
+        def attempt(restart: int) -> Generator[WaitRequest, list[Any], AttemptEnding]:
+            one = _Attempt(self, call, view, kernel_models, restart)
             error: BaseException | None = None
             try:
-                attempt.start()
-                while (limit := attempt.supervisor.wait_limit()) is not None:
-                    attempt.supervisor.serve((yield attempt.supervisor.waitables(), limit))
+                one.start()
+                while (limit := one.supervisor.wait_limit()) is not None:
+                    one.supervisor.serve((yield one.supervisor.waitables(), limit))
             except BaseException as raised:
                 error = raised
                 if isinstance(raised, KeyboardInterrupt):
                     interrupt_taken()  # the launch ends for it: more presses only repeat it
-            done, value = attempt.conclude(error)
-            if done:
-                return value
-            restart += 1
+            return one.finish(error)
+
+        return (yield from policy.run_attempts(attempt))
 
     def fork(
         self,
@@ -117,7 +123,7 @@ class ForkedLauncher(Launcher):
 
 
 class _Attempt:
-    """One attempt of a launch: ``start``, a wait loop over ``supervisor``, then ``conclude``."""
+    """One attempt of a launch: ``start``, a wait loop over ``supervisor``, then ``finish``."""
 
     def __init__(
         self,
@@ -173,22 +179,8 @@ class _Attempt:
             self.stop_flag,
         )
 
-    def conclude(self, error: BaseException | None) -> tuple[bool, Any]:
-        """Finish this attempt: ``(True, value)``, ``(False, None)`` to restart, or raise."""
-        try:
-            return True, self.finish(error)
-        except WorkerError as failure:
-            if error is not None or self.restart_count >= self.plan.max_restarts:
-                raise
-            print(
-                f"Rank {failure.rank} failed ({failure.failure.summary()}); restarting all "
-                f"workers (restart {self.restart_count + 1} of {self.plan.max_restarts}).",
-                flush=True,
-            )
-            return False, None
-
-    def finish(self, error: BaseException | None) -> Any:
-        """Stop what still runs, tell the observer, return rank 0's value or raise.
+    def finish(self, error: BaseException | None) -> AttemptEnding:
+        """Stop what still runs, tell the observer, and say how the attempt ended.
 
         Ctrl-C during the clean-up waits for it, then ends the launch as interrupted: the
         summary says so and one KeyboardInterrupt is raised after it.
@@ -205,23 +197,23 @@ class _Attempt:
             with interrupts_deferred():
                 self.supervisor.release()  # the guardian's exit overlapped with on_finish
             self.stop_flag.close()
-        if error is not None:
-            raise error
-        if outcome.timed_out:
-            raise TimeoutError(
-                f"The launch did not finish within timeout={self.plan.timeout} s; all "
-                f"{self.plan.num_processes} workers were stopped. Raise timeout or pass None."
-            )
-        if outcome.failures:
-            raise WorkerError(outcome.failures, self.plan.world_size)
-        if outcome.result is None:
-            return None
+        failure = WorkerError(outcome.failures, self.plan.world_size) if outcome.failures else None
+        result = outcome.result
+        return AttemptEnding(
+            error=error,
+            timed_out=outcome.timed_out,
+            failure=failure,
+            value=result.value if result is not None else None,
+            bring_home=(lambda: self._bring_home(result.weights)) if result is not None else None,
+        )
+
+    def _bring_home(self, weights: Any) -> None:
+        """Rank 0's weights into the kernel's models (and the seat's, on a cluster's node)."""
         home = self.launcher.weights_file
         fd = home.fd if home is not None else None
         if self.launcher.seat is not None:
-            self.launcher.seat.weights.update(read_states(fd, outcome.result.weights))
-        load_home_weights(self.kernel_models, outcome.result.weights, fd)
-        return outcome.result.value
+            self.launcher.seat.weights.update(read_states(fd, weights))
+        load_home_weights(self.kernel_models, weights, fd)
 
     def _summary(
         self, outcome: LaunchOutcome, error: BaseException | None, started: float

@@ -30,11 +30,42 @@ from notebook_kit.live.observer import (
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
-__all__ = ["LIVE_AFTER", "GroupedText", "RunView"]
+__all__ = ["LIVE_AFTER", "GroupedText", "RunForward", "RunView"]
 
 
 LIVE_AFTER = 0.5  # seconds a run lasts before its live view opens
 _TEXT_SECONDS = 0.25  # between two printings of worker lines during a run
+
+
+class RunForward:
+    """A pool's observer, local or on a cluster: the workers' lines and metrics go to the run
+    being shown (:meth:`attach`); lines printed between runs (a background thread's) are held
+    for the next run's view (:meth:`take_held`)."""
+
+    def __init__(self) -> None:
+        self.view: LaunchObserver | None = None
+        self.held: list[OutputLine] = []
+
+    def attach(self, view: LaunchObserver | None) -> None:
+        self.view = view
+
+    def take_held(self) -> list[OutputLine]:
+        held, self.held = self.held, []
+        return held
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        if self.view is not None:
+            self.view.on_output(rank, stream, line)
+        else:
+            self.held.append(OutputLine(rank, stream, line))
+
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        if self.view is not None:
+            self.view.on_metrics(batch)
+
+    def on_tick(self) -> None:
+        if self.view is not None:
+            self.view.on_tick()
 
 
 class GroupedText:

@@ -91,8 +91,10 @@ class WorkerPool:
             ``num_processes`` ranks warm on each of ``num_nodes`` Dask workers instead of
             forking here; every method works there as here, with global ranks
             (docs/cluster.md).
-        Others: as for ``notebook_launcher`` (``timeout`` applies to each run;
-            ``max_restarts`` and ``isolate`` are accepted but a pool never retries a run).
+        Others: as for ``notebook_launcher`` (``timeout`` applies to each run). A pool never
+            reruns a command and always forks, so ``max_restarts`` above 0 and
+            ``isolate=False`` are refused; a ``max_restarts`` from ``config``, the environment
+            or the saved default is left to launches.
 
     Example::
 
@@ -130,6 +132,7 @@ class WorkerPool:
     ) -> None:
         options = {k: v for k, v in locals().items() if k not in ("self", "send_limit")}
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
+        _refuse_launch_only(options.pop("max_restarts"), options.pop("isolate"))
         self._cluster_plan: ClusterPlan | None = None
         if options.pop("cluster") is not None:
             self._cluster_plan = _cluster_plan(cluster, options, send_limit)
@@ -453,6 +456,21 @@ class WorkerPool:
         return (self._cluster_plan or self.plan).timeout
 
 
+def _refuse_launch_only(max_restarts: Any, isolate: Any) -> None:
+    """Refuse what only a one-off launch means, instead of accepting and ignoring it."""
+    if max_restarts is not None and arguments.check_int("max_restarts", max_restarts, minimum=0):
+        raise ValueError(
+            f"max_restarts={max_restarts}: a WorkerPool never reruns a command (its workers' "
+            "state would be lost with them). Leave it out; after a failure, pool.restart() "
+            "starts new workers, and notebook_launcher(..., max_restarts=N) restarts a launch."
+        )
+    if arguments.check_bool("isolate", isolate) is not True:
+        raise ValueError(
+            "isolate=False: a WorkerPool always runs its ranks in forked workers. Leave it "
+            "out, or use notebook_launcher(..., num_processes=1) to run in this kernel."
+        )
+
+
 def _cluster_plan(cluster: Any, options: dict[str, Any], send_limit: int) -> ClusterPlan:
     """Check what a cluster pool can honour before anything starts (docs/cluster.md)."""
     from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
@@ -462,6 +480,4 @@ def _cluster_plan(cluster: Any, options: dict[str, Any], send_limit: int) -> Clu
             "send_limit= is not supported with cluster= yet: leave it at its default "
             "(64 MiB is sent to every node at most)."
         )
-    options = {k: v for k, v in options.items() if k != "isolate"}
-    options.pop("max_restarts", None)  # a pool never retries a run
     return resolve_cluster_plan(cluster, options)

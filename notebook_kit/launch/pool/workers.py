@@ -28,11 +28,11 @@ from typing import Any
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred
+from notebook_kit.launch.pool.view import RunForward
 from notebook_kit.launch.supervisor import Supervisor
-from notebook_kit.live.observer import LaunchObserver, Stream
+from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import (
-    MetricsBatch,
     OutputLine,
     PoolAnswer,
     Started,
@@ -99,27 +99,16 @@ class RunOutcome:
         )
 
 
-class _Relay:
-    """The supervisor's observer: answers to the pool, the rest to the current run's view."""
+class _Relay(RunForward):
+    """The supervisor's observer: answers and readiness to the pool, the rest forwarded."""
 
     def __init__(self) -> None:
-        self.view: LaunchObserver | None = None
+        super().__init__()
         self.answers: dict[int, PoolAnswer] = {}
         self.ready: set[int] = set()
-        self.held: list[OutputLine] = []  # output while no run was shown
 
     def on_start(self, info: Any) -> None:
         """The pool tells each run's view itself."""
-
-    def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        if self.view is not None:
-            self.view.on_output(rank, stream, line)
-        else:
-            self.held.append(OutputLine(rank, stream, line))
-
-    def on_metrics(self, batch: MetricsBatch) -> None:
-        if self.view is not None:
-            self.view.on_metrics(batch)
 
     def on_other(self, rank: int, message: WorkerMessage) -> None:
         """The supervisor hands over what a launch does not know: answers and readiness."""
@@ -132,8 +121,7 @@ class _Relay:
         """The pool ticks the view itself (:meth:`tick`), outside the part that defers Ctrl-C."""
 
     def tick(self) -> None:
-        if self.view is not None:
-            self.view.on_tick()
+        super().on_tick()
 
     def on_finish(self, summary: Any) -> None:
         """The pool tells each run's view itself."""
@@ -188,7 +176,7 @@ class PoolProcesses:
 
     def attach(self, view: LaunchObserver | None) -> None:
         """Show the workers' lines and metrics in ``view`` (None: hold lines for the next)."""
-        self.relay.view = view
+        self.relay.attach(view)
 
     def exit_codes(self) -> dict[int, int | None]:
         """Each rank's exit code (None while it runs)."""
@@ -389,5 +377,4 @@ class PoolProcesses:
 
     def take_held_output(self) -> list[OutputLine]:
         """Lines printed while no run was shown (background threads between runs)."""
-        held, self.relay.held = self.relay.held, []
-        return held
+        return self.relay.take_held()

@@ -183,13 +183,102 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/checkpoint_methods.py",
-                "            existing = self._numbered_checkpoints(committed=True)\n",
-                "            existing = self._numbered_checkpoints()\n",
+                "existing = self._numbered_checkpoints(committed=True) if rank_zero else []",
+                "existing = self._numbered_checkpoints() if rank_zero else []",
             ),
         ),
         (
             "tests/test_checkpoint_faults_integration.py::"
             "test_total_limit_keeps_two_good_checkpoints_after_a_kill_mid_save",
+        ),
+    ),
+    Mutation(
+        "unshared-folder-saved-silently",
+        "a folder each node sees as a different one is refused at the first save",
+        (
+            Edit(
+                "accelerator/checkpointing.py",
+                "    if size == 1:\n        return\n    (staging",
+                "    if size >= 1:\n        return\n    (staging",
+            ),
+        ),
+        (
+            "tests/test_object_storage_integration.py::"
+            "test_a_folder_that_is_not_shared_by_every_rank_is_refused_at_the_first_save",
+        ),
+    ),
+    Mutation(
+        "load-state-raises-without-a-checkpoint",
+        "load_state() with no checkpoint yet returns None, so one function starts and resumes",
+        (
+            Edit(
+                "accelerator/checkpoint_methods.py",
+                "            if number is None:  # rank 0's listing decides for every rank\n"
+                "                return None\n",
+                "            if number is None:  # rank 0's listing decides for every rank\n"
+                "                raise FileNotFoundError(self._checkpoint_root())\n",
+            ),
+        ),
+        (
+            "tests/test_object_storage_integration.py::"
+            "test_numbered_checkpoints_on_s3_start_fresh_resume_and_keep_total_limit",
+        ),
+    ),
+    Mutation(
+        "url-password-kept",
+        "a URL carrying a password is refused, so no secret reaches a message",
+        (Edit("accelerator/storage.py", "    if parts.password:", "    if False:"),),
+        (
+            "tests/test_object_storage_integration.py::"
+            "test_a_url_without_its_backend_or_with_a_password_is_refused_before_saving",
+        ),
+    ),
+    Mutation(
+        "stale-listing-on-object-storage",
+        "a listing on object storage sees what other processes wrote since",
+        (
+            Edit(
+                "accelerator/storage.py",
+                "    if not is_local(path):\n        path.fs.invalidate_cache()",
+                "    if False:\n        path.fs.invalidate_cache()",
+            ),
+        ),
+        (
+            "tests/test_object_storage_integration.py::"
+            "test_two_ranks_save_and_resume_through_s3_with_credentials_from_the_environment",
+            "tests/test_object_storage_integration.py::"
+            "test_an_interrupted_or_killed_save_on_s3_is_never_loaded",
+            "tests/test_object_storage_integration.py::"
+            "test_a_checkpoint_another_process_wrote_is_found_by_a_process_that_listed_before",
+        ),
+    ),
+    Mutation(
+        "resume-on-another-world-size-restarts-the-epoch",
+        "a loader saved by N processes resumes on M at the same global sample",
+        (
+            Edit(
+                "accelerator/prepared_loader.py",
+                '        self._resume_skip = int(state["global_batches"])',
+                "        self._resume_skip = 0",
+            ),
+        ),
+        (
+            "tests/test_resume_world_size_integration.py::test_ddp_resumes_on_another_world_size_and_sees_every_sample_once",
+        ),
+    ),
+    Mutation(
+        "shuffle-state-of-the-other-kind-ignored",
+        "one process resumes the permutation several processes drew, and the other way",
+        (
+            Edit(
+                "accelerator/samplers.py",
+                '        if "generator" in state:\n            if self.generator is None:',
+                '        if "generator" in state and self.generator is not None:\n'
+                "            if self.generator is None:",
+            ),
+        ),
+        (
+            "tests/test_resume_world_size_integration.py::test_ddp_resumes_on_another_world_size_and_sees_every_sample_once",
         ),
     ),
     Mutation(
@@ -1183,8 +1272,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/strategies/fsdp_state.py",
-                '            dcp.save({"optimizer": state}, '
-                'checkpoint_id=folder / f"optimizer_{index}")',
+                '            dcp.save({"optimizer": state}, **dcp_options(place, writing=True))',
                 "            pass",
             ),
         ),

@@ -181,15 +181,14 @@ def test_missing_checkpoint_and_missing_file_are_explained(tmp_path):
         accelerator.load_state(tmp_path / "ckpt")
 
 
-def test_incompatible_checkpoints_are_refused(tmp_path):
+def test_checkpoints_of_other_objects_are_refused(tmp_path):
     accelerator = Accelerator()
     _setup(accelerator)
     accelerator.save_state(tmp_path)
     manifest_path = tmp_path / checkpointing.MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest_path.write_text(json.dumps({**manifest, "world_size": 2}))
-    with pytest.raises(CheckpointError, match="saved by 2 processes, but this run has 1"):
-        accelerator.load_state(tmp_path)
+    accelerator.load_state(tmp_path)  # another world size loads: its data position is global
     manifest_path.write_text(json.dumps(manifest))
     other = Accelerator()
     other.prepare(nn.Linear(2, 1))
@@ -214,8 +213,7 @@ def test_loading_is_weights_only(tmp_path):
 def test_numbered_checkpoints_in_project_dir(tmp_path):
     accelerator = Accelerator(project_dir=tmp_path)
     model, *_ = _setup(accelerator)
-    with pytest.raises(FileNotFoundError, match="No checkpoint_<n>"):
-        accelerator.load_state()
+    assert accelerator.load_state() is None  # nothing yet: a fresh start, not an error
     first = accelerator.save_state()
     with torch.no_grad():
         model.weight.add_(1.0)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from notebook_kit import Accelerator, CheckpointError, notebook_launcher, set_seed
+from notebook_kit import Accelerator, notebook_launcher, set_seed
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +61,6 @@ def test_resume_in_a_fresh_launch_is_bit_identical(tmp_path, num_processes):
     resumed = notebook_launcher(_train, args=("resume", directory), num_processes=num_processes)
     assert straight.shape[0] == num_processes
     assert torch.equal(straight, resumed)
-    if num_processes == 2:
-        with pytest.raises(CheckpointError, match="saved by 2 processes, but this run has 1"):
-            notebook_launcher(_train, args=("resume", directory), num_processes=1)
+    if num_processes == 2:  # saved by 2, resumed by 1 (tests/test_resume_world_size_...)
+        one = notebook_launcher(_train, args=("resume", directory), num_processes=1)
+        assert one.shape == (1, straight.shape[1])

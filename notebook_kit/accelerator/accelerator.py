@@ -51,6 +51,7 @@ from notebook_kit.accelerator.settings import (
     loader_configuration,
 )
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
+from notebook_kit.accelerator.storage import is_local, storage_path
 from notebook_kit.accelerator.strategies import Strategy, fsdp_from_settings, select_strategy
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import current_launch
@@ -84,7 +85,8 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
             over a prepared DataLoader: ``"generator"`` (the sampler's, the default),
             ``"torch"``, ``"cuda"``.
         project_dir: Where ``save_state()``/``load_state()`` without a directory keep
-            ``checkpoints/checkpoint_<n>``.
+            ``checkpoints/checkpoint_<n>``: a local path, a folder every node mounts, or an
+            fsspec URL such as ``s3://bucket/run`` (``ProjectConfiguration.storage_options``).
         project_config: Accelerate's ``ProjectConfiguration``: ``project_dir`` (if not given
             directly) and ``total_limit``, the number of numbered checkpoints kept.
         gradient_accumulation_plugin: A :class:`GradientAccumulationPlugin` (instead of
@@ -157,9 +159,15 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         project = adopt(project_config, ProjectConfiguration, "project_config")
         project = project or ProjectConfiguration()
         project_dir = project_dir if project_dir is not None else project.project_dir
-        self.project_dir = Path(project_dir) if project_dir is not None else None
+        self.project_dir = (
+            storage_path(project_dir, project.storage_options, name="project_dir")
+            if project_dir is not None
+            else None
+        )
         self.total_limit = project.total_limit
-        logging_dir = project.logging_dir if project.logging_dir is not None else project_dir
+        logging_dir = project.logging_dir
+        if logging_dir is None and self.project_dir is not None and is_local(self.project_dir):
+            logging_dir = self.project_dir  # trackers write files: not to a URL by default
         self.logging_dir = Path(logging_dir) if logging_dir is not None else None
         self.log_with = check_log_with(log_with, self.logging_dir)
         self.trackers: list[Any] = []

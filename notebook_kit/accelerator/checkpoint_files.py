@@ -13,17 +13,24 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from notebook_kit.accelerator.storage import (
+    StoragePath,
+    dcp_options,
+    is_local,
+    refresh,
+    storage_path,
+    write_durably,
+)
 
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "CheckpointError",
     "CheckpointSpaceError",
-    "free_bytes",
     "is_state_folder",
     "load_file",
     "read_manifest",
@@ -66,15 +73,12 @@ def is_state_folder(name: str) -> bool:
     return _STATE_FOLDER.fullmatch(name) is not None
 
 
-def write_file(obj: Any, path: Path) -> None:
-    """``torch.save`` that reaches the disk before returning (a later rename depends on it)."""
-    with open(path, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+def write_file(obj: Any, path: StoragePath) -> None:
+    """``torch.save`` that reaches the storage before returning (a later commit depends on it)."""
+    write_durably(path, lambda handle: torch.save(obj, handle))
 
 
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def read_manifest(directory: str | os.PathLike[str] | StoragePath) -> dict[str, Any]:
     """The committed manifest of ``directory``, checked before anything it names is opened.
 
     Raises:
@@ -87,7 +91,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         read_manifest("ckpt")["world_size"]
         # 2
     """
-    directory = Path(directory)
+    directory = storage_path(directory, name="input_dir")
+    refresh(directory)  # another process (or machine) may have committed it just now
     if not directory.is_dir():
         raise FileNotFoundError(f"No checkpoint directory at {directory}.")
     path = directory / MANIFEST
@@ -104,7 +109,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def _check_manifest(manifest: Any, path: Path) -> None:
+def _check_manifest(manifest: Any, path: StoragePath) -> None:
     if not isinstance(manifest, dict):
         raise CheckpointError(
             f"{path} holds a JSON {type(manifest).__name__}, not the object save_state writes; "
@@ -134,7 +139,7 @@ def _check_manifest(manifest: Any, path: Path) -> None:
         )
 
 
-def load_file(path: Path) -> Any:
+def load_file(path: StoragePath) -> Any:
     """``torch.load(weights_only=True)`` of one checkpoint file, failures named and explained.
 
     Example::
@@ -147,14 +152,17 @@ def load_file(path: Path) -> Any:
             f"Checkpoint file {path} is missing; the checkpoint was modified after it was saved."
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        if is_local(path):
+            return torch.load(path, map_location="cpu", weights_only=True)
+        with path.open("rb") as handle:
+            return torch.load(handle, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises a different type for each kind of damage
         raise CheckpointError(
             f"Checkpoint file {path} cannot be read: {_load_failure(error, path)}; {_DAMAGED}."
         ) from error
 
 
-def _load_failure(error: Exception, path: Path) -> str:
+def _load_failure(error: Exception, path: StoragePath) -> str:
     text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
     if "Weights only load failed" in text:
         return (
@@ -166,7 +174,7 @@ def _load_failure(error: Exception, path: Path) -> str:
     return f"it is damaged or not a file save_state wrote ({type(error).__name__}: {text})"
 
 
-def sharded_load_error(error: BaseException, folder: Path) -> CheckpointError:
+def sharded_load_error(error: BaseException, folder: StoragePath) -> CheckpointError:
     """What torch's ``CheckpointException`` from loading the DCP ``folder`` means, as a
     :class:`CheckpointError` naming the file at fault.
 
@@ -193,12 +201,15 @@ def sharded_load_error(error: BaseException, folder: Path) -> CheckpointError:
     )
 
 
-def _damaged_shard(folder: Path) -> str | None:
+def _damaged_shard(folder: StoragePath) -> str | None:
     """The first shard of ``folder`` that is missing or cut short, said as such, or None."""
-    from torch.distributed.checkpoint import FileSystemReader
-
     try:
-        stored = FileSystemReader(folder).read_metadata().storage_data
+        reader = dcp_options(folder, writing=False)
+        if "checkpoint_id" in reader:
+            from torch.distributed.checkpoint import FileSystemReader
+
+            reader = {"storage_reader": FileSystemReader(folder)}
+        stored = reader["storage_reader"].read_metadata().storage_data
     except Exception:  # an unreadable index: the caller reports the failure itself
         return None
     ends: dict[str, int] = {}
@@ -239,11 +250,3 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, list | tuple):
         return sum(tensor_bytes(value) for value in obj)
     return 0
-
-
-def free_bytes(path: Path) -> int:
-    """Space available to this user on the filesystem holding ``path`` (or its parent)."""
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    stats = os.statvfs(path)
-    return stats.f_bavail * stats.f_frsize

@@ -8,8 +8,11 @@ numbered checkpoint folders.
 Numbered checkpoints follow Accelerate's automatic naming: ``save_state()`` without a directory
 writes ``project_dir/checkpoints/checkpoint_<n>`` with ``n`` one past the highest existing
 number (so a restarted run continues the sequence), ``load_state()`` without a directory loads
-the newest *committed* one (a save cut short by a crash is skipped), and
+the newest *committed* one (a save cut short by a crash is skipped) and returns where it was,
+or returns None when there is none yet (so one function both starts and resumes), and
 ``ProjectConfiguration(total_limit=N)`` keeps only the newest ``N``.
+
+Every directory may be a local path or an fsspec URL (:mod:`~notebook_kit.accelerator.storage`).
 
 Only *complete* checkpoints (with a committed manifest) count. A ``checkpoint_<n>`` that a
 killed save left without its manifest is removed, with a warning, by the next numbered save
@@ -21,9 +24,8 @@ write (other files in it) is left alone and ignored, with a warning.
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from notebook_kit.accelerator import operations
@@ -31,6 +33,7 @@ from notebook_kit.accelerator.checkpoint_files import MANIFEST, is_state_folder
 from notebook_kit.accelerator.checkpointing import Stateful, load_checkpoint, save_checkpoint
 from notebook_kit.accelerator.data_loader import skip_first_batches
 from notebook_kit.accelerator.model_files import parse_shard_size, write_model_files
+from notebook_kit.accelerator.storage import StoragePath, refresh, remove_tree, storage_path
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +50,7 @@ __all__ = ["CheckpointMethods"]
 class CheckpointMethods:
     """``save_state``/``load_state`` and friends; needs the Accelerator's prepared objects."""
 
-    project_dir: Path | None
+    project_dir: StoragePath | None
     total_limit: int | None
     scaler: torch.amp.GradScaler | None
     _models: list[nn.Module]
@@ -83,7 +86,7 @@ class CheckpointMethods:
             scaler=self.scaler,
         )
 
-    def _checkpoint_root(self) -> Path:
+    def _checkpoint_root(self) -> StoragePath:
         if self.project_dir is None:
             raise ValueError(
                 "Give save_state/load_state a directory, or create the Accelerator with "
@@ -91,10 +94,16 @@ class CheckpointMethods:
             )
         return self.project_dir / "checkpoints"
 
-    def _numbered_checkpoints(self, committed: bool = False) -> list[tuple[int, Path]]:
+    def _numbered_checkpoints(self, committed: bool = False) -> list[tuple[int, StoragePath]]:
         """``(n, folder)`` for every ``checkpoint_<n>``, oldest first (only finished ones)."""
         root = self._checkpoint_root()
-        found = [(path.name.rpartition("_")[2], path) for path in root.glob("checkpoint_*")]
+        refresh(root)
+        children = root.iterdir() if root.is_dir() else []
+        found = [
+            (path.name.rpartition("_")[2], path)
+            for path in children
+            if path.name.startswith("checkpoint_")
+        ]
         numbered = sorted((int(number), path) for number, path in found if number.isdigit())
         return [item for item in numbered if not committed or (item[1] / MANIFEST).is_file()]
 
@@ -113,15 +122,25 @@ class CheckpointMethods:
         if limit is None or self.state.process_index != 0:
             return
         for _, folder in self._numbered_checkpoints(committed=True)[:-limit]:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_tree(folder)
 
-    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> StoragePath:
         """Save models, optimizers, schedulers, scaler, RNG states and data positions.
 
         Must be called on every process. The save is atomic: a crash during it leaves the
         previous checkpoint in ``output_dir`` intact, and a failed save removes what it wrote.
         Without ``output_dir`` it writes the next ``project_dir/checkpoints/checkpoint_<n>``
         and then drops the oldest complete ones beyond ``total_limit``.
+
+        ``output_dir`` (and ``project_dir``) may be a URL such as ``s3://bucket/run/step_100``;
+        ``storage_options`` go to its fsspec backend (credentials otherwise come from the
+        environment and the backend's config files). Every rank must see the same folder: one
+        that is different on each machine is refused before anything is written.
 
         Raises:
             CheckpointSpaceError: The disk filled up (an ``OSError``); the partial save was
@@ -133,7 +152,8 @@ class CheckpointMethods:
         """
         self.strategy.enter_collective("save_state")
         if output_dir is not None:
-            return save_checkpoint(output_dir, self._stateful(), self.state.process_index)
+            where = storage_path(output_dir, storage_options, name="output_dir")
+            return save_checkpoint(where, self._stateful(), self.state.process_index)
         rank_zero = self.state.process_index == 0
         number = operations.broadcast_object(self._next_number() if rank_zero else None)
         saved = save_checkpoint(
@@ -145,11 +165,21 @@ class CheckpointMethods:
         self._drop_old_checkpoints()
         return saved
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> None:
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> StoragePath | None:
         """Restore what ``save_state`` wrote; the next data pass resumes where it stopped.
 
-        Without ``input_dir`` the newest finished ``checkpoint_<n>`` of ``project_dir`` is
-        loaded.
+        Returns where the checkpoint was. Without ``input_dir`` the newest finished
+        ``checkpoint_<n>`` of ``project_dir`` is loaded, and None is returned when there is
+        none yet (Accelerate raises there), so one training function both starts and resumes::
+
+            accelerator.load_state()  # None on the first run, the checkpoint on a restart
+
+        ``input_dir`` may be a URL, as for :meth:`save_state`.
 
         Raises:
             FileNotFoundError: No checkpoint (or a file of it) at ``input_dir``.
@@ -162,11 +192,16 @@ class CheckpointMethods:
         """
         self.strategy.enter_collective("load_state")
         if input_dir is None:
-            existing = self._numbered_checkpoints(committed=True)
-            if not existing:
-                raise FileNotFoundError(f"No checkpoint_<n> folder in {self._checkpoint_root()}.")
-            input_dir = existing[-1][1]
-        load_checkpoint(input_dir, self._stateful(), self.state.process_index)
+            rank_zero = self.state.process_index == 0
+            existing = self._numbered_checkpoints(committed=True) if rank_zero else []
+            number = operations.broadcast_object(existing[-1][0] if existing else None)
+            if number is None:  # rank 0's listing decides for every rank
+                return None
+            where = self._checkpoint_root() / f"checkpoint_{number}"
+        else:
+            where = storage_path(input_dir, storage_options, name="input_dir")
+        load_checkpoint(where, self._stateful(), self.state.process_index)
+        return where
 
     def save_model(
         self,
@@ -174,6 +209,8 @@ class CheckpointMethods:
         save_directory: str | os.PathLike[str],
         max_shard_size: int | str = "10GB",
         safe_serialization: bool = True,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         """Write the model's full weights as Transformers' ``save_pretrained`` does.
 
@@ -187,9 +224,10 @@ class CheckpointMethods:
             accelerator.save_model(model, "trained", max_shard_size="200MB")
         """
         parse_shard_size(max_shard_size)  # a bad size fails before any gathering
+        where = storage_path(save_directory, storage_options, name="save_directory")
         state = self.strategy.full_state_dict(model, "save_model")
         if self.state.process_index == 0:
-            write_model_files(state, save_directory, max_shard_size, safe_serialization)
+            write_model_files(state, where, max_shard_size, safe_serialization)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """One pass of ``dataloader`` starting at batch ``num_batches`` of the epoch.
@@ -201,7 +239,7 @@ class CheckpointMethods:
         return skip_first_batches(dataloader, num_batches)
 
 
-def _remove_unfinished(folder: Path) -> None:
+def _remove_unfinished(folder: StoragePath) -> None:
     """Remove a ``checkpoint_<n>`` that a killed save left without its manifest.
 
     Only a folder holding nothing but what a save writes is removed; anything else in it means
@@ -221,4 +259,4 @@ def _remove_unfinished(folder: Path) -> None:
         "probably killed while saving). The newest complete checkpoint is unaffected.",
         stacklevel=4,
     )
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_tree(folder)

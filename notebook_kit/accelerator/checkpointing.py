@@ -24,11 +24,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,7 +37,6 @@ from notebook_kit.accelerator.checkpoint_files import (
     MANIFEST,
     CheckpointError,
     CheckpointSpaceError,
-    free_bytes,
     is_state_folder,
     load_file,
     read_manifest,
@@ -47,8 +44,16 @@ from notebook_kit.accelerator.checkpoint_files import (
     tensor_bytes,
     write_file,
 )
-from notebook_kit.accelerator.operations import broadcast_object, world_size
-from notebook_kit.atomic_file import replace_atomically
+from notebook_kit.accelerator.operations import broadcast_object, gather_object, world_size
+from notebook_kit.accelerator.storage import (
+    StoragePath,
+    free_space,
+    is_local,
+    refresh,
+    remove_tree,
+    storage_path,
+    write_whole,
+)
 from notebook_kit.runtime.seeding import get_rng_states, set_rng_states
 
 __all__ = [
@@ -113,18 +118,18 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _commit(directory: Path, manifest: dict[str, Any]) -> None:
-    text = json.dumps(manifest, indent=2).encode()
-    replace_atomically(directory / MANIFEST, lambda handle: handle.write(text), durable=True)
+def _commit(directory: StoragePath, manifest: dict[str, Any]) -> None:
+    write_whole(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
 
 
-def remove_unreferenced(directory: Path, keep: str | None = None) -> None:
+def remove_unreferenced(directory: StoragePath, keep: str | None = None) -> None:
     """Remove the state folders of ``directory`` that its manifest does not name.
 
     They are what a failed or killed save left, or the previous checkpoint once a newer one
     is committed (``keep``). Nothing is removed while the manifest cannot be read: then which
     folder is current is unknown.
     """
+    refresh(directory)
     if not directory.is_dir():
         return
     if keep is None and (directory / MANIFEST).exists():
@@ -134,17 +139,17 @@ def remove_unreferenced(directory: Path, keep: str | None = None) -> None:
             return
     for path in directory.iterdir():
         if is_state_folder(path.name) and path.name != keep and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
         elif path.name.startswith(f".{MANIFEST}."):  # a manifest write cut short
             path.unlink(missing_ok=True)
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | StoragePath,
     state: Stateful,
     process_index: int,
     number: int | None = None,
-) -> Path:
+) -> StoragePath:
     """Write ``state`` into ``directory`` atomically; collective over all processes.
 
     ``number`` (of a numbered ``checkpoint_<n>``) only appears in error messages.
@@ -156,7 +161,7 @@ def save_checkpoint(
 
         save_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
     """
-    directory = Path(directory)
+    directory = storage_path(directory)
     created = not directory.exists()
     if process_index == 0:
         remove_unreferenced(directory)  # what a killed save left takes no space from this one
@@ -164,6 +169,7 @@ def save_checkpoint(
     staging = directory / folder
     try:
         staging.mkdir(parents=True, exist_ok=True)
+        _check_shared(directory, staging, process_index)
         if process_index == 0:
             for name, obj in state.shared_files().items():
                 write_file(obj.state_dict(), staging / name)
@@ -192,27 +198,60 @@ def save_checkpoint(
     return directory
 
 
-def _discard(directory: Path, staging: Path, process_index: int, created: bool) -> None:
+def _check_shared(directory: StoragePath, staging: StoragePath, process_index: int) -> None:
+    """Refuse a folder that is not the same for every rank, before anything large is written.
+
+    Each rank leaves a marker in the staging folder; once all have, each looks for everyone's.
+    On a cluster, a local path is a different folder on each machine: a save would report
+    success with its files spread over the machines, and no load could find them whole.
+    """
+    size = world_size()
+    if size == 1:
+        return
+    (staging / f".rank_{process_index}").write_bytes(b"")
+    _barrier()
+    refresh(staging)
+    seen = {path.name for path in staging.iterdir()}
+    missing = [rank for rank in range(size) if f".rank_{rank}" not in seen]
+    views = gather_object([(process_index, missing)])
+    blind = [(rank, absent) for rank, absent in views if absent]
+    if blind:
+        rank, absent = blind[0]
+        ranks = ", ".join(map(str, absent))
+        raise CheckpointError(
+            f"save_state: {directory} is not one folder shared by every rank: rank {rank} "
+            f"does not see what ranks {ranks} wrote into it (they run on other machines, each "
+            "with its own disk). Save to a URL every node reaches (s3://bucket/run, gs://..., "
+            "az://...) or to a folder every node mounts (NFS, Lustre). Nothing was saved."
+        )
+
+
+def _discard(
+    directory: StoragePath, staging: StoragePath, process_index: int, created: bool
+) -> None:
     """Remove what a failed save wrote. Rank 0 owns the folder; others only their own file,
     since rank 0 may still be writing into it."""
     if process_index != 0:
-        (staging / f"process_{process_index}.pt").unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (staging / f"process_{process_index}.pt").unlink()
         return
-    shutil.rmtree(staging, ignore_errors=True)
-    if created:
+    remove_tree(staging)
+    if created and is_local(directory):
         with contextlib.suppress(OSError):
             directory.rmdir()  # only if the failed save left it empty
 
 
-def _space_message(directory: Path, state: Stateful, number: int | None) -> str:
+def _space_message(directory: StoragePath, state: Stateful, number: int | None) -> str:
     files = state.shared_files()
     needed = sum(tensor_bytes(obj.state_dict()) for obj in files.values())
     needed += world_size() * tensor_bytes(state.own_state())
     needed += (len(files) + world_size()) * _FILE_OVERHEAD
     which = "checkpoint" if number is None else f"checkpoint {number}"
+    free = free_space(directory)
     return (
         f"No space left on device while saving {which} to {directory} "
-        f"(needed ≈ {_megabytes(needed)}, {_megabytes(free_bytes(directory))} free). The "
+        f"(needed ≈ {_megabytes(needed)}"
+        f"{'' if free is None else f', {_megabytes(free)} free'}). The "
         "partial save was removed and checkpoints saved before are intact: free some space "
         "(or save elsewhere, or keep fewer with ProjectConfiguration(total_limit=...)) and "
         "call save_state() again."
@@ -223,14 +262,7 @@ def _megabytes(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size < 100e6 else f"{size / 1e6:,.0f} MB"
 
 
-def _check_compatible(manifest: dict[str, Any], state: Stateful, directory: Path) -> None:
-    saved_size = manifest["world_size"]
-    if saved_size != world_size():
-        raise CheckpointError(
-            f"The checkpoint in {directory} was saved by {saved_size} processes, but this run "
-            f"has {world_size()}. Its RNG states and data positions are per process: load it "
-            f"with num_processes={saved_size}."
-        )
+def _check_compatible(manifest: dict[str, Any], state: Stateful, directory: StoragePath) -> None:
     for kind, count in state.counts.items():
         saved = manifest["counts"].get(kind, 0)
         if saved != count:
@@ -240,7 +272,7 @@ def _check_compatible(manifest: dict[str, Any], state: Stateful, directory: Path
             )
 
 
-def _restore(obj: Any, path: Path) -> None:
+def _restore(obj: Any, path: StoragePath) -> None:
     saved = load_file(path)
     try:
         obj.load_state_dict(saved)
@@ -257,7 +289,7 @@ def _first_line(error: BaseException) -> str:
     return lines[0][:300] if lines else ""
 
 
-def _restore_own(state: Stateful, path: Path) -> None:
+def _own_file(path: StoragePath) -> dict[str, Any]:
     own = load_file(path)
     loaders = own.get("dataloaders") if isinstance(own, dict) else None
     if not isinstance(loaders, list) or not isinstance(own.get("rng"), dict):
@@ -265,10 +297,30 @@ def _restore_own(state: Stateful, path: Path) -> None:
             f"{path} does not hold RNG states and data positions as save_state writes them; "
             "it was damaged or replaced: load an earlier checkpoint, or save a new one."
         )
+    return own
+
+
+def _restore_own(state: Stateful, staging: StoragePath, saved_size: int, rank: int) -> None:
+    """This process's RNG states and data positions.
+
+    Saved by as many processes, each gets its own back. Saved by another number, the data
+    positions come from process 0's file (a prepared loader turns them into the global batch
+    every process had reached) and the RNG states from this rank's file where it has one; a
+    rank beyond those keeps the states its launch seeded.
+    """
+    path = staging / f"process_{rank if saved_size == world_size() else 0}.pt"
+    own = _own_file(path)
+    rng = own["rng"]
+    if saved_size != world_size():
+        mine = staging / f"process_{rank}.pt"
+        rng = _own_file(mine)["rng"] if rank < saved_size else None
     try:
-        for loader, loader_state in zip(state.dataloaders, loaders, strict=True):
+        for loader, loader_state in zip(state.dataloaders, own["dataloaders"], strict=True):
             loader.load_state_dict(loader_state)
-        set_rng_states(own["rng"])
+        if rng is not None:
+            set_rng_states(rng)
+    except CheckpointError:
+        raise
     except Exception as error:
         raise CheckpointError(
             f"{path} holds unusable RNG states or data positions ({type(error).__name__}: "
@@ -276,7 +328,9 @@ def _restore_own(state: Stateful, path: Path) -> None:
         ) from error
 
 
-def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_index: int) -> None:
+def load_checkpoint(
+    directory: str | os.PathLike[str] | StoragePath, state: Stateful, process_index: int
+) -> None:
     """Restore ``state`` from a checkpoint written by :func:`save_checkpoint`.
 
     Raises:
@@ -287,7 +341,7 @@ def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_
 
         load_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
     """
-    directory = Path(directory)
+    directory = storage_path(directory, name="input_dir")
     manifest = read_manifest(directory)
     _check_compatible(manifest, state, directory)
     staging = directory / manifest["folder"]
@@ -295,4 +349,4 @@ def load_checkpoint(directory: str | os.PathLike[str], state: Stateful, process_
         _restore(obj, staging / name)
     if state.sharded is not None:
         state.sharded.load(staging)
-    _restore_own(state, staging / f"process_{process_index}.pt")
+    _restore_own(state, staging, manifest["world_size"], process_index)

@@ -45,12 +45,16 @@ class ProjectConfiguration:
     """Where numbered checkpoints go and how many are kept, as in Accelerate.
 
     Attributes:
-        project_dir: Folder holding ``checkpoints/checkpoint_<n>``.
+        project_dir: Folder holding ``checkpoints/checkpoint_<n>``: a local path, a folder
+            every node mounts, or an fsspec URL (``s3://bucket/run``, ``gs://``, ``az://``).
         automatic_checkpoint_naming: Accepted for Accelerate compatibility; ``save_state()``
             without a directory always writes the next numbered checkpoint.
         total_limit: Keep only the newest this many numbered checkpoints (None: keep all).
         logging_dir: Where trackers such as ``log_with="tensorboard"`` write (default:
-            ``project_dir``).
+            ``project_dir`` when it is a local path).
+        storage_options: Options of the fsspec backend of a URL ``project_dir`` (an
+            ``endpoint_url``, a profile, credentials); not part of Accelerate's object. Left
+            out, the backend reads the environment and its own config files.
 
     Example::
 
@@ -62,6 +66,7 @@ class ProjectConfiguration:
     automatic_checkpoint_naming: bool = True
     total_limit: int | None = None
     logging_dir: str | os.PathLike[str] | None = None
+    storage_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         limit = self.total_limit

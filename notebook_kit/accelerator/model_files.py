@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from notebook_kit.accelerator.checkpoint_files import MANIFEST, read_manifest, sharded_load_error
+from notebook_kit.accelerator.storage import StoragePath, is_local, storage_path
 
 __all__ = ["merge_sharded_weights", "parse_shard_size", "write_model_files"]
 
@@ -76,10 +77,10 @@ def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torc
 
 def write_model_files(
     state: dict[str, Any],
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | StoragePath,
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
-) -> list[Path]:
+) -> list[StoragePath]:
     """Write ``state`` as Transformers does; returns the files written.
 
     Example::
@@ -87,7 +88,7 @@ def write_model_files(
         write_model_files(model.state_dict(), "out", max_shard_size="1MB")
     """
     limit = parse_shard_size(max_shard_size)
-    directory = Path(directory)
+    directory = storage_path(directory, name="save_directory")
     directory.mkdir(parents=True, exist_ok=True)
     tensors = _tensors(state)
     shards = _shards(tensors, limit)
@@ -114,18 +115,22 @@ def write_model_files(
     return written
 
 
-def _write_shard(shard: dict[str, torch.Tensor], path: Path, safe: bool) -> None:
+def _write_shard(shard: dict[str, torch.Tensor], path: StoragePath, safe: bool) -> None:
     if not safe:
-        torch.save(shard, path)
+        with path.open("wb") as handle:
+            torch.save(shard, handle)
         return
     try:
-        from safetensors.torch import save_file
+        from safetensors.torch import save, save_file
     except ImportError as error:
         raise ImportError(
             "save_model(..., safe_serialization=True) needs safetensors: "
             "pip install 'notebook_kit[fsdp]' (or pass safe_serialization=False)."
         ) from error
-    save_file(shard, str(path), metadata={"format": "pt"})
+    if is_local(path):
+        save_file(shard, str(path), metadata={"format": "pt"})
+    else:
+        path.write_bytes(save(shard, metadata={"format": "pt"}))
 
 
 def _dcp_folder(checkpoint: Path) -> Path:

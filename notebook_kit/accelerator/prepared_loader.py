@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from notebook_kit.accelerator.checkpoint_files import CheckpointError
 from notebook_kit.accelerator.dispatch import dispatched_batches
 from notebook_kit.accelerator.operations import send_to_device
 from notebook_kit.accelerator.optimizer import GradientState
@@ -88,6 +89,7 @@ class PreparedDataLoader:
         self._non_blocking = non_blocking
         self._dispatch = dispatch
         self._resume_at = 0
+        self._resume_skip = 0
         self._remainder = remainder
         self.remainder = remainder
         self.epoch = 0
@@ -115,30 +117,57 @@ class PreparedDataLoader:
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: epoch, batches handed out in it, what its shuffle came from."""
+        """Where this loader stands: epoch, batches handed out in it, what its shuffle came from,
+        and (sharded) the batches every process took together, for a resume on another count."""
         state: dict[str, Any] = {"epoch": self.epoch, "position": self.position}
         if self._shuffle is not None:
             state.update(self._shuffle.state_dict(mid_pass=self.position > 0))
+        if self._sharded is not None and self._dispatch is None:
+            state["processes"] = self._sharded.num_processes
+            state["global_batches"] = self._sharded.global_batches(self.position)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next pass continue where ``state`` was taken."""
+        """Make the next pass continue where ``state`` was taken.
+
+        Saved by another number of processes, the pass continues at the same global batch of
+        the same shuffle: the samples every process had taken are skipped, the rest are dealt
+        to this run's processes, so none is repeated or left out.
+        """
         self.epoch = int(state["epoch"])
         self.position = self._resume_at = int(state["position"])
+        self._resume_skip = 0
         if self._shuffle is not None:
             self._shuffle.load_state_dict(state)
+        saved = state.get("processes")
+        if saved is None or self._sharded is None or saved == self._sharded.num_processes:
+            return
+        if self._dispatch is not None or "global_batches" not in state:
+            raise CheckpointError(
+                f"This loader's position was saved by {saved} processes and this run has "
+                f"{self._sharded.num_processes}; a loader whose batches the main process "
+                "dispatches resumes only on the same number: load it with "
+                f"num_processes={saved}, or prepare it with dispatch_batches=False."
+            )
+        self.position = self._resume_at = 0
+        self._resume_skip = int(state["global_batches"])
 
     def __iter__(self) -> Iterator[Any]:
         start, self._resume_at = self._resume_at, 0
-        return self.iterate_from(start)
+        skip, self._resume_skip = self._resume_skip, 0
+        return self.iterate_from(start, skip)
 
-    def iterate_from(self, start: int) -> Iterator[Any]:
-        """One pass of the current epoch that begins at batch ``start`` of this process."""
-        self._begin_pass(resuming=start > 0)
+    def iterate_from(self, start: int, skip: int = 0) -> Iterator[Any]:
+        """One pass of the current epoch that begins at batch ``start`` of this process, or
+        after ``skip`` batches of every process (a resume on another number of processes)."""
+        self._begin_pass(resuming=start > 0 or skip > 0)
         sampler = self._sharded
         if sampler is not None:  # skipping happens on indices: no skipped sample is loaded
             sampler.start = start
+            sampler.skip = skip
             self.remainder = self._remainder if sampler.even_batches else -1
+            if skip:
+                start = len(sampler) - sampler.remaining()  # this process's share of them
         self.position = start
         self.end_of_dataloader = False
         self._gradient_state.begin(self)
@@ -156,7 +185,7 @@ class PreparedDataLoader:
                 yield send_to_device(batch, self._device, self._non_blocking) if moving else batch
         finally:
             if sampler is not None:
-                sampler.start = 0
+                sampler.start = sampler.skip = 0
             self._gradient_state.end(self)
 
     def _begin_pass(self, resuming: bool) -> None:
@@ -174,7 +203,9 @@ class PreparedDataLoader:
             return self._dispatched(start)
         if self._sharded is None:
             return self._read_ahead(start)
-        return self._counted(self._start_pass(resuming=start > 0))
+        return self._counted(
+            self._start_pass(resuming=self._sharded.start > 0 or self._sharded.skip > 0)
+        )
 
     def _start_pass(self, resuming: bool) -> Iterator[Any]:
         """``iter()`` of the inner loader, which draws a worker seed from torch's global RNG.

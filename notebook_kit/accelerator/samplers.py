@@ -113,12 +113,24 @@ class ReplayableRandomSampler(Sampler[int]):
         return {"generator": state if state is not None else self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.generator is None:
-            seed = int(state.get("pass_seed", -1))  # torch draws seeds from [0, 2**63)
-            self._replay = seed if seed >= 0 else None
-        elif "generator" in state:
+        """Replay the pass ``state`` began, whichever of the two ways it was drawn.
+
+        Several processes draw from one shared generator, one process from a seed per pass:
+        a checkpoint saved by one way loads into the other (a resume on another number of
+        processes), and the pass goes on over the same permutation.
+        """
+        if "generator" in state:
+            if self.generator is None:
+                self.generator = torch.Generator()
             self.generator.set_state(state["generator"])
             self._replay = state["generator"]
+            return
+        seed = int(state.get("pass_seed", -1))  # torch draws seeds from [0, 2**63)
+        if self.generator is None:
+            self._replay = seed if seed >= 0 else None
+        elif seed >= 0:  # the seed's own generator draws what the pass drew
+            self._replay = torch.Generator().manual_seed(seed).get_state()
+            self.generator.set_state(self._replay)
 
 
 class _SeedableSampler(EpochRandomSampler):

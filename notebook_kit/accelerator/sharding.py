@@ -76,6 +76,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
         self.drop_last: bool = getattr(batch_sampler, "drop_last", False)
         self.start = 0  # batches of this process to skip in the next pass (resume)
+        # Batches of ``batch_sampler`` (every process's) to skip in the next pass: a resume
+        # on another number of processes, which continues at the same global sample.
+        self.skip = 0
         if split_batches and (self.batch_size is None or self.batch_size % num_processes):
             raise ValueError(
                 f"split_batches=True needs a batch size divisible by the number of processes "
@@ -83,7 +86,17 @@ class ShardedBatchSampler(Sampler[list[int]]):
             )
 
     def __len__(self) -> int:
-        batches = len(self.batch_sampler)
+        return self._length(len(self.batch_sampler))
+
+    def remaining(self) -> int:
+        """This process's batches in the next pass once ``skip`` batches are left out."""
+        return self._length(len(self.batch_sampler) - self.skip)
+
+    def global_batches(self, position: int) -> int:
+        """Batches of ``batch_sampler`` consumed once every process has taken ``position``."""
+        return position if self.split_batches else position * self.num_processes
+
+    def _length(self, batches: int) -> int:
         if self.split_batches:
             if self.even_batches or self.drop_last or self.batch_size is None:
                 return batches
@@ -111,9 +124,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
         size = self.num_processes
         first_batches: list[list[int]] = []
         pending: list[list[int]] = []
-        for batch in self.batch_sampler:
+        for number, batch in enumerate(self.batch_sampler):
             if len(first_batches) < size:
                 first_batches.append(list(batch))
+            if number < self.skip:
+                continue
             pending.append(list(batch))
             if len(pending) == size and (self.batch_size is None or len(batch) == self.batch_size):
                 yield pending
@@ -144,9 +159,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
         assert self.batch_size is not None  # checked in __init__
         piece = self.batch_size // self.num_processes
         first: list[int] = []
-        for batch in self.batch_sampler:
+        for number, batch in enumerate(self.batch_sampler):
             batch = list(batch)
             first = first or batch
+            if number < self.skip:
+                continue
             if len(batch) < self.batch_size and not self.drop_last and self.even_batches:
                 source = itertools.cycle(first)
                 batch += [next(source) for _ in range(self.batch_size - len(batch))]

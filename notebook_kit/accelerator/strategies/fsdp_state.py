@@ -11,7 +11,6 @@ checkpoint's staging folder, so the manifest commit makes them atomic like every
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
@@ -31,6 +30,7 @@ from notebook_kit.accelerator.checkpoint_files import (
     sharded_load_error,
     write_file,
 )
+from notebook_kit.accelerator.storage import StoragePath, dcp_options
 
 __all__ = ["FullParts", "ShardedParts", "full_model_state", "load_full_model_state"]
 
@@ -64,16 +64,16 @@ class _Parts:
 class ShardedParts(_Parts):
     """Each rank writes and reads its own shard of every model and optimizer (DCP)."""
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: StoragePath) -> None:
         for index, model in enumerate(self.models):
-            dcp.save(
-                {"model": get_model_state_dict(model)}, checkpoint_id=_model_dir(folder, index)
-            )
+            state = {"model": get_model_state_dict(model)}
+            dcp.save(state, **dcp_options(_model_dir(folder, index), writing=True))
         for index, (model, optimizer) in enumerate(self.pairs):
             state = get_optimizer_state_dict(model, _raw(optimizer))
-            dcp.save({"optimizer": state}, checkpoint_id=folder / f"optimizer_{index}")
+            place = folder / f"optimizer_{index}"
+            dcp.save({"optimizer": state}, **dcp_options(place, writing=True))
 
-    def load(self, folder: Path) -> None:
+    def load(self, folder: StoragePath) -> None:
         for index, model in enumerate(self.models):
             state = {"model": get_model_state_dict(model)}
             _dcp_load(state, _model_dir(folder, index))
@@ -93,7 +93,7 @@ class FullParts(_Parts):
         super().__init__(models, pairs)
         self.rank = rank
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: StoragePath) -> None:
         for index, model in enumerate(self.models):
             state = full_model_state(model)
             if self.rank == 0:
@@ -103,7 +103,7 @@ class FullParts(_Parts):
             if self.rank == 0:
                 write_file(state, folder / f"optimizer_{index}.pt")
 
-    def load(self, folder: Path) -> None:
+    def load(self, folder: StoragePath) -> None:
         for index, model in enumerate(self.models):
             load_full_model_state(model, load_file(folder / f"model_{index}.pt"), from_rank0=False)
         for index, (model, optimizer) in enumerate(self.pairs):
@@ -112,17 +112,17 @@ class FullParts(_Parts):
             set_optimizer_state_dict(model, _raw(optimizer), state, options=options)
 
 
-def _model_dir(folder: Path, index: int) -> Path:
+def _model_dir(folder: StoragePath, index: int) -> StoragePath:
     return folder / f"pytorch_model_fsdp_{index}"
 
 
-def _dcp_load(state: dict[str, Any], path: Path) -> None:
+def _dcp_load(state: dict[str, Any], path: StoragePath) -> None:
     if not (path / ".metadata").is_file():
         raise CheckpointError(
             f"{path} holds no sharded checkpoint (.metadata is missing): it was saved without "
             "FSDP or with state_dict_type='FULL_STATE_DICT'; load it the way it was saved."
         )
     try:
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, **dcp_options(path, writing=False))
     except CheckpointException as error:  # a BaseException: ``except Exception`` misses it
         raise sharded_load_error(error, path) from error

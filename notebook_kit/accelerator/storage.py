@@ -1,0 +1,193 @@
+"""Where checkpoints live: a local folder, or any fsspec URL (``s3://``, ``gs://``, ``az://``).
+
+:func:`storage_path` turns what the user gave into a path object the checkpoint code uses as it
+uses a :class:`~pathlib.Path`: a local path (or ``file://`` URL) stays a ``Path``, anything
+else becomes a ``UPath`` of ``universal_pathlib`` over fsspec, with ``storage_options``. The few
+operations whose meaning differs between a disk and an object store are here:
+
+- a file that must be whole before anything names it (:func:`write_durably`, the manifest's
+  :func:`write_whole`): fsync and an atomic rename on a disk; one object write on an object
+  store, which is whole or absent by itself;
+- removing a folder (:func:`remove_tree`), free space (:func:`free_space`), fresh listings
+  (:func:`refresh`: another process may have written since this one last listed);
+- the reader and writer of torch's sharded checkpoints (:func:`dcp_options`).
+
+Credentials come from where the backend looks (environment, its config files) or from
+``storage_options``; a URL that carries a password is refused, so none ever reaches a message.
+
+Example::
+
+    path = storage_path("s3://bucket/run-1", {"anon": False})
+    (path / "checkpoints").exists()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+from notebook_kit.atomic_file import replace_atomically
+
+__all__ = [
+    "StoragePath",
+    "dcp_options",
+    "free_space",
+    "is_local",
+    "refresh",
+    "remove_tree",
+    "storage_path",
+    "write_durably",
+    "write_whole",
+]
+
+StoragePath = Any  # a pathlib.Path, or a upath.UPath for a URL
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+# The fsspec backend package of each common protocol, and the extra that installs it.
+_BACKENDS = {
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
+    "az": ("adlfs", "azure"),
+    "abfs": ("adlfs", "azure"),
+    "abfss": ("adlfs", "azure"),
+}
+
+
+def storage_path(
+    location: str | os.PathLike[str] | Any,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    name: str = "output_dir",
+) -> StoragePath:
+    """``location`` as a path object: a ``Path`` on this machine, a ``UPath`` for a URL.
+
+    ``name`` is the parameter the errors name.
+
+    Raises:
+        ImportError: The URL's fsspec backend is not installed (the message names the extra).
+        ValueError: The URL carries a password, or ``storage_options`` are given for a local path.
+    """
+    if _is_upath(location):
+        return location
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError(
+            f"storage_options must be a dict of the fsspec backend's options, got "
+            f"{type(storage_options).__name__}."
+        )
+    text = os.fspath(location) if isinstance(location, os.PathLike) else location
+    if not isinstance(text, str) or not _URL.match(text):
+        if storage_options:
+            raise ValueError(
+                f"storage_options= is for a URL ({name}='s3://bucket/...'); {name}={text!r} "
+                "is a local path, where they mean nothing. Drop them, or give a URL."
+            )
+        return Path(text)
+    parts = urlsplit(text)
+    if parts.password:
+        raise ValueError(
+            f"{name} carries a password in its URL; put credentials in storage_options= or "
+            "where the storage's own tools look (environment variables, config files), so "
+            "that they never appear in a checkpoint, a log or an error message."
+        )
+    if parts.scheme == "file":
+        if storage_options:
+            raise ValueError(f"storage_options= mean nothing for the file:// URL {name}.")
+        return Path(parts.path)
+    return _upath(text, parts.scheme, dict(storage_options or {}), name)
+
+
+def _upath(url: str, protocol: str, options: dict[str, Any], name: str) -> StoragePath:
+    package, extra = _BACKENDS.get(protocol, (None, "storage"))
+    try:
+        import fsspec
+        from upath import UPath
+    except ImportError as error:
+        raise ImportError(
+            f"{name}={url!r} is a URL: checkpoints on remote storage need fsspec and "
+            f"universal_pathlib: pip install 'notebook_kit[{extra}]'."
+        ) from error
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as error:
+        needs = package or f"the fsspec backend for {protocol}://"
+        raise ImportError(
+            f"{name}={url!r} needs {needs}, which is not installed: pip install "
+            f"'notebook_kit[{extra}]'{'' if package else f' and {needs}'}."
+        ) from error
+    except ValueError as error:
+        raise ValueError(
+            f"{name}={url!r}: fsspec knows no storage called {protocol!r}. Give a local path "
+            "or a URL such as s3://bucket/folder, gs://bucket/folder or az://container/folder."
+        ) from error
+    return UPath(url, **options)
+
+
+def _is_upath(value: Any) -> bool:
+    return type(value).__module__.startswith("upath.")
+
+
+def is_local(path: StoragePath) -> bool:
+    """Whether ``path`` is on this machine's file system (a disk, NFS, Lustre ...)."""
+    return isinstance(path, Path)
+
+
+def write_durably(path: StoragePath, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write a file that is complete when this returns (a later commit names it)."""
+    with path.open("wb") as handle:
+        write(handle)
+        if is_local(path):
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def write_whole(path: StoragePath, data: bytes) -> None:
+    """Write ``data`` so that a reader finds the old file or the new one, never a part."""
+    if is_local(path):
+        replace_atomically(path, lambda handle: handle.write(data), durable=True)
+    else:
+        path.write_bytes(data)  # one object write: whole or absent
+
+
+def remove_tree(path: StoragePath) -> None:
+    """Remove a folder and what it holds; nothing happens when it is not there."""
+    if is_local(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        path.fs.rm(path.path, recursive=True)
+
+
+def refresh(path: StoragePath) -> None:
+    """Forget cached listings: what other processes wrote since becomes visible."""
+    if not is_local(path):
+        path.fs.invalidate_cache()
+
+
+def free_space(path: StoragePath) -> int | None:
+    """Bytes free to this user where ``path`` is, or None on an object store."""
+    if not is_local(path):
+        return None
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
+def dcp_options(path: StoragePath, writing: bool) -> dict[str, Any]:
+    """Keyword arguments for ``torch.distributed.checkpoint.save``/``load`` at ``path``."""
+    if is_local(path):
+        return {"checkpoint_id": path}
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    url, options = str(path), dict(path.storage_options)
+    if writing:
+        return {"storage_writer": FsspecWriter(url, **options)}
+    return {"storage_reader": FsspecReader(url, **options)}

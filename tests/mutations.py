@@ -222,6 +222,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             "tests/test_object_storage_integration.py::"
             "test_numbered_checkpoints_on_s3_start_fresh_resume_and_keep_total_limit",
+            "tests/test_checkpointing.py::test_numbered_checkpoints_in_project_dir",
         ),
     ),
     Mutation(

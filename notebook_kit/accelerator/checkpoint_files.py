@@ -19,7 +19,7 @@ import torch
 
 from notebook_kit.accelerator.storage import (
     StoragePath,
-    dcp_options,
+    dcp_reader,
     is_local,
     refresh,
     storage_path,
@@ -204,12 +204,7 @@ def sharded_load_error(error: BaseException, folder: StoragePath) -> CheckpointE
 def _damaged_shard(folder: StoragePath) -> str | None:
     """The first shard of ``folder`` that is missing or cut short, said as such, or None."""
     try:
-        reader = dcp_options(folder, writing=False)
-        if "checkpoint_id" in reader:
-            from torch.distributed.checkpoint import FileSystemReader
-
-            reader = {"storage_reader": FileSystemReader(folder)}
-        stored = reader["storage_reader"].read_metadata().storage_data
+        stored = dcp_reader(folder).read_metadata().storage_data
     except Exception:  # an unreadable index: the caller reports the failure itself
         return None
     ends: dict[str, int] = {}

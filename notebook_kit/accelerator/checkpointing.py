@@ -308,12 +308,12 @@ def _restore_own(state: Stateful, staging: StoragePath, saved_size: int, rank: i
     every process had reached) and the RNG states from this rank's file where it has one; a
     rank beyond those keeps the states its launch seeded.
     """
-    path = staging / f"process_{rank if saved_size == world_size() else 0}.pt"
+    same = saved_size == world_size()
+    path = staging / f"process_{rank if same else 0}.pt"
     own = _own_file(path)
     rng = own["rng"]
-    if saved_size != world_size():
-        mine = staging / f"process_{rank}.pt"
-        rng = _own_file(mine)["rng"] if rank < saved_size else None
+    if not same and rank != 0:
+        rng = _own_file(staging / f"process_{rank}.pt")["rng"] if rank < saved_size else None
     try:
         for loader, loader_state in zip(state.dataloaders, own["dataloaders"], strict=True):
             loader.load_state_dict(loader_state)

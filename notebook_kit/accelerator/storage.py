@@ -10,7 +10,7 @@ operations whose meaning differs between a disk and an object store are here:
   store, which is whole or absent by itself;
 - removing a folder (:func:`remove_tree`), free space (:func:`free_space`), fresh listings
   (:func:`refresh`: another process may have written since this one last listed);
-- the reader and writer of torch's sharded checkpoints (:func:`dcp_options`).
+- the reader and writer of torch's sharded checkpoints (:func:`dcp_reader`, :func:`dcp_options`).
 
 Credentials come from where the backend looks (environment, its config files) or from
 ``storage_options``; a URL that carries a password is refused, so none ever reaches a message.
@@ -37,6 +37,7 @@ from notebook_kit.atomic_file import replace_atomically
 __all__ = [
     "StoragePath",
     "dcp_options",
+    "dcp_reader",
     "free_space",
     "is_local",
     "refresh",
@@ -181,13 +182,23 @@ def free_space(path: StoragePath) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
+def dcp_reader(path: StoragePath) -> Any:
+    """torch's reader of the sharded (DCP) checkpoint at ``path``."""
+    if is_local(path):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(path)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(str(path), **dict(path.storage_options))
+
+
 def dcp_options(path: StoragePath, writing: bool) -> dict[str, Any]:
     """Keyword arguments for ``torch.distributed.checkpoint.save``/``load`` at ``path``."""
     if is_local(path):
         return {"checkpoint_id": path}
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    if not writing:
+        return {"storage_reader": dcp_reader(path)}
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    url, options = str(path), dict(path.storage_options)
-    if writing:
-        return {"storage_writer": FsspecWriter(url, **options)}
-    return {"storage_reader": FsspecReader(url, **options)}
+    return {"storage_writer": FsspecWriter(str(path), **dict(path.storage_options))}

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.pool.worker_pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
-    from notebook_kit.runtime.loop import log, progress, should_stop
+    from notebook_kit.runtime.loop import log, progress, should_stop, stop_reason
     from notebook_kit.runtime.seeding import set_seed, synchronize_rng_states
 
 __all__ = [
@@ -105,6 +105,7 @@ __all__ = [
     "set_seed",
     "should_stop",
     "skip_first_batches",
+    "stop_reason",
     "synchronize_rng_states",
 ]
 
@@ -152,6 +153,7 @@ _LAZY: dict[str, str] = {
     "set_seed": "runtime.seeding",
     "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",
+    "stop_reason": "runtime.loop",
     "synchronize_rng_states": "runtime.seeding",
 }
 

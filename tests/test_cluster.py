@@ -39,6 +39,7 @@ _ON_A_CLUSTER = {
     "rendezvous_timeout": ("node", "rendezvous_timeout", 45.0),
     "isolate": ("refused", None, True),
     "stall_seconds": ("node", "stall_seconds", 5.0),
+    "min_nodes": ("kernel", "min_nodes", 1),
 }
 _SCHEMA = {**SETTINGS, **CALL_SETTINGS}
 

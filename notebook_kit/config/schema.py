@@ -215,6 +215,11 @@ CALL_SETTINGS: dict[str, Setting] = _declare(
         "Seconds with no progress on any rank before the cell shows where each waits.",
         float | None, optional=True,
     ),
+    Setting(
+        "min_nodes", "int", None,
+        "Fewest nodes a cluster run restarts on after losing some; empty = num_nodes.",
+        int | None, optional=True, minimum=1, ceiling=MAX_NODES,
+    ),
 )  # fmt: skip
 
 

@@ -51,6 +51,7 @@ def notebook_launcher(
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
     stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+    min_nodes: int | None = None,
     config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
     rdzv_backend: str | None = None,
@@ -95,6 +96,11 @@ def notebook_launcher(
         rendezvous_timeout: Seconds to wait for the other nodes to join.
         max_restarts: Times all workers are started again after a rank fails (default 0); a
             function that calls ``accelerator.load_state()`` first resumes from its checkpoint.
+            On a cluster a lost node counts as a failure too.
+        min_nodes: With ``cluster=``: the fewest nodes an attempt runs on (default
+            ``num_nodes``). A restart uses the workers there are then, from ``min_nodes`` to
+            ``num_nodes`` of them, waiting up to ``rendezvous_timeout`` for enough; the world
+            size may change between attempts (``load_state()`` resumes on any).
         fsdp: Every ``Accelerator`` made in the workers without an ``fsdp_plugin`` shards its
             model with FSDP2 (a default plugin, tuned by the ``FSDP_*`` variables).
         seed: Seeds torch, numpy and random in every worker before the function starts.
@@ -171,6 +177,7 @@ async def notebook_launcher_async(
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
     stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+    min_nodes: int | None = None,
     config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
     rdzv_backend: str | None = None,
@@ -240,6 +247,13 @@ def resolve_plan(
     """
     _check_option_names(options, caller)
     check_not_in_a_launch(caller)
+    if options.get("min_nodes") is not None:
+        raise ValueError(
+            f"min_nodes={options['min_nodes']!r} needs cluster=: a cluster run restarts on "
+            "the nodes it still has. The nodes of a launch without one are started by hand on "
+            "each machine and cannot change (for scripts, torchrun's --nnodes MIN:MAX does this). "
+            "Leave min_nodes out, or pass cluster=."
+        )
     config = options.get("config")
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")

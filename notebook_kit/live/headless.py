@@ -70,6 +70,7 @@ class HeadlessObserver:
         self.clock = RateClock()
 
     def on_start(self, info: LaunchInfo) -> None:
+        self.recorder.start(info)
         self.console.on_start(info)
         self._started = self._last_line = time.monotonic()
 
@@ -131,6 +132,7 @@ class QuietObserver:
 
     def on_start(self, info: LaunchInfo) -> None:
         """No banner: a quiet run shows nothing unless a worker writes to stderr."""
+        self.recorder.start(info)
         self.console.nodes = info.node_of()
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:

@@ -147,6 +147,24 @@ class _Series:
                 _merge_into(into, point)
         self.points = merged
 
+    def drop_from(self, step: int) -> bool:
+        """Forget the values at ``step`` and later (a restarted run logs them again); False
+        once nothing is left. A point merging steps on both sides of ``step`` is kept."""
+        if self.newest_step is None or self.newest_step < step:
+            return True
+        self.pending, self.newest = [], {}
+        self.points = {key: p for key, p in self.points.items() if key * self.width < step}
+        if not self.points:
+            self.newest_step = self.first_step = None
+            return False
+        last = self.points.pop(max(self.points))  # held apart again, as the newest step
+        ranks = list(_ranks_in(last))
+        count = sum(last[_FIELDS * r + _COUNT] for r in ranks)
+        self.newest_step = round(sum(last[_FIELDS * r + _STEP_SUM] for r in ranks) / count)
+        self.newest = {r: last[_FIELDS * r + _LAST] for r in ranks}
+        self.pending = last
+        return True
+
     def all_points(self) -> list[list[float]]:
         """Every point in step order, the newest step's last."""
         points = [self.points[key] for key in sorted(self.points)]
@@ -251,6 +269,21 @@ class MetricsAggregator:
             return False
         self.add_batch(batch)
         return True
+
+    def drop_from(self, step: int) -> None:
+        """Forget every value logged at ``step`` and later: a run restarted from a checkpoint
+        logs those steps again, and they replace the old ones instead of adding to them.
+
+        Example:
+            >>> metrics = MetricsAggregator()
+            >>> for step in range(4): metrics.add(0, step, {"loss": float(step)})
+            >>> metrics.drop_from(2); metrics.add(0, 2, {"loss": 9.0})
+            >>> metrics.history("loss")
+            [(0, 0.0), (1, 1.0), (2, 9.0)]
+        """
+        for name in [name for name, series in self.values.items() if not series.drop_from(step)]:
+            del self.values[name]
+        self.version += 1
 
     def add_batch(self, batch: MetricsBatch) -> None:
         """Take a rank's batch: its records, and its count of dropped ones when it has one."""

@@ -85,9 +85,17 @@ class LiveObserver:
 
     def _new_view(self) -> None:
         """Fresh widgets: each attempt of a launch (a restart after a failure) gets its own,
-        since the previous attempt's were closed when its summary replaced them."""
+        since the previous attempt's were closed when its summary replaced them. The plot goes
+        on from the earlier attempts' points, with a mark where each restart resumed."""
         self.shared = SharedModels()
-        self.plot = LivePlot(x_axis=self.x_axis, layout=self.shared.layout)
+        earlier = getattr(self, "plot", None)
+        self.plot = LivePlot(
+            x_axis=self.x_axis,
+            layout=self.shared.layout,
+            feed=earlier.feed if earlier is not None else None,
+        )
+        if earlier is not None:
+            self.plot.resume(self.recorder.metrics, self.recorder.restarts)
         self.status = self.table = self.speed = None
         self._speed_text = ""
         self._last_refresh = 0.0
@@ -100,6 +108,7 @@ class LiveObserver:
         if self.box is not None:  # a restart: the last attempt's widgets are closed
             self._new_view()
         self.info = info
+        self.recorder.start(info)
         shared = self.shared
         self.stop = StopButton(info.stop_flag, shared)
         self.progress = ProgressBar(shared)
@@ -135,7 +144,9 @@ class LiveObserver:
             self.output.add(rank, stream, line)
 
     def on_metrics(self, batch: MetricsBatch) -> None:
-        self.recorder.on_metrics(batch)
+        resumed = self.recorder.on_metrics(batch)
+        if resumed is not None:  # a restart logs these steps again: they replace the old
+            self.plot.resume(self.recorder.metrics, self.recorder.restarts, drop_from=resumed)
         self.plot.on_metrics(batch)
 
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
@@ -247,6 +258,7 @@ class LiveObserver:
             smoothing=self.plot.smoothing,
             y_scale=self.plot.y_scale,  # type: ignore[arg-type]
             x_metric=self.plot.x_metric if self.plot.x_axis == "epoch" else None,
+            marks=self.recorder.restarts,
         )
         return figure
 

@@ -59,6 +59,7 @@ def draw_metrics(
     y_scale: YScale = "auto",
     panels: list[Panel] | None = None,
     x_metric: str | None = None,
+    marks: Collection[tuple[int, str]] = (),
 ) -> None:
     """Draw every metric on ``figure``: one axes per panel, legend, labelled axes.
 
@@ -74,6 +75,7 @@ def draw_metrics(
         x_metric: A logged position (``epoch``) to draw against instead of the step: each
             point at the epoch its step falls on
             (:func:`~notebook_kit.live.plot_layout.epoch_positions`).
+        marks: ``(step, label)`` drawn as dashed vertical lines: where each restart resumed.
 
     Example:
         >>> figure = new_figure(1)
@@ -109,6 +111,13 @@ def draw_metrics(
             steps += xs
         if panel.more:  # a legend entry with no line: the family's metrics not drawn
             axes.plot([], [], " ", label=more_text(panel.more))
+        for step, text in marks:
+            at = epoch_positions([step], along)[0] if along else step
+            axes.axvline(at, color="0.45", linestyle="--", linewidth=1)
+            axes.annotate(
+                text, (at, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                textcoords="offset points", fontsize=7, color="0.35",
+            )  # fmt: skip
         whole = not along  # steps are whole numbers, a logged epoch need not be
         _style(axes, panel.label, x_label, values, steps, use_log(values, y_scale), whole)
     figure.tight_layout()

@@ -73,6 +73,17 @@ class PointFeed:
         for step in sorted(by_step)[: len(by_step) - self.kept_steps]:
             del by_step[step]
 
+    def drop_from(self, step: int) -> None:
+        """Forget the steps from ``step`` on (a restarted run logs them again)."""
+        for name, by_step in self._sums.items():
+            gone = [s for s in by_step if s >= step]
+            for s in gone:
+                del by_step[s]
+            self.counts[name] = max(self.counts.get(name, 0) - len(gone), 0)
+            self._changed.get(name, set()).difference_update(gone)
+        if self.last_step is not None and self.last_step >= step:
+            self.last_step = step - 1 if step > 0 else None
+
     def take(self) -> Points:
         """The points changed since the last call, by metric, in step order."""
         points: Points = {}

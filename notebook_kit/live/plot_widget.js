@@ -154,7 +154,8 @@ function render({ model, el }) {
     const epochs = spec.x_metric && data[spec.x_metric];
     const byEpoch = setting("x_axis", "step") === "epoch" && epochs && epochs.x.length > 0;
     const options = { scale: Y_SCALES[setting("y_scale", 0)] || "auto",
-      smoothing: Number(setting("smoothing", 0)) || 0, evals, colour, whole: !byEpoch };
+      smoothing: Number(setting("smoothing", 0)) || 0, evals, colour, whole: !byEpoch,
+      marks: byEpoch ? [] : spec.marks || [] };
     // Drawn against the logged epoch: each series with its steps moved to their epochs.
     const along = byEpoch
       ? (name) => ({ x: data[name].x.map((step) => epochAt(epochs, step)), y: data[name].y })
@@ -168,6 +169,7 @@ function render({ model, el }) {
     panels.forEach((panel, i) => drawPanel(canvases[i], panel, xLabel, options, along,
       pointer && pointer.i === i ? pointer.x : null));
     el.dataset.xAxis = xLabel;
+    el.dataset.marks = String((spec.marks || []).length);
     // The newest step drawn, on the element: what tests and benchmarks watch.
     if (newest > -Infinity) el.dataset.lastX = String(newest);
   }
@@ -222,6 +224,7 @@ function render({ model, el }) {
     ctx.beginPath();
     ctx.rect(box.x, box.y, box.w, box.h);
     ctx.clip();
+    restartMarks(ctx, box, xr, px, options.marks);
     for (const name of shown) {
       const s = series[name], isEval = options.evals.has(name) || s.x.length < 2;
       const smooth = !isEval && options.smoothing > 0;
@@ -241,6 +244,24 @@ function render({ model, el }) {
     if (hoverX !== null && hoverX >= box.x && hoverX <= box.x + box.w) {
       readout(ctx, box, shown, series, xr, hoverX, px, xLabel, panel);
     }
+  }
+
+  // Where each restart resumed: a dashed line and its label ("restart 1 · 2 ranks").
+  function restartMarks(ctx, box, xr, px, marks) {
+    ctx.save();
+    ctx.setLineDash([4, 3]);
+    ctx.strokeStyle = "#777";
+    ctx.fillStyle = "#555";
+    ctx.lineWidth = 1;
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    for (const [step, text] of marks) {
+      if (step < xr[0] || step > xr[1]) continue;
+      const x = px(step);
+      ctx.beginPath(); ctx.moveTo(x, box.y); ctx.lineTo(x, box.y + box.h); ctx.stroke();
+      ctx.fillText(text, x + 3, box.y + 2);
+    }
+    ctx.restore();
   }
 
   function axes(ctx, box, xr, yr, log, xLabel, yLabel, whole) {

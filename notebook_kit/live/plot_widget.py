@@ -147,8 +147,10 @@ class LivePlot:
         height: int = PLOT_HEIGHT,
         x_axis: XAxis = "step",
         layout: widgets.Layout | None = None,
+        feed: PointFeed | None = None,
     ) -> None:
-        self.feed = PointFeed()
+        self.feed = feed if feed is not None else PointFeed()  # an earlier attempt's goes on
+        self.marks: list[list[Any]] = []  # [step, label] where each restart resumed
         self.x_unit: XUnit = "step"
         self.controls_widget = PlotControls(
             x_axis=check_x_axis(x_axis),
@@ -202,6 +204,24 @@ class LivePlot:
     def on_metrics(self, batch: MetricsBatch) -> None:
         self.feed.add_batch(batch)
 
+    def resume(
+        self,
+        metrics: MetricsAggregator,
+        restarts: list[tuple[int, str]],
+        drop_from: int | None = None,
+    ) -> None:
+        """Go on from earlier attempts: every point so far, and a mark at each restart.
+
+        ``drop_from``: a restarted attempt logs from this step again, so the points from there
+        on are dropped (they will be replaced), here and in the browser.
+        """
+        if drop_from is not None:
+            self.feed.drop_from(drop_from)
+        self.marks = [[step, label] for step, label in restarts]
+        self._shown_spec = {}  # the next refresh sends the spec, with the marks
+        self.plot.snapshot = snapshot(metrics.histories())
+        self._snapshot_at = time.monotonic()
+
     def refresh(self, metrics: MetricsAggregator, progress: ProgressState) -> None:
         """Send the points that changed, and a new layout when metrics or the unit changed."""
         unit = infer_x_unit(self.feed.last_step, progress.steps, progress.epoch_length)
@@ -210,6 +230,8 @@ class LivePlot:
         names = list(self.feed.names)
         x_metric = self.x_metric
         spec = _spec(names, eval_metrics(self.feed.counts), self.x_unit, self._height, x_metric)
+        if self.marks:
+            spec["marks"] = self.marks
         if spec != self._shown_spec:  # with x_metric, the controls offer the x-axis switch
             self._shown_spec = self.plot.spec = spec
         points = self.feed.take()

@@ -6,16 +6,43 @@ run the same way, so ``last_run()`` works whichever was shown.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.live.metrics import MetricsAggregator
-from notebook_kit.live.observer import LaunchSummary, RankSummary
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.speed import Speed, SpeedTracker, speed_line
 from notebook_kit.runtime.messages import MetricsBatch, decode
 
-__all__ = ["RunRecord", "RunRecorder", "last_run"]
+__all__ = ["Attempt", "RunRecord", "RunRecorder", "last_run"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a launch; with ``max_restarts``, a failure starts the next one.
+
+    Attributes:
+        world_size: Ranks it ran (it may change between the attempts of a cluster run).
+        nodes: Machines it ran on.
+        first_step: The first step it logged (where it resumed), None if it logged none.
+        duration: Seconds from its start to its end.
+        outcome: ``"success"``, ``"stopped"`` or ``"failed"``.
+        failure: What ended it, one line (which rank or node), None unless it failed.
+
+    Example::
+
+        [(a.world_size, a.outcome) for a in last_run().attempts]
+        # [(4, 'failed'), (2, 'success')]
+    """
+
+    world_size: int
+    nodes: int
+    first_step: int | None
+    duration: float
+    outcome: str
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -34,6 +61,7 @@ class RunRecord:
         figure: The final live plot (a matplotlib Figure), or None when none was drawn.
         speed: Samples/s, steps/s, tokens/s and each rank's memory peaks
             (:class:`~notebook_kit.live.speed.Speed`); None when no rank counted or logged.
+        attempts: Every attempt, in order (one unless the launch restarted).
 
     Example::
 
@@ -50,6 +78,7 @@ class RunRecord:
     dropped: int = 0
     figure: Any = field(default=None, repr=False, compare=False)
     speed: Speed | None = field(default=None, compare=False)
+    attempts: tuple[Attempt, ...] = ()
 
     @property
     def exit_codes(self) -> dict[int, int | None]:
@@ -88,6 +117,15 @@ class RunRecorder:
         self.metrics = MetricsAggregator()
         self.progress = ProgressState()
         self.speed = SpeedTracker()
+        self.attempts: list[Attempt] = []
+        self.restarts: list[tuple[int, str]] = []  # (step it resumed at, label) per restart
+        self._info: LaunchInfo | None = None
+        self._started = time.monotonic()
+        self._first_step: int | None = None
+
+    def start(self, info: LaunchInfo) -> None:
+        """An attempt starts: the first, or a restart after a failure."""
+        self._info, self._started, self._first_step = info, time.monotonic(), None
 
     def on_message(self, rank: int, kind: str, payload: Any) -> bool:
         """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
@@ -97,11 +135,26 @@ class RunRecorder:
         self.on_metrics(batch)
         return True
 
-    def on_metrics(self, batch: MetricsBatch) -> None:
-        """Take a batch's metrics and progress."""
+    def on_metrics(self, batch: MetricsBatch) -> int | None:
+        """Take a batch's metrics and progress.
+
+        The first steps a restarted attempt logs replace what earlier attempts logged from
+        there on (it resumed from a checkpoint): returns that step, once, else None.
+        """
+        resumed = None
+        if self._first_step is None:
+            steps = [step for _, step, _ in batch.records if step is not None]
+            if steps:
+                self._first_step = min(steps)
+                if self.attempts:
+                    resumed = self._first_step
+                    self.metrics.drop_from(resumed)
+                    world = self._info.world_size if self._info is not None else 0
+                    self.restarts.append((resumed, f"restart {len(self.attempts)} · {world} ranks"))
         self.metrics.add_batch(batch)
         self.progress.take_batch(batch)
         self.speed.take(batch.rank, batch.speed)
+        return resumed
 
     def speed_line(self) -> str:
         """The speed line to show now: empty while no rank counted a batch (a prepared loader,
@@ -113,6 +166,18 @@ class RunRecorder:
 
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last
+        info = self._info
+        failure = summary.failures[0].summary() if summary.failures else None
+        self.attempts.append(
+            Attempt(
+                world_size=info.world_size if info is not None else len(summary.ranks),
+                nodes=len(set(info.rank_nodes)) or 1 if info is not None else 1,
+                first_step=self._first_step,
+                duration=time.monotonic() - self._started,
+                outcome=summary.outcome,
+                failure=failure,
+            )
+        )
         _last = RunRecord(
             metrics=self.metrics.histories(),
             rank_metrics=self.metrics.rank_histories(),
@@ -124,5 +189,6 @@ class RunRecorder:
             dropped=self.metrics.total_dropped,
             figure=figure,
             speed=self.speed.speed(),
+            attempts=tuple(self.attempts),
         )
         return _last

@@ -21,21 +21,36 @@ __all__ = ["LaunchContext", "LaunchHook", "StopFlag", "add_launch_hook", "curren
 class StopFlag:
     """A one-byte flag in memory shared between the kernel and its forked workers.
 
-    The kernel sets it (the Stop button); workers read it without any system call. It is an
-    anonymous shared mapping created before the fork, so it needs no file and no port.
+    The kernel sets it (the Stop button); a node told it will be taken away (SIGTERM: a
+    preempted VM, a job at its time limit) sets it with the cause :data:`PREEMPTED`. Workers
+    read it without any system call. It is an anonymous shared mapping created before the
+    fork, so it needs no file and no port.
     """
+
+    STOPPED = 1  # the Stop button, or the kernel
+    PREEMPTED = 2  # the node received SIGTERM; wins over STOPPED in the ranks' vote
 
     def __init__(self) -> None:
         self._memory = mmap.mmap(-1, 1)
 
     def set(self) -> None:
-        self._memory[0] = 1
+        if self._memory[0] == 0:
+            self._memory[0] = self.STOPPED
+
+    def preempt(self) -> None:
+        """Ask the run to stop because this node is going away (from a signal handler too)."""
+        self._memory[0] = self.PREEMPTED
 
     def clear(self) -> None:
         self._memory[0] = 0
 
     def is_set(self) -> bool:
-        return self._memory[0] == 1
+        return self._memory[0] != 0
+
+    @property
+    def cause(self) -> int:
+        """0 while not set, else :data:`STOPPED` or :data:`PREEMPTED`."""
+        return self._memory[0]
 
     def close(self) -> None:
         self._memory.close()
@@ -90,6 +105,10 @@ class LaunchContext:
     def stop_requested(self) -> bool:
         """True once the kernel asked this launch to stop."""
         return self.stop_flag is not None and self.stop_flag.is_set()
+
+    def stop_cause(self) -> int:
+        """Why this process was asked to stop: 0 (not asked) or a :class:`StopFlag` cause."""
+        return 0 if self.stop_flag is None else self.stop_flag.cause
 
     def close(self) -> None:
         """End of the user's function: close what the feature modules opened (flushes)."""

@@ -30,7 +30,7 @@ from notebook_kit.runtime.log_values import check_log_call
 from notebook_kit.runtime.metrics import count_samples, log_from_worker
 from notebook_kit.runtime.progress import advance, report_total
 
-__all__ = ["log", "progress", "should_stop"]
+__all__ = ["log", "progress", "should_stop", "stop_reason"]
 
 
 def log(values: Mapping[str, Any], step: int | None = None, *, samples: int | None = None) -> None:
@@ -67,7 +67,8 @@ def log(values: Mapping[str, Any], step: int | None = None, *, samples: int | No
 
 
 def should_stop() -> bool:
-    """True on every rank, at the same step, once the Stop button was clicked.
+    """True on every rank, at the same step, once the Stop button was clicked or a node was
+    told it will be taken away (SIGTERM: a preempted VM, a job at its time limit).
 
     Call it once per training step on every rank (it is a collective: the ranks agree through
     the process group, like ``accelerator.should_stop``); each call also counts one finished
@@ -83,6 +84,21 @@ def should_stop() -> bool:
     context = current_launch()
     advance(context)
     return stopping.should_stop(context)
+
+
+def stop_reason() -> str | None:
+    """Why ``should_stop()`` turned True (the same text on every rank), or None before.
+
+    A node that receives SIGTERM has until its machine goes (seconds to minutes) to save::
+
+        for step, batch in enumerate(loader, start=first_step):
+            train_step(batch)
+            if notebook_kit.should_stop():
+                accelerator.save_state()  # resumed by accelerator.load_state() next time
+                print(f"stopped at step {step}: {notebook_kit.stop_reason()}")
+                return step
+    """
+    return stopping.stop_reason(current_launch())
 
 
 def progress(total: int | None) -> None:

@@ -229,8 +229,11 @@ class ClusterAttempt:
             self.ready[event.node] = event.pids
         elif isinstance(event, NodeAnswer):
             self.answers[event.node] = event
-        elif isinstance(event, NodeFinished) and event.failures:  # a node's ranks failed: end
-            self._node_failed(event.node, event.failures)  # the others before its task returns
+        elif isinstance(event, NodeFinished):
+            # A node asked to stop (SIGTERM: preempted) stops the run as the Stop button does.
+            self.result.stopped = self.result.stopped or event.stopped
+            if event.failures:  # a node's ranks failed: end the others before its task returns
+                self._node_failed(event.node, event.failures)
 
     def _node_failed(self, node: int, failures: tuple[WorkerFailure, ...]) -> None:
         """Record a node's failures once (its event and its outcome both carry them)."""

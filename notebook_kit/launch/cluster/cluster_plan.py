@@ -45,7 +45,7 @@ NODE_SETTINGS = (
     "gradient_accumulation_steps", "seed", "use_fsdp", "rendezvous_timeout", "stall_seconds",
 )  # fmt: skip
 # what the kernel itself honours (it restarts, shows and times every node together);
-KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout")
+KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout", "min_nodes")
 # and what the cluster decides, so a value given for it is refused before anything starts.
 CLUSTER_REFUSES = {
     "master_addr": "node 0 binds its own port on its own address",
@@ -65,6 +65,7 @@ class ClusterPlan:
     max_restarts: int
     live: bool | None
     timeout: float | None
+    min_nodes: int | None = None  # None: every attempt runs on num_nodes nodes
 
 
 def resolve_cluster_plan(cluster: Any, options: Mapping[str, Any]) -> ClusterPlan:
@@ -103,11 +104,18 @@ def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]
     num_nodes = check_argument(SETTINGS["num_nodes"], options.get("num_nodes"))
     if num_nodes is None and stored["num_nodes"] != SETTINGS["num_nodes"].default:
         num_nodes = stored["num_nodes"]  # else: one node per host
+    min_nodes = check_argument(CALL_SETTINGS["min_nodes"], options.get("min_nodes"))
+    if min_nodes is not None and num_nodes is not None and min_nodes > num_nodes:
+        raise ValueError(
+            f"min_nodes={min_nodes} is more than num_nodes={num_nodes}: an attempt runs on "
+            f"min_nodes to num_nodes nodes. Lower min_nodes, or raise num_nodes."
+        )
     extra = {
         "num_nodes": num_nodes,
         "max_restarts": resolved.max_restarts,
         "live": resolved.live,
         "timeout": check_argument(CALL_SETTINGS["timeout"], options.get("timeout")),
+        "min_nodes": min_nodes,
     }
     return settings, extra
 

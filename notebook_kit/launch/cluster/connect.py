@@ -45,9 +45,12 @@ def current_workers(client: Any) -> dict[str, dict[str, Any]]:
     return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
 
 
-def choose_workers(workers: dict[str, dict[str, Any]], num_nodes: int | None) -> list[str]:
+def choose_workers(
+    workers: dict[str, dict[str, Any]], num_nodes: int | None, min_nodes: int | None = None
+) -> list[str]:
     """One worker per node: one per distinct host by default; ``num_nodes`` may take several
-    workers of one host (how tests run several nodes on one machine).
+    workers of one host (how tests run several nodes on one machine). With ``min_nodes``,
+    fewer than ``num_nodes`` workers are enough, down to ``min_nodes``.
 
     Example:
         >>> choose_workers({"tcp://a:1": {"host": "a"}, "tcp://a:2": {"host": "a"}}, 2)
@@ -58,11 +61,13 @@ def choose_workers(workers: dict[str, dict[str, Any]], num_nodes: int | None) ->
         by_host.setdefault(str(workers[address].get("host", address)), []).append(address)
     if num_nodes is None:
         chosen = [addresses[0] for addresses in by_host.values()]
-        if not chosen:
-            raise ValueError(_too_few(0, 1))
+        if len(chosen) < (min_nodes or 1):
+            raise ValueError(_too_few(len(chosen), min_nodes or 1))
         return chosen
+    if min_nodes is not None and min_nodes <= len(workers) < num_nodes:
+        num_nodes = len(workers)
     if num_nodes > len(workers):
-        raise ValueError(_too_few(len(workers), num_nodes))
+        raise ValueError(_too_few(len(workers), num_nodes, min_nodes))
     chosen = []
     depth = 0
     while len(chosen) < num_nodes:  # one per host first, then a second worker of each, ...
@@ -73,7 +78,14 @@ def choose_workers(workers: dict[str, dict[str, Any]], num_nodes: int | None) ->
     return chosen
 
 
-def _too_few(available: int, num_nodes: int) -> str:
+def _too_few(available: int, num_nodes: int, min_nodes: int | None = None) -> str:
+    if min_nodes is not None:
+        return (
+            f"min_nodes={min_nodes} needs at least {min_nodes} Dask workers (one per node), "
+            f"but the cluster has {available}. Scale the cluster first "
+            f"(cluster.scale({num_nodes}), then client.wait_for_workers({min_nodes})) or "
+            "lower min_nodes."
+        )
     return (
         f"num_nodes={num_nodes} needs {num_nodes} Dask workers (one per node), but the cluster "
         f"has {available}. Scale the cluster first (cluster.scale({num_nodes}), then "

@@ -44,8 +44,15 @@ class Engine(Protocol):
 
     worker_noun: str  # how a message names one machine of it: "Dask worker"
 
-    def choose(self, num_nodes: int | None) -> list[str]:
-        """One worker per node, by address."""
+    def choose(
+        self,
+        num_nodes: int | None,
+        min_nodes: int | None = None,
+        exclude: frozenset[str] | set[str] = frozenset(),
+    ) -> list[str]:
+        """One worker per node, by address: ``num_nodes`` of them (default one per host), or
+        as many as there are down to ``min_nodes``; never one in ``exclude`` (raises
+        ``ValueError`` for too few)."""
 
     def ship(self, workers: list[str], obj: Any) -> bytes:
         """``obj`` pickled so that every chosen worker's node process can rebuild it."""
@@ -95,8 +102,15 @@ class DaskEngine:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def choose(self, num_nodes: int | None) -> list[str]:
-        return choose_workers(current_workers(self.client), num_nodes)
+    def choose(
+        self,
+        num_nodes: int | None,
+        min_nodes: int | None = None,
+        exclude: frozenset[str] | set[str] = frozenset(),
+    ) -> list[str]:
+        workers = current_workers(self.client)
+        usable = {address: info for address, info in workers.items() if address not in exclude}
+        return choose_workers(usable, num_nodes, min_nodes)
 
     def ship(self, workers: list[str], obj: Any) -> bytes:
         return payload_for_nodes(self.client, workers, obj)

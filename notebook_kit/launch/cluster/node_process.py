@@ -75,6 +75,9 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> NodeOutcom
             master = decode(orders.recv_bytes(), Rendezvous)
         plan = resolve_plan(node_options(order, master), "notebook_launcher")
         relay = RelayObserver(order.node_rank, orders, events)
+        # A preempted VM or a SLURM job at its limit is told with SIGTERM: the ranks get to
+        # save (should_stop() turns True everywhere) before the machine goes.
+        signal.signal(signal.SIGTERM, lambda signum, frame: relay.preempt())
         if order.pool:
             from notebook_kit.launch.cluster.node_pool import serve_node_pool
 

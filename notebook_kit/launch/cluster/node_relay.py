@@ -3,7 +3,9 @@
 Every observer call becomes one encoded event frame on the pipe to the task, which batches
 them to the scheduler (an event the kernel waits for leaves at once). A launch's one message
 back, :class:`~notebook_kit.node.protocol.LaunchStop`, sets this node's stop flag, so the ranks'
-stop vote ends every node at the same step, as the Stop button does on one machine.
+stop vote ends every node at the same step, as the Stop button does on one machine. SIGTERM to
+the node process (:meth:`RelayObserver.preempt`) sets it with the cause "preempted", and the
+kernel is told in a line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from notebook_kit.node.protocol import (
     LaunchStop,
     NodeEvent,
     NodeFinished,
+    NodePrint,
     decode,
     encode,
 )
@@ -25,6 +28,12 @@ from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
 __all__ = ["RelayObserver"]
+
+_PREEMPTED = (
+    "Node {node} received SIGTERM (its machine is being preempted, or the job reached its time "
+    "limit): should_stop() turns True on every rank at the same step, so the function can save "
+    "and return before the machine goes."
+)
 
 
 class RelayObserver:
@@ -35,6 +44,8 @@ class RelayObserver:
         self._orders = orders
         self._events = events
         self._stop_flag: StopFlag | None = None
+        self._preempted = False  # SIGTERM arrived
+        self._announced = False  # and the kernel was told
 
     def send(self, event: NodeEvent) -> None:
         tag = URGENT if isinstance(event, URGENT_EVENTS) else EVENT
@@ -43,6 +54,17 @@ class RelayObserver:
     def on_start(self, info: LaunchInfo) -> None:
         """The kernel showed the run's start itself; only the stop flag is kept."""
         self._stop_flag = info.stop_flag
+        if self._preempted:
+            info.stop_flag.preempt()
+
+    def preempt(self) -> None:
+        """This node received SIGTERM: the ranks' next stop vote ends the run on every node.
+
+        Called from the signal handler, so it only sets flags; :meth:`on_tick` tells the kernel.
+        """
+        self._preempted = True
+        if self._stop_flag is not None:
+            self._stop_flag.preempt()
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
         self.send(OutputLine(rank, stream, line))
@@ -51,6 +73,9 @@ class RelayObserver:
         self.send(batch)
 
     def on_tick(self) -> None:
+        if self._preempted and not self._announced:
+            self._announced = True
+            self.send(NodePrint(_PREEMPTED.format(node=self.node_rank)))
         try:
             while self._orders.poll(0):
                 decode(self._orders.recv_bytes(), LaunchStop)

@@ -39,6 +39,7 @@ from notebook_kit.runtime.context import StopFlag
 __all__ = ["cluster_steps"]
 
 _TICK_SECONDS = 0.1
+_WAIT_SECONDS = 0.5  # how often the workers present are read while too few are there
 
 Steps = Generator[tuple[list[Any], float], list[Any], Any]  # as a launcher's steps
 
@@ -47,26 +48,39 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
     """Run ``call`` on every node of the plan's cluster; rank 0's value is the return value.
 
     Models the function reaches get rank 0's trained weights. Raises ``ClusterWorkerError``
-    (a ``WorkerError``) for a failed rank or a lost node, ``TimeoutError`` after ``timeout``,
-    ``KeyboardInterrupt`` on Ctrl-C (or what else is thrown into the steps).
+    (a ``WorkerError``) for a failed rank or a lost node, ``TimeoutError`` after ``timeout``
+    or when fewer than ``min_nodes`` workers remain for a restart, ``KeyboardInterrupt`` on
+    Ctrl-C (or what else is thrown into the steps).
     """
     engine = plan.engine
-    workers = engine.choose(plan.num_nodes)
     models = list(find_kernel_models(*call).values())
-    payload = _payload(call, models, functools.partial(engine.ship, workers))
-    reports = engine.probe(workers, payload)
-    check_reports(reports)
-    settings = plan.settings.with_processes(reports[0].gpus)  # as on one machine
+    nodes = _Nodes(engine, call, models, engine.choose(plan.num_nodes, plan.min_nodes))
+    settings = plan.settings.with_processes(nodes.reports[0].gpus)  # as on one machine
     observer = observer or default_observer(plan.live)
     policy = RestartPolicy(
-        plan.max_restarts, plan.timeout, run="cluster run", everyone=f"all {len(reports)} nodes"
+        plan.max_restarts,
+        plan.timeout,
+        run="cluster run",
+        everyone=f"all {len(nodes.reports)} nodes" if plan.min_nodes is None else "the nodes",
     )
+    lost: set[str] = set()  # workers of the last attempt's lost nodes: never chosen again
+    failures: list[BaseException] = []  # what ended each attempt
 
     def attempt(restart: int) -> Generator[tuple[list[Any], float], list[Any], AttemptEnding]:
+        if restart:
+            try:
+                chosen = yield from _choose_again(engine, plan, len(nodes.reports), lost)
+            except TimeoutError as error:
+                raise error from failures[-1]
+            nodes.use(chosen)
+        reports = nodes.reports
         result, error = yield from _attempt(
-            engine, reports, payload, settings, observer, plan.timeout, restart
+            engine, reports, nodes.payload, settings, observer, plan.timeout, restart
         )
+        lost.update(reports[node].worker for node in result.lost_nodes)
         failure = _error(result, reports, settings, engine.worker_noun) if result.failures else None
+        if failure is not None:
+            failures.append(failure)
         return AttemptEnding(
             error=error,
             timed_out=result.timed_out,
@@ -76,6 +90,70 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
         )  # the weights are global rank 0's, its models in the order found here
 
     return (yield from policy.run_attempts(attempt))
+
+
+class _Nodes:
+    """The workers an attempt runs on, with the payload shipped and each probed for them."""
+
+    def __init__(self, engine: Engine, call: Call, models: list[Any], workers: list[str]) -> None:
+        self.engine, self.call, self.models = engine, call, models
+        self.workers: list[str] = []
+        self.use(workers)
+
+    def use(self, workers: list[str]) -> None:
+        """Run the next attempt on ``workers``; ship and probe again only when they changed."""
+        if workers == self.workers:
+            return
+        self.payload = _payload(
+            self.call, self.models, functools.partial(self.engine.ship, workers)
+        )
+        self.reports = self.engine.probe(workers, self.payload)
+        check_reports(self.reports)
+        self.workers = workers
+
+
+def _choose_again(
+    engine: Engine, plan: ClusterPlan, before: int, lost: set[str]
+) -> Generator[tuple[list[Any], float], list[Any], list[str]]:
+    """The workers of a restart: from ``min_nodes`` to ``num_nodes`` of those there now (a
+    lost node's worker left out), waiting up to ``rendezvous_timeout`` for enough to join.
+
+    Raises:
+        TimeoutError: Fewer than ``min_nodes`` workers were there when the wait ended.
+    """
+    most = plan.num_nodes or before
+    least = plan.min_nodes or most
+    bound = plan.settings.rendezvous_timeout
+    deadline = time.monotonic() + bound
+    said = False
+    while True:
+        usable = len(engine.present() - lost)
+        if usable >= least:
+            chosen = engine.choose(min(usable, most), least, exclude=lost)
+            if len(chosen) != before:
+                print(
+                    f"The restart runs on {len(chosen)} "
+                    f"{'node' if len(chosen) == 1 else 'nodes'} (was {before}).",
+                    flush=True,
+                )
+            return chosen
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"The cluster run needs min_nodes={least} {engine.worker_noun}s to restart, "
+                f"but {usable} {'was' if usable == 1 else 'were'} there after waiting "
+                f"rendezvous_timeout={bound:g} s. Add workers (cluster.scale(...)) or lower "
+                "min_nodes, then run the cell again: load_state() resumes from the last "
+                "checkpoint."
+            )
+        if not said:
+            said = True
+            print(
+                f"Waiting for {engine.worker_noun}s to restart on: {usable} of the "
+                f"min_nodes={least} needed {'is' if usable == 1 else 'are'} there (waiting up "
+                f"to rendezvous_timeout={bound:g} s).",
+                flush=True,
+            )
+        yield [], _WAIT_SECONDS
 
 
 def _payload(

@@ -126,13 +126,16 @@ class WorkerPool:
         rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
         isolate: bool = True,
         stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+        min_nodes: int | None = None,
         config: LaunchConfig | None = None,
         send_limit: int = DEFAULT_SEND_LIMIT,
         cluster: Any = None,
     ) -> None:
         options = {k: v for k, v in locals().items() if k not in ("self", "send_limit")}
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
-        _refuse_launch_only(options.pop("max_restarts"), options.pop("isolate"))
+        _refuse_launch_only(
+            options.pop("max_restarts"), options.pop("isolate"), options.pop("min_nodes")
+        )
         self._cluster_plan: ClusterPlan | None = None
         if options.pop("cluster") is not None:
             self._cluster_plan = _cluster_plan(cluster, options, send_limit)
@@ -456,8 +459,14 @@ class WorkerPool:
         return (self._cluster_plan or self.plan).timeout
 
 
-def _refuse_launch_only(max_restarts: Any, isolate: Any) -> None:
+def _refuse_launch_only(max_restarts: Any, isolate: Any, min_nodes: Any) -> None:
     """Refuse what only a one-off launch means, instead of accepting and ignoring it."""
+    if min_nodes is not None:
+        raise ValueError(
+            f"min_nodes={min_nodes!r}: a WorkerPool never restarts on fewer nodes (its "
+            "workers' state would be lost). Leave it out; notebook_launcher(..., cluster=..., "
+            "max_restarts=N, min_nodes=K) restarts a run on the nodes that remain."
+        )
     if max_restarts is not None and arguments.check_int("max_restarts", max_restarts, minimum=0):
         raise ValueError(
             f"max_restarts={max_restarts}: a WorkerPool never reruns a command (its workers' "

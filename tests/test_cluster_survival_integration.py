@@ -1,0 +1,193 @@
+"""Cluster runs that survive what clusters do, on a real Dask LocalCluster of two workers:
+
+- a Dask worker SIGKILLed after the first checkpoint: the run restarts on what is left and
+  finishes with the right final step, resumed from the checkpoint, one continuous history;
+- fewer workers than ``min_nodes`` for a restart: a clear error once the wait's bound passed;
+- SIGTERM to a node process (a preempted VM): ``should_stop()`` on every rank at the same step,
+  with the reason, then a saved checkpoint.
+
+The module shares one LocalCluster; the test that retires a worker comes last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import notebook_kit
+from notebook_kit import notebook_launcher
+from notebook_kit.errors import WorkerError
+from tests.optional import needs
+from tests.test_cluster_integration import assert_nothing_left, local_cluster
+
+pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
+
+_STEPS = 30
+_EVERY = 5  # a checkpoint after steps 4, 9, 14, ...
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_cluster() as client:
+        yield client
+
+
+def _train(project: str, marks: str, pace: float):
+    """A DDP loop that resumes from its newest checkpoint; returns (final step, start step)."""
+    from notebook_kit import Accelerator
+
+    accelerator = Accelerator(project_dir=project)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    progress = {"step": -1}
+    accelerator.register_for_checkpointing(_Counter(progress))
+    accelerator.load_state()  # None on the first attempt
+    start = progress["step"] + 1
+    attempt = float(os.environ["NOTEBOOK_KIT_RESTART_COUNT"])
+    Path(marks, f"start-{dist.get_world_size()}-{start}").touch()
+    for step in range(start, _STEPS):
+        loss = model(torch.ones(8, 4)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        notebook_kit.log({"loss": loss.item(), "attempt": attempt}, step=step)
+        progress["step"] = step
+        if step % _EVERY == _EVERY - 1:
+            accelerator.save_state()
+            Path(marks, f"saved-{step}").touch()
+        time.sleep(pace)
+    return progress["step"], start
+
+
+class _Counter:
+    def __init__(self, progress: dict[str, int]) -> None:
+        self.progress = progress
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.progress)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.progress.update(state)
+
+
+def _node_1_pid(client) -> int:
+    pids = client.run(os.getpid)
+    return pids[sorted(pids)[1]]  # nodes are the workers in address order (one host)
+
+
+def _when(path: Path, then, within: float = 90.0) -> threading.Thread:
+    """Run ``then()`` once ``path`` exists (in a thread; joined by the test)."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + within
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if path.exists():
+            then()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkpoint(
+    client, tmp_path, capsys
+):
+    worker = _node_1_pid(client)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    killer = _when(marks / "saved-4", lambda: os.kill(worker, signal.SIGKILL))
+    final, start = notebook_launcher(
+        _train, args=(str(tmp_path / "project"), str(marks), 0.15), num_processes=1,
+        num_nodes=2, min_nodes=1, max_restarts=1, cluster=client, live=False,
+    )  # fmt: skip
+    killer.join()
+    assert final == _STEPS - 1
+    assert start > 0 and start % _EVERY == 0, start  # resumed after a checkpoint
+    out = capsys.readouterr().out
+    assert "node 1 lost" in out and "restart 1 of 1" in out, out
+    record = notebook_kit.last_run()
+    first, last = record.attempts
+    assert first.outcome == "failed" and "node 1" in first.failure
+    assert first.world_size == 2 and first.first_step == 0
+    assert last.outcome == "success" and last.first_step == start
+    assert (marks / f"start-{last.world_size}-{start}").exists()
+    # One continuous history: every step once, the replayed ones replaced, not added.
+    steps = [step for step, _ in record.metrics["loss"]]
+    assert steps == list(range(_STEPS))
+    assert record.metrics["attempt"] == [(step, float(step >= start)) for step in steps]
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed worker
+    assert_nothing_left(client)
+
+
+def _until_told(project: str, marks: str):
+    from notebook_kit import Accelerator
+
+    accelerator = Accelerator(project_dir=project)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    guardian = os.getppid()  # the rank's parent; the node process is the guardian's
+    with open(f"/proc/{guardian}/stat") as stat:
+        node_process = int(stat.read().rsplit(")", 1)[1].split()[1])
+    Path(marks, f"node-{dist.get_rank()}").write_text(str(node_process))
+    for step in range(100_000):
+        dist.all_reduce(torch.ones(1))
+        model(torch.ones(1, 2)).sum().backward()
+        time.sleep(0.01)
+        if notebook_kit.should_stop():
+            accelerator.save_state()
+            Path(marks, f"stopped-{dist.get_rank()}").write_text(str(step))
+            return step, notebook_kit.stop_reason()
+    raise RuntimeError("should_stop() never turned True")
+
+
+def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
+    client, tmp_path, capsys
+):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def preempt() -> None:
+        time.sleep(0.3)  # mid-run
+        os.kill(int((marks / "node-1").read_text()), signal.SIGTERM)
+
+    sender = _when(marks / "node-1", preempt)
+    step, reason = notebook_launcher(
+        _until_told, args=(str(tmp_path / "project"), str(marks)), num_processes=1,
+        num_nodes=2, cluster=client, live=False,
+    )  # fmt: skip
+    sender.join()
+    assert (marks / "stopped-0").read_text() == (marks / "stopped-1").read_text() == str(step)
+    assert reason.startswith("node 1 received SIGTERM"), reason
+    assert (tmp_path / "project" / "checkpoints" / "checkpoint_0" / "checkpoint.json").exists()
+    assert "Node 1 received SIGTERM" in capsys.readouterr().out
+    assert notebook_kit.last_run().stopped
+    assert_nothing_left(client)
+
+
+def test_a_restart_with_fewer_workers_than_min_nodes_ends_at_the_bound(client, tmp_path):
+    leaving = sorted(client.run(os.getpid))[1]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    retire = _when(marks / "saved-4", lambda: client.retire_workers([leaving]))
+    started = time.monotonic()
+    with pytest.raises(
+        TimeoutError, match=r"min_nodes=2 .*1 was there .*rendezvous_timeout=3"
+    ) as caught:
+        notebook_launcher(
+            _train, args=(str(tmp_path / "project"), str(marks), 0.15), num_processes=1,
+            num_nodes=2, min_nodes=2, max_restarts=1, rendezvous_timeout=3, cluster=client,
+            live=False,
+        )  # fmt: skip
+    retire.join()
+    assert isinstance(caught.value.__cause__, WorkerError)
+    assert time.monotonic() - started < 120
+    assert_nothing_left(client)  # the retired worker stays gone: this test comes last

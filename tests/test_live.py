@@ -285,3 +285,35 @@ def test_the_live_view_opens_few_widget_models_and_closes_them_all(
     _finish(observer)
     assert set(models) <= before, "every model of the view is closed"
     flag.close()
+
+
+def _attempt(observer: LiveObserver, world: int, steps: range, attempt: float) -> None:
+    from notebook_kit.runtime.messages import MetricsBatch
+
+    observer.on_start(LaunchInfo("run", world, world, tuple(range(world)), StopFlag()))
+    for rank in range(world):
+        records = tuple((rank, step, {"loss": float(step), "attempt": attempt}) for step in steps)
+        observer.on_metrics(MetricsBatch(rank, records))
+    observer.on_tick()
+    failed = attempt == 0
+    failures = (WorkerFailure(1, 1, "RuntimeError", "boom", "", 0.0),) if failed else ()
+    observer.on_finish(LaunchSummary(ranks=(), duration=1.0, failures=failures))
+
+
+def test_a_restart_goes_on_in_one_plot_its_replayed_steps_replacing_the_old():
+    observer = LiveObserver()
+    _attempt(observer, 4, range(0, 8), 0.0)  # failed after step 7; the checkpoint was at 4
+    _attempt(observer, 2, range(5, 10), 1.0)  # resumed on 2 ranks from step 5
+    record = last_run()
+    assert record.metrics["attempt"] == [(s, float(s >= 5)) for s in range(10)]
+    assert [(a.world_size, a.first_step, a.outcome) for a in record.attempts] == [
+        (4, 0, "failed"),
+        (2, 5, "success"),
+    ]
+    assert record.attempts[0].failure == "rank 1: RuntimeError: boom"
+    assert observer.plot.marks == [[5, "restart 1 · 2 ranks"]]
+    assert observer.plot.plot.spec["marks"] == [[5, "restart 1 · 2 ranks"]]
+    steps, values = observer.plot.plot.snapshot["attempt"]  # what a browser opened now draws
+    assert (steps, values) == (list(range(10)), [float(s >= 5) for s in range(10)])
+    axes = record.figure.axes[0]
+    assert [text.get_text() for text in axes.texts] == ["restart 1 · 2 ranks"]

@@ -29,7 +29,7 @@ class Attempt:
         first_step: The first step it logged (where it resumed), None if it logged none.
         duration: Seconds from its start to its end.
         outcome: ``"success"``, ``"stopped"`` or ``"failed"``.
-        failure: What ended it, one line (which rank or node), None unless it failed.
+        failure: What ended it, one line naming the rank (and node), None unless it failed.
 
     Example::
 
@@ -167,7 +167,8 @@ class RunRecorder:
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last
         info = self._info
-        failure = summary.failures[0].summary() if summary.failures else None
+        first = summary.failures[0] if summary.failures else None
+        failure = f"rank {first.rank}: {first.summary()}" if first is not None else None
         self.attempts.append(
             Attempt(
                 world_size=info.world_size if info is not None else len(summary.ranks),

@@ -109,3 +109,31 @@ def test_an_address_the_cluster_chooses_is_refused_from_the_environment_too(
         _settings({})
     with pytest.raises(ValueError, match=r"from config= is chosen by the cluster"):
         _settings({"config": LaunchConfig(node_rank=1, num_nodes=2)})
+
+
+def test_min_nodes_beyond_num_nodes_or_below_one_is_refused_before_start():
+    with pytest.raises(ValueError, match="min_nodes=3 is more than num_nodes=2"):
+        _settings({"num_nodes": 2, "min_nodes": 3})
+    with pytest.raises(ValueError, match="min_nodes"):
+        _settings({"min_nodes": 0})
+    assert _settings({"num_nodes": 3, "min_nodes": 2})[1]["min_nodes"] == 2
+
+
+def test_min_nodes_without_a_cluster_is_refused_with_the_fix():
+    from notebook_kit import WorkerPool, notebook_launcher
+
+    with pytest.raises(ValueError, match="min_nodes=1 needs cluster="):
+        notebook_launcher(print, num_processes=2, min_nodes=1)
+    with pytest.raises(ValueError, match="a WorkerPool never restarts on fewer nodes"):
+        WorkerPool(num_processes=2, min_nodes=1)
+
+
+def test_a_restart_takes_the_workers_there_down_to_min_nodes():
+    from notebook_kit.launch.cluster.connect import choose_workers
+
+    workers = {"tcp://a:1": {"host": "a"}, "tcp://b:1": {"host": "b"}}
+    assert choose_workers(workers, 3, min_nodes=2) == ["tcp://a:1", "tcp://b:1"]
+    with pytest.raises(ValueError, match="min_nodes=3 needs at least 3 Dask workers"):
+        choose_workers(workers, 4, min_nodes=3)
+    with pytest.raises(ValueError, match="num_nodes=3 needs 3 Dask workers"):
+        choose_workers(workers, 3)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from notebook_kit.accelerator.accelerate_objects import adopt
+from notebook_kit.accelerator.async_save import BackgroundSaves
 from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods
 from notebook_kit.accelerator.configuration import (
     AutocastKwargs,
@@ -192,6 +193,7 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        self._background_saves = BackgroundSaves()  # save_state(async_save=True)
 
     # -- prepare ---------------------------------------------------------------------------
 

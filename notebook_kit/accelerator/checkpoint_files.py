@@ -30,6 +30,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "CheckpointError",
+    "CheckpointSaveError",
     "CheckpointSpaceError",
     "is_state_folder",
     "load_file",
@@ -49,6 +50,19 @@ _DAMAGED = "load an earlier checkpoint, or save a new one"
 
 class CheckpointError(ValueError):
     """A checkpoint exists but cannot be loaded into this run: damaged, or saved differently."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed where no exception could reach the caller at once: in the background
+    (``save_state(async_save=True)``) or on another rank. Nothing of it was kept.
+
+    Example::
+
+        try:
+            accelerator.save_state(async_save=True)
+        except CheckpointSaveError as error:
+            print(error)  # The asynchronous save_state of checkpoint 3 (...) failed ...
+    """
 
 
 class CheckpointSpaceError(OSError):

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from notebook_kit.accelerator import operations
+from notebook_kit.accelerator.async_save import BackgroundSaves
 from notebook_kit.accelerator.checkpoint_files import MANIFEST, is_state_folder
 from notebook_kit.accelerator.checkpointing import Stateful, load_checkpoint, save_checkpoint
 from notebook_kit.accelerator.data_loader import skip_first_batches
@@ -58,6 +59,7 @@ class CheckpointMethods:
     _schedulers: list[AcceleratedScheduler]
     _dataloaders: list[PreparedDataLoader]
     _custom_objects: list[Any]
+    _background_saves: BackgroundSaves
 
     state: ProcessState
     strategy: Strategy
@@ -129,6 +131,7 @@ class CheckpointMethods:
         output_dir: str | os.PathLike[str] | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
+        async_save: bool = False,
     ) -> StoragePath:
         """Save models, optimizers, schedulers, scaler, RNG states and data positions.
 
@@ -142,28 +145,54 @@ class CheckpointMethods:
         environment and the backend's config files). Every rank must see the same folder: one
         that is different on each machine is refused before anything is written.
 
+        ``async_save=True`` copies the state to host memory and returns; a thread writes the
+        copy while training goes on, so changes made after the call are not in the checkpoint.
+        It is committed (and ``total_limit`` applied) only once every rank's files are
+        written. The next ``save_state``, ``load_state``, ``end_training`` and the end of a
+        launched function (or, outside a launch, the interpreter's exit) wait for it, and
+        raise its error if it failed. A function ending with an error or an interrupt
+        abandons it: never committed, removed by the next save. It costs one host copy of the
+        state. Accelerate has no such option on ``save_state`` (its DCP path alone saves
+        asynchronously); here it covers every strategy and storage.
+
+        Returns where the checkpoint is (being) written.
+
         Raises:
             CheckpointSpaceError: The disk filled up (an ``OSError``); the partial save was
                 removed, earlier checkpoints are intact, and a later call can succeed.
+            CheckpointSaveError: The previous asynchronous save failed (raised here, at the
+                wait), or another rank could not write its part.
+            TypeError: ``async_save`` is not a bool.
 
         Example::
 
             accelerator.save_state("checkpoints/step_100")
+            accelerator.save_state(async_save=True)  # training goes on while it is written
         """
+        if not isinstance(async_save, bool):
+            raise TypeError(
+                f"save_state(async_save=...) takes True or False, got {async_save!r} "
+                f"({type(async_save).__name__}); pass async_save=True to write in the "
+                "background."
+            )
+        self._background_saves.wait()
         self.strategy.enter_collective("save_state")
+        background = self._background_saves if async_save else None
         if output_dir is not None:
             where = storage_path(output_dir, storage_options, name="output_dir")
-            return save_checkpoint(where, self._stateful(), self.state.process_index)
+            return save_checkpoint(
+                where, self._stateful(), self.state.process_index, background=background
+            )
         rank_zero = self.state.process_index == 0
         number = operations.broadcast_object(self._next_number() if rank_zero else None)
-        saved = save_checkpoint(
+        return save_checkpoint(
             self._checkpoint_root() / f"checkpoint_{number}",
             self._stateful(),
             self.state.process_index,
             number=number,
+            background=background,
+            after_commit=self._drop_old_checkpoints,
         )
-        self._drop_old_checkpoints()
-        return saved
 
     def load_state(
         self,
@@ -185,11 +214,13 @@ class CheckpointMethods:
             FileNotFoundError: No checkpoint (or a file of it) at ``input_dir``.
             CheckpointError: A damaged or edited file (named in the message), or saved with
                 another number of processes or other objects.
+            CheckpointSaveError: A pending asynchronous save failed (see :meth:`save_state`).
 
         Example::
 
             accelerator.load_state("checkpoints/step_100")
         """
+        self._background_saves.wait()  # a pending save first: it may be the one to load
         self.strategy.enter_collective("load_state")
         if input_dir is None:
             rank_zero = self.state.process_index == 0

@@ -25,17 +25,19 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
+from notebook_kit.accelerator.async_save import BackgroundSaves, SaveAbandoned
 from notebook_kit.accelerator.checkpoint_files import (
     FORMAT_VERSION,
     MANIFEST,
     CheckpointError,
+    CheckpointSaveError,
     CheckpointSpaceError,
     is_state_folder,
     load_file,
@@ -59,6 +61,7 @@ from notebook_kit.runtime.seeding import get_rng_states, set_rng_states
 __all__ = [
     "MANIFEST",
     "CheckpointError",
+    "CheckpointSaveError",
     "CheckpointSpaceError",
     "Stateful",
     "load_checkpoint",
@@ -80,7 +83,7 @@ class Stateful:
     dataloaders: Sequence[Any] = ()
     custom: Sequence[Any] = ()
     scaler: Any = None
-    sharded: Any = None  # counts, save(folder), load(folder): each rank writes its share
+    sharded: Any = None  # counts, state_dicts(), write(folder, states, group), load(folder)
     counts: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,13 +152,20 @@ def save_checkpoint(
     state: Stateful,
     process_index: int,
     number: int | None = None,
+    *,
+    background: BackgroundSaves | None = None,
+    after_commit: Callable[[], None] | None = None,
 ) -> StoragePath:
     """Write ``state`` into ``directory`` atomically; collective over all processes.
 
-    ``number`` (of a numbered ``checkpoint_<n>``) only appears in error messages.
+    ``number`` (of a numbered ``checkpoint_<n>``) only appears in error messages;
+    ``after_commit`` runs on rank 0 once the manifest is written. With ``background`` the
+    state is copied to host memory and written by its thread (the asynchronous save): what
+    is checked and the commit are the same, only where and when the files are written differ.
 
     Raises:
         CheckpointSpaceError: The disk filled up; the partial save was removed.
+        CheckpointSaveError: Another rank could not write its part; nothing was kept.
 
     Example::
 
@@ -165,37 +175,154 @@ def save_checkpoint(
     created = not directory.exists()
     if process_index == 0:
         remove_unreferenced(directory)  # what a killed save left takes no space from this one
-    folder = broadcast_object(f"state-{uuid.uuid4().hex[:12]}")
-    staging = directory / folder
+    job = _Save(directory, broadcast_object(f"state-{uuid.uuid4().hex[:12]}"), process_index)
+    job.created, job.number = created, number
     try:
-        staging.mkdir(parents=True, exist_ok=True)
-        _check_shared(directory, staging, process_index)
-        if process_index == 0:
-            for name, obj in state.shared_files().items():
-                write_file(obj.state_dict(), staging / name)
-        write_file(state.own_state(), staging / f"process_{process_index}.pt")
-        if state.sharded is not None:
-            state.sharded.save(staging)
-        _barrier()  # every rank's files are on disk before the commit
-        if process_index == 0:
-            manifest = {
-                "format": FORMAT_VERSION,
-                "folder": folder,
-                "world_size": world_size(),
-                "counts": state.counts,
-            }
-            _commit(directory, manifest)
+        job.staging.mkdir(parents=True, exist_ok=True)
+        _check_shared(directory, job.staging, process_index)
+        files, sharded = job.snapshot(state)
+        if background is not None:
+            group = background.process_group()
+            files, sharded = background.staging.copy((files, sharded))
     except BaseException as error:
-        _discard(directory, staging, process_index, created)
-        code = space_errno(error)
-        if code is not None:
-            message = _space_message(directory, state, number)
-            raise CheckpointSpaceError(code, message) from error
-        raise
-    if process_index == 0:
-        remove_unreferenced(directory, keep=folder)
-    _barrier()  # nobody reads the checkpoint before it is committed
+        job.fail(error)
+    if background is None:
+        job.write(files, sharded, None, None)
+        if after_commit is not None and process_index == 0:
+            after_commit()
+        return directory
+
+    def write() -> None:
+        job.write(files, sharded, group, background.abandoned)
+        if after_commit is not None and process_index == 0:
+            after_commit()
+
+    background.start(write, job.which)
     return directory
+
+
+class _Save:
+    """One save into ``directory/folder``: what it writes, its commit, and its cleanup."""
+
+    def __init__(self, directory: StoragePath, folder: str, process_index: int) -> None:
+        self.directory, self.folder, self.rank = directory, folder, process_index
+        self.staging = directory / folder
+        self.created = False
+        self.number: int | None = None
+        self.counts: dict[str, int] = {}
+        self.sharded: Any = None
+        self.needed = 0
+
+    @property
+    def which(self) -> str:
+        return f"{'checkpoint' if self.number is None else f'checkpoint {self.number}'} " + (
+            f"({self.directory})"
+        )
+
+    def snapshot(self, state: Stateful) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state dicts this rank writes (file name -> state) and its sharded part's."""
+        shared = {name: obj.state_dict() for name, obj in state.shared_files().items()}
+        own = state.own_state()
+        self.counts, self.sharded = state.counts, state.sharded
+        self.needed = tensor_bytes(shared) + world_size() * tensor_bytes(own)
+        self.needed += (len(shared) + world_size()) * _FILE_OVERHEAD
+        files = shared if self.rank == 0 else {}
+        files = files | {f"process_{self.rank}.pt": own}
+        sharded = state.sharded.state_dicts() if state.sharded is not None else {}
+        return files, sharded
+
+    def write(self, files: dict[str, Any], sharded: dict[str, Any], group: Any, stop: Any) -> None:
+        """Write every rank's files, then commit once all succeeded (``group``: where the
+        ranks agree; ``stop``: an event that abandons the save before its next file)."""
+        failure: BaseException | None = None
+        try:
+            if self.sharded is not None:
+                self.sharded.write(self.staging, sharded, group)  # raises on every rank alike
+            for name, state in files.items():
+                if stop is not None and stop.is_set():
+                    raise SaveAbandoned(f"rank {self.rank} abandoned the save")
+                write_file(state, self.staging / name)
+        except (KeyboardInterrupt, SystemExit):
+            self._discard()
+            raise
+        except BaseException as error:  # torch's CheckpointException is a BaseException
+            failure = error
+        failed = _first_failure(failure, group)
+        if failed is None and self.rank == 0:
+            try:
+                _commit(self.directory, self._manifest())
+            except Exception as error:
+                failure, failed = error, (0, f"{type(error).__name__}: {_first_line(error)}")
+        failed = _broadcast(failed, group)  # every rank: was it committed?
+        if failed is not None:
+            self._discard()
+            if failure is not None:
+                self.fail(failure, discarded=True)
+            rank, reason = failed
+            raise CheckpointSaveError(
+                f"Saving {self.which} failed on rank {rank} ({reason}), so nothing of it was "
+                "kept and the checkpoints saved before are intact."
+            )
+        if self.rank == 0:
+            remove_unreferenced(self.directory, keep=self.folder)
+
+    def _manifest(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "folder": self.folder,
+            "world_size": world_size(),
+            "counts": self.counts,
+        }
+
+    def fail(self, error: BaseException, discarded: bool = False) -> NoReturn:
+        """Raise ``error`` (a full disk explained) once the partial save is removed."""
+        if not discarded:
+            self._discard()
+        code = space_errno(error)
+        if code is None:
+            raise error
+        free = free_space(self.directory)
+        raise CheckpointSpaceError(
+            code,
+            f"No space left on device while saving {self.which.rsplit(' (', 1)[0]} to "
+            f"{self.directory} (needed ≈ {_megabytes(self.needed)}"
+            f"{'' if free is None else f', {_megabytes(free)} free'}). The "
+            "partial save was removed and checkpoints saved before are intact: free some "
+            "space (or save elsewhere, or keep fewer with ProjectConfiguration(total_limit="
+            "...)) and call save_state() again.",
+        ) from error
+
+    def _discard(self) -> None:
+        """Remove what the save wrote. Rank 0 owns the folder; others only their own file,
+        since rank 0 may still be writing into it."""
+        if self.rank != 0:
+            with contextlib.suppress(FileNotFoundError):
+                (self.staging / f"process_{self.rank}.pt").unlink()
+            return
+        remove_tree(self.staging)
+        if self.created and is_local(self.directory):
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # only if the failed save left it empty
+
+
+def _first_failure(failure: BaseException | None, group: Any) -> tuple[int, str] | None:
+    """``(rank, reason)`` of the first rank whose files failed, the same on every rank; it
+    also means every rank is done writing."""
+    mine = None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}"
+    if world_size() == 1:
+        views = [mine]
+    else:
+        views = [None] * world_size()
+        dist.all_gather_object(views, mine, group=group)
+    return next(((rank, reason) for rank, reason in enumerate(views) if reason), None)
+
+
+def _broadcast(value: Any, group: Any) -> Any:
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
 
 
 def _check_shared(directory: StoragePath, staging: StoragePath, process_index: int) -> None:
@@ -224,38 +351,6 @@ def _check_shared(directory: StoragePath, staging: StoragePath, process_index: i
             "with its own disk). Save to a URL every node reaches (s3://bucket/run, gs://..., "
             "az://...) or to a folder every node mounts (NFS, Lustre). Nothing was saved."
         )
-
-
-def _discard(
-    directory: StoragePath, staging: StoragePath, process_index: int, created: bool
-) -> None:
-    """Remove what a failed save wrote. Rank 0 owns the folder; others only their own file,
-    since rank 0 may still be writing into it."""
-    if process_index != 0:
-        with contextlib.suppress(FileNotFoundError):
-            (staging / f"process_{process_index}.pt").unlink()
-        return
-    remove_tree(staging)
-    if created and is_local(directory):
-        with contextlib.suppress(OSError):
-            directory.rmdir()  # only if the failed save left it empty
-
-
-def _space_message(directory: StoragePath, state: Stateful, number: int | None) -> str:
-    files = state.shared_files()
-    needed = sum(tensor_bytes(obj.state_dict()) for obj in files.values())
-    needed += world_size() * tensor_bytes(state.own_state())
-    needed += (len(files) + world_size()) * _FILE_OVERHEAD
-    which = "checkpoint" if number is None else f"checkpoint {number}"
-    free = free_space(directory)
-    return (
-        f"No space left on device while saving {which} to {directory} "
-        f"(needed ≈ {_megabytes(needed)}"
-        f"{'' if free is None else f', {_megabytes(free)} free'}). The "
-        "partial save was removed and checkpoints saved before are intact: free some space "
-        "(or save elsewhere, or keep fewer with ProjectConfiguration(total_limit=...)) and "
-        "call save_state() again."
-    )
 
 
 def _megabytes(size: int) -> str:

@@ -23,6 +23,7 @@ from notebook_kit.runtime.log_values import LoggedHistory, check_log_call
 from notebook_kit.runtime.progress import report_total
 
 if TYPE_CHECKING:
+    from notebook_kit.accelerator.async_save import BackgroundSaves
     from notebook_kit.accelerator.optimizer import GradientState
     from notebook_kit.accelerator.partial_state import AcceleratorState
 
@@ -46,6 +47,7 @@ class ProcessMethods:
     trackers: list[Any]
     tracker_config: dict[str, Any]
     _trigger: bool
+    _background_saves: BackgroundSaves
 
     @property
     def is_main_process(self) -> bool:
@@ -299,12 +301,14 @@ class ProcessMethods:
             tracker.finish()
 
     def end_training(self) -> None:
-        """Finish the trackers, send the last buffered metrics, then wait for every process.
+        """Wait for a pending ``save_state(async_save=True)`` (raising its error), finish the
+        trackers, send the last buffered metrics, then wait for every process.
 
         Example::
 
             accelerator.end_training()
         """
+        self._background_saves.wait()
         self.end_trackers()
         metrics.close_channel(current_launch())
         self.wait_for_everyone()

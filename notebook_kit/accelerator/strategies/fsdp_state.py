@@ -64,14 +64,22 @@ class _Parts:
 class ShardedParts(_Parts):
     """Each rank writes and reads its own shard of every model and optimizer (DCP)."""
 
-    def save(self, folder: StoragePath) -> None:
+    def state_dicts(self) -> dict[str, Any]:
+        """DCP folder name -> this rank's shard of what goes into it (live tensors)."""
+        states: dict[str, Any] = {}
         for index, model in enumerate(self.models):
-            state = {"model": get_model_state_dict(model)}
-            dcp.save(state, **dcp_options(_model_dir(folder, index), writing=True))
+            states[f"pytorch_model_fsdp_{index}"] = {"model": get_model_state_dict(model)}
         for index, (model, optimizer) in enumerate(self.pairs):
             state = get_optimizer_state_dict(model, _raw(optimizer))
-            place = folder / f"optimizer_{index}"
-            dcp.save({"optimizer": state}, **dcp_options(place, writing=True))
+            states[f"optimizer_{index}"] = {"optimizer": state}
+        return states
+
+    def write(self, folder: StoragePath, states: dict[str, Any], process_group: Any) -> None:
+        """Every rank writes its shards; DCP's own collectives go through ``process_group``
+        (None: the default group), and a failure on one rank raises on every rank."""
+        for name, state in states.items():
+            options = dcp_options(folder / name, writing=True)
+            dcp.save(state, process_group=process_group, **options)
 
     def load(self, folder: StoragePath) -> None:
         for index, model in enumerate(self.models):
@@ -93,15 +101,21 @@ class FullParts(_Parts):
         super().__init__(models, pairs)
         self.rank = rank
 
-    def save(self, folder: StoragePath) -> None:
+    def state_dicts(self) -> dict[str, Any]:
+        """File name -> the gathered state on rank 0 ({} on the others); a collective."""
+        states: dict[str, Any] = {}
         for index, model in enumerate(self.models):
-            state = full_model_state(model)
-            if self.rank == 0:
-                write_file(state, folder / f"model_{index}.pt")
+            states[f"model_{index}.pt"] = full_model_state(model)
         for index, (model, optimizer) in enumerate(self.pairs):
             state = get_optimizer_state_dict(model, _raw(optimizer), options=_FULL)
-            if self.rank == 0:
-                write_file(state, folder / f"optimizer_{index}.pt")
+            states[f"optimizer_{index}.pt"] = state
+        return states
+
+    def write(self, folder: StoragePath, states: dict[str, Any], process_group: Any) -> None:
+        """Rank 0 writes the gathered files; the others hold nothing to write."""
+        if self.rank == 0:
+            for name, state in states.items():
+                write_file(state, folder / name)
 
     def load(self, folder: StoragePath) -> None:
         for index, model in enumerate(self.models):

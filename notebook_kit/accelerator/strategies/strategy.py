@@ -30,7 +30,8 @@ class CheckpointParts:
             ``model_<i>.pt`` (identical on every rank: DDP, one process, a gathered FSDP state).
         optimizers: The same for ``optimizer_<i>.pt``.
         sharded: Parts every rank writes its own share of (FSDP's DCP folders), or None:
-            an object with ``counts`` (kind -> number), ``save(folder)`` and ``load(folder)``.
+            an object with ``counts`` (kind -> number), ``state_dicts()`` (what it writes, taken
+            at the call), ``write(folder, states, process_group)`` and ``load(folder)``.
     """
 
     models: Sequence[Any] = ()

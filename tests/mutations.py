@@ -37,6 +37,8 @@ _WEIGHTS_HOME = (
     "test_the_weights_come_home_adding_at_most_a_quarter_more_than_the_model_to_the_kernel"
 )
 _CLUSTER = "tests/test_cluster_integration.py::"
+_ASYNC_SAVE = "tests/test_async_save_integration.py::"
+_SURVIVAL = "tests/test_cluster_survival_integration.py::"
 _CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
@@ -190,6 +192,76 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             "tests/test_checkpoint_faults_integration.py::"
             "test_total_limit_keeps_two_good_checkpoints_after_a_kill_mid_save",
+        ),
+    ),
+    Mutation(
+        "async-commit-before-every-rank-wrote",
+        "an async save is committed only once every rank's files are written",
+        (
+            Edit(
+                "accelerator/checkpointing.py",
+                "        failed = _first_failure(failure, group)\n",
+                "        failed = None\n",
+            ),
+        ),
+        (
+            f"{_ASYNC_SAVE}test_async_saves_on_two_ranks_hold_the_state_at_the_call_and_commit_after_every_rank",
+        ),
+    ),
+    Mutation(
+        "async-save-writes-live-tensors",
+        "an async save writes the state at the call, not what training changed since",
+        (
+            Edit(
+                "accelerator/checkpointing.py",
+                "            files, sharded = background.staging.copy((files, sharded))\n",
+                "",
+            ),
+        ),
+        (
+            f"{_ASYNC_SAVE}test_async_saves_on_two_ranks_hold_the_state_at_the_call_and_commit_after_every_rank",
+            f"{_ASYNC_SAVE}test_a_sharded_fsdp2_async_save_resumes_to_the_state_at_the_call",
+        ),
+    ),
+    Mutation(
+        "async-save-not-awaited-at-the-end-of-the-function",
+        "a save still pending when the launched function returns is finished before it ends",
+        (
+            Edit(
+                "accelerator/async_save.py",
+                "            self.abandoned.set()\n            return\n        self.wait()\n",
+                "            self.abandoned.set()\n            return\n",
+            ),
+        ),
+        (
+            f"{_ASYNC_SAVE}test_async_saves_on_two_ranks_hold_the_state_at_the_call_and_commit_after_every_rank",
+        ),
+    ),
+    Mutation(
+        "load-state-ignores-a-pending-async-save",
+        "load_state waits for a pending async save first",
+        (
+            Edit(
+                "accelerator/checkpoint_methods.py",
+                "        self._background_saves.wait()  # a pending save first: it may be "
+                "the one to load\n",
+                "",
+            ),
+        ),
+        (f"{_ASYNC_SAVE}test_a_sharded_fsdp2_async_save_resumes_to_the_state_at_the_call",),
+    ),
+    Mutation(
+        "async-save-error-swallowed",
+        "a failed background write is raised at the next wait, naming the checkpoint",
+        (
+            Edit(
+                "accelerator/async_save.py",
+                "        if error is None or self.abandoned.is_set():\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            f"{_ASYNC_SAVE}test_a_failed_write_is_raised_at_the_next_save_and_an_abandoned_one_is_never_loaded",
         ),
     ),
     Mutation(
@@ -786,7 +858,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "stop-without-a-vote",
         "Stop ends every rank at the same step, even when they see it at different steps",
-        (Edit("runtime/stopping.py", "    return _vote(votes, local)\n", "    return local\n"),),
+        (
+            Edit(
+                "runtime/stopping.py",
+                "    return _vote(votes, context)\n",
+                "    return context.stop_requested()\n",
+            ),
+        ),
         (
             f"{_PROMISES}"
             "test_stop_ends_every_rank_at_the_same_step_when_they_see_it_at_different_steps",
@@ -1273,7 +1351,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/strategies/fsdp_state.py",
-                '            dcp.save({"optimizer": state}, **dcp_options(place, writing=True))',
+                '            states[f"optimizer_{index}"] = {"optimizer": state}',
                 "            pass",
             ),
         ),
@@ -2241,5 +2319,107 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster pool's cell output names each rank's node",
         (Edit("launch/pool/view.py", "        self.text.nodes = info.node_of()\n", ""),),
         (f"{_CLUSTER_POOL}test_cells_push_and_pull_work_with_global_ranks",),
+    ),
+    Mutation(
+        "sigterm-kills-the-node",
+        "SIGTERM to a node process lets its ranks save: should_stop() on every rank at one step",
+        (
+            Edit(
+                "launch/cluster/node_process.py",
+                "        signal.signal(signal.SIGTERM, lambda signum, frame: relay.preempt())\n",
+                "",
+            ),
+        ),
+        (f"{_SURVIVAL}test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save",),
+    ),
+    Mutation(
+        "stop-vote-drops-the-cause",
+        "stop_reason() names the node that received SIGTERM, on every rank",
+        (
+            Edit(
+                "runtime/stopping.py",
+                "    ballot = torch.tensor([cause, -proposal, node], dtype=torch.int32)",
+                "    ballot = torch.tensor([min(cause, 1), -proposal, node], dtype=torch.int32)",
+            ),
+        ),
+        (f"{_SURVIVAL}test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save",),
+    ),
+    Mutation(
+        "restart-keeps-replayed-steps",
+        "steps a restarted attempt logs again replace the old points instead of adding to them",
+        (Edit("live/record.py", "                    self.metrics.drop_from(resumed)\n", ""),),
+        (
+            "tests/test_live.py::"
+            "test_a_restart_goes_on_in_one_plot_its_replayed_steps_replacing_the_old",
+        ),
+    ),
+    Mutation(
+        "restart-forgets-its-mark",
+        "the live plot marks where each restart resumed and on how many ranks",
+        (
+            Edit(
+                "live/plot_widget.py",
+                '            spec["marks"] = self.marks\n',
+                "            pass\n",
+            ),
+        ),
+        (
+            "tests/test_live.py::"
+            "test_a_restart_goes_on_in_one_plot_its_replayed_steps_replacing_the_old",
+        ),
+    ),
+    Mutation(
+        "restart-waits-without-bound",
+        "a restart with fewer workers than min_nodes ends at rendezvous_timeout with the fix",
+        (
+            Edit(
+                "launch/cluster/run.py",
+                "        if time.monotonic() >= deadline:\n",
+                "        if time.monotonic() >= deadline + 3600:\n",
+            ),
+        ),
+        (f"{_SURVIVAL}test_a_restart_with_fewer_workers_than_min_nodes_ends_at_the_bound",),
+    ),
+    Mutation(
+        "restart-on-the-lost-worker",
+        "a restart never chooses the lost node's worker again",
+        (
+            Edit(
+                "launch/cluster/run.py",
+                "        lost.update(reports[node].worker for node in result.lost_nodes)\n",
+                "",
+            ),
+        ),
+        (
+            f"{_SURVIVAL}"
+            "test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkpoint",
+        ),
+    ),
+    Mutation(
+        "min-nodes-ignored-locally",
+        "min_nodes without cluster= is refused, not ignored",
+        (
+            Edit(
+                "launch/launcher.py",
+                '    if options.get("min_nodes") is not None:\n',
+                "    if False:\n",
+            ),
+        ),
+        ("tests/test_cluster.py::test_min_nodes_without_a_cluster_is_refused_with_the_fix",),
+    ),
+    Mutation(
+        "local-attempts-unrecorded",
+        "last_run().attempts lists every attempt of a launch, the failing rank named",
+        (
+            Edit(
+                "live/record.py",
+                '        failure = f"rank {first.rank}: {first.summary()}"',
+                "        failure = None",
+            ),
+        ),
+        (
+            "tests/test_fault_tolerance_integration.py::"
+            "test_launcher_restart_resumes_bit_identically_and_through_the_cli",
+        ),
     ),
 )

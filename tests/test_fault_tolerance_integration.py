@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import notebook_kit
-
 from notebook_kit import notebook_launcher
 from tests.processes import CLI, clean_environment
 
@@ -126,7 +125,9 @@ def test_launcher_restart_resumes_bit_identically_and_through_the_cli(tmp_path, 
     assert torch.equal(straight, restarted)
     assert _checkpoints(project) == ["checkpoint_10", "checkpoint_11"]  # total_limit=2
     first, second = notebook_kit.last_run().attempts  # a local restart is listed like a node's
-    assert first.outcome == "failed" and first.failure.startswith("rank 1: RuntimeError"), first.failure
+    assert first.outcome == "failed" and first.failure.startswith("rank 1: RuntimeError"), (
+        first.failure
+    )
     assert (second.outcome, first.world_size, second.world_size) == ("success", 2, 2)
 
     # The same failure through torchrun's restarts.

@@ -2382,17 +2382,17 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "restart-on-the-lost-worker",
-        "a restart never chooses the lost node's worker again",
+        "a restart never chooses the lost node's worker again, even while it is listed",
         (
             Edit(
                 "launch/cluster/run.py",
-                "        lost.update(reports[node].worker for node in result.lost_nodes)\n",
-                "",
+                "            chosen = engine.choose(min(usable, most), least, exclude=lost)\n",
+                "            chosen = engine.choose(min(usable, most), least)\n",
             ),
         ),
         (
-            f"{_SURVIVAL}"
-            "test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkpoint",
+            "tests/test_cluster.py::"
+            "test_a_restart_never_chooses_the_lost_nodes_worker_even_while_it_is_listed",
         ),
     ),
     Mutation(

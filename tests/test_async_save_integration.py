@@ -133,8 +133,15 @@ def _train_and_save_asynchronously(project: str) -> dict[str, object]:
         "expected": expected,
         "next": next(batches_seen)[0],
         "where": str(where),
-        "committed_while_held": committed_while_held,
+        "committed_while_held": _everyones(committed_while_held),
     }
+
+
+def _everyones(seen: object) -> list[object]:
+    """What every rank saw, on every rank (rank 1 is the one that watches for the commit)."""
+    everyone: list[object] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, seen)
+    return everyone
 
 
 def _wait_for_rank_0s_files(where: Path) -> None:
@@ -157,7 +164,7 @@ def test_async_saves_on_two_ranks_hold_the_state_at_the_call_and_commit_after_ev
 ) -> None:
     project = str(tmp_path / "run")
     saved = notebook_launcher(_train_and_save_asynchronously, args=(project,), num_processes=2)
-    assert saved["committed_while_held"] == [False] * 4, "committed before rank 1 wrote"
+    assert saved["committed_while_held"] == [[False] * 4] * 2, "committed before rank 1 wrote"
     checkpoints = tmp_path / "run" / "checkpoints"
     names = sorted(path.name for path in checkpoints.iterdir())
     assert names == ["checkpoint_2", "checkpoint_3"], "total_limit or the end-of-run wait"

@@ -137,3 +137,47 @@ def test_a_restart_takes_the_workers_there_down_to_min_nodes():
         choose_workers(workers, 4, min_nodes=3)
     with pytest.raises(ValueError, match="num_nodes=3 needs 3 Dask workers"):
         choose_workers(workers, 3)
+
+
+class _Cluster:
+    """The engine's view of a cluster whose worker list still shows a lost worker (the
+    scheduler has not noticed yet, or its network is cut): ``choose`` is the Dask engine's."""
+
+    worker_noun = "Dask worker"
+
+    def __init__(self, workers: list[str]) -> None:
+        self.workers = workers
+
+    def present(self) -> set[str]:
+        return set(self.workers)
+
+    def choose(self, num_nodes, min_nodes=None, exclude=frozenset()):
+        from notebook_kit.launch.cluster.connect import choose_workers
+
+        listed = {address: {"host": address} for address in self.workers}
+        return choose_workers(
+            {a: w for a, w in listed.items() if a not in exclude}, num_nodes, min_nodes
+        )
+
+
+def _restart_on(cluster: _Cluster, lost: set[str], min_nodes: int) -> list[str]:
+    from types import SimpleNamespace
+
+    from notebook_kit.launch.cluster.run import _choose_again
+
+    plan = SimpleNamespace(num_nodes=2, min_nodes=min_nodes, settings=SimpleNamespace(
+        rendezvous_timeout=0.0))  # fmt: skip
+    steps = _choose_again(cluster, plan, 2, lost)
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return done.value
+
+
+def test_a_restart_never_chooses_the_lost_nodes_worker_even_while_it_is_listed(capsys):
+    cluster = _Cluster(["tcp://a:1", "tcp://b:1"])
+    assert _restart_on(cluster, {"tcp://a:1"}, min_nodes=1) == ["tcp://b:1"]
+    assert "The restart runs on 1 node (was 2)." in capsys.readouterr().out
+    with pytest.raises(TimeoutError, match="min_nodes=2 Dask workers to restart, but 1 was"):
+        _restart_on(cluster, {"tcp://b:1"}, min_nodes=2)

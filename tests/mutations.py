@@ -38,6 +38,7 @@ _WEIGHTS_HOME = (
 )
 _CLUSTER = "tests/test_cluster_integration.py::"
 _ASYNC_SAVE = "tests/test_async_save_integration.py::"
+_PREEMPTION = "tests/test_preemption_integration.py::"
 _SURVIVAL = "tests/test_cluster_survival_integration.py::"
 _CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
@@ -2421,5 +2422,45 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/test_fault_tolerance_integration.py::"
             "test_launcher_restart_resumes_bit_identically_and_through_the_cli",
         ),
+    ),
+    Mutation(
+        "ranks-die-on-a-machines-sigterm",
+        "SIGTERM to every process of a launch (a VM's shutdown) lets the ranks save first",
+        (
+            Edit(
+                "worker/entry.py",
+                "        signal.signal(signal.SIGTERM, _sigterm_handler(stop_flag))\n",
+                "",
+            ),
+        ),
+        (
+            f"{_PREEMPTION}test_sigterm_to_the_ranks_and_guardian_lets_every_rank_save_at_the_same_step",
+        ),
+    ),
+    Mutation(
+        "guardian-stops-on-a-machines-sigterm",
+        "SIGTERM to the guardian marks the run preempted instead of killing its ranks",
+        (
+            Edit(
+                "worker/guardian.py",
+                "signal.SIGTERM, lambda signum, frame: self.stop_flag.preempt())",
+                "signal.SIGTERM, self._request_stop)",
+            ),
+        ),
+        (
+            f"{_PREEMPTION}test_sigterm_to_the_ranks_and_guardian_lets_every_rank_save_at_the_same_step",
+        ),
+    ),
+    Mutation(
+        "launch-sigterm-taken-for-preemption",
+        "the launch's own SIGTERM still ends a worker at once, not after the grace",
+        (
+            Edit(
+                "worker/guardian.py",
+                "        self.stop_flag.end()  # the workers'",
+                "        pass  # the workers'",
+            ),
+        ),
+        (f"{_PREEMPTION}test_the_launchs_own_sigterm_still_ends_a_worker_at_once",),
     ),
 )

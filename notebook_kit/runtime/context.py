@@ -19,19 +19,21 @@ __all__ = ["LaunchContext", "LaunchHook", "StopFlag", "add_launch_hook", "curren
 
 
 class StopFlag:
-    """A one-byte flag in memory shared between the kernel and its forked workers.
+    """Two bytes of memory shared between the kernel and its forked workers.
 
-    The kernel sets it (the Stop button); a node told it will be taken away (SIGTERM: a
-    preempted VM, a job at its time limit) sets it with the cause :data:`PREEMPTED`. Workers
-    read it without any system call. It is an anonymous shared mapping created before the
-    fork, so it needs no file and no port.
+    The first says why the run should stop: the kernel sets it (the Stop button); a node told
+    it will be taken away (SIGTERM: a preempted VM, a job at its time limit) sets it with the
+    cause :data:`PREEMPTED`. The second marks that the launch itself is ending its workers
+    (:meth:`end`), so a worker tells the launch's SIGTERM from the machine's. Workers read them
+    without any system call. It is an anonymous shared mapping created before the fork, so it
+    needs no file and no port.
     """
 
     STOPPED = 1  # the Stop button, or the kernel
     PREEMPTED = 2  # the node received SIGTERM; wins over STOPPED in the ranks' vote
 
     def __init__(self) -> None:
-        self._memory = mmap.mmap(-1, 1)
+        self._memory = mmap.mmap(-1, 2)
 
     def set(self) -> None:
         if self._memory[0] == 0:
@@ -41,8 +43,16 @@ class StopFlag:
         """Ask the run to stop because this node is going away (from a signal handler too)."""
         self._memory[0] = self.PREEMPTED
 
+    def end(self) -> None:
+        """The launch is stopping its workers: a SIGTERM from here on is the launch's."""
+        self._memory[1] = 1
+
+    @property
+    def ending(self) -> bool:
+        return self._memory[1] == 1
+
     def clear(self) -> None:
-        self._memory[0] = 0
+        self._memory[0] = self._memory[1] = 0
 
     def is_set(self) -> bool:
         return self._memory[0] != 0

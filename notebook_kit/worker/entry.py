@@ -49,6 +49,7 @@ def run_worker(
     exit_code = 1
     try:
         _detach_from_kernel(pipes, parent_pid)
+        signal.signal(signal.SIGTERM, _sigterm_handler(stop_flag))
         send = _message_sender(pipes.messages)
         answer_stack_requests(send)  # where this rank waits, if the run ever stalls
         exit_code = _run(function, args, kwargs, spec, send, stop_flag)
@@ -75,6 +76,23 @@ def _detach_from_kernel(pipes: WorkerPipes, parent_pid: int) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _redirect_output(pipes.stdout_fd, pipes.stderr_fd)
+
+
+def _sigterm_handler(stop_flag: StopFlag) -> Callable[[int, Any], None]:
+    """SIGTERM from the launch (it is ending its workers) ends this worker, as SIGTERM ends a
+    process. From anywhere else it means the machine is going away (a preempted VM's
+    shutdown, a SLURM job at its limit): the stop flag is marked preempted, and the ranks'
+    stop vote ends the run at one step, so the function can save first. The function may
+    install its own handler instead."""
+
+    def handle(signum: int, frame: Any) -> None:
+        if stop_flag.ending:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            stop_flag.preempt()
+
+    return handle
 
 
 def _reset_multiprocessing() -> None:

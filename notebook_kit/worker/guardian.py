@@ -15,9 +15,12 @@ It makes sure that no process started during a launch outlives it, however the l
   the thread that forked it ends.
 
 When a worker exits, its process group is killed and its exit status sent to the kernel. On
-``STOP`` or when the kernel is gone: SIGTERM to every worker's group, a grace period, then
-SIGKILL to every descendant until none is left; then it exits. It also exits as soon as every
-worker has ended and it has no child left, since then nothing can be left below it.
+``STOP``, SIGHUP or when the kernel is gone: the stop flag marked as the launch ending its
+workers, SIGTERM to every worker's group, a grace period, then SIGKILL to every descendant
+until none is left; then it exits. It also exits as soon as every worker has ended and it has
+no child left, since then nothing can be left below it. SIGTERM from outside (a preempted
+VM's shutdown, a SLURM job at its limit: every process gets it) does not stop the launch: it
+marks the stop flag preempted, so the ranks can save before the machine goes.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def run_guardian(
         workers = _fork_on_fresh_thread(call, starts, stop_flag, pipes.status)
         if pipes.listener is not None:
             os.close(pipes.listener)
-        _Guardian(pipes, workers, kernel_pid).run()
+        _Guardian(pipes, workers, kernel_pid, stop_flag).run()
     finally:
         # Everything below is gone: tell the kernel now, not after this process's memory is
         # unmapped (which takes milliseconds for a copy of a big kernel).
@@ -171,8 +174,11 @@ def _send(status: int, rank: int, event: int, value: int) -> None:
 class _Guardian:
     """The guardian's loop: report exits until told to stop or the kernel is gone."""
 
-    def __init__(self, pipes: GuardianPipes, workers: dict[int, int], kernel_pid: int) -> None:
+    def __init__(
+        self, pipes: GuardianPipes, workers: dict[int, int], kernel_pid: int, stop_flag: Any
+    ) -> None:
         self.control = pipes.control
+        self.stop_flag = stop_flag
         self.status = pipes.status
         self.workers = workers  # pid -> rank, still unreported
         self.kernel_pid = kernel_pid
@@ -195,14 +201,15 @@ class _Guardian:
         self._stop(wake)
 
     def _watch_signals(self) -> int:
-        """SIGCHLD, SIGTERM and SIGHUP wake the loop; the last two also stop the launch."""
+        """SIGCHLD, SIGTERM and SIGHUP wake the loop; SIGHUP stops the launch, SIGTERM marks
+        it preempted (the ranks save and return)."""
         wake, wake_write = os.pipe()
         os.set_blocking(wake, False)
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, self._request_stop)
+        signal.signal(signal.SIGHUP, self._request_stop)
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.stop_flag.preempt())
         return wake
 
     def _request_stop(self, signum: int, frame: Any) -> None:
@@ -210,6 +217,7 @@ class _Guardian:
 
     def _stop(self, wake: int) -> None:
         """SIGTERM every worker's group, wait the grace period, then kill all that is left."""
+        self.stop_flag.end()  # the workers' SIGTERM is the launch's, not the machine's
         for pid in self.workers:
             for kill in (os.killpg, os.kill):
                 with contextlib.suppress(ProcessLookupError, PermissionError):

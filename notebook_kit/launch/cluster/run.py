@@ -13,6 +13,7 @@ blocking and the awaited entry points drive a cluster run as they drive a local 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Generator
@@ -123,13 +124,20 @@ def _choose_again(
     """
     most = plan.num_nodes or before
     least = plan.min_nodes or most
+    if plan.min_nodes is not None:
+        setting, fix = f"min_nodes={least}", "lower min_nodes"
+    else:
+        setting, fix = f"num_nodes={least}", "pass min_nodes= to restart on fewer nodes"
     bound = plan.settings.rendezvous_timeout
     deadline = time.monotonic() + bound
     said = False
     while True:
         usable = len(engine.present() - lost)
+        chosen = None
         if usable >= least:
-            chosen = engine.choose(min(usable, most), least, exclude=lost)
+            with contextlib.suppress(ValueError):  # one left between the two reads: read again
+                chosen = engine.choose(min(usable, most), least, exclude=lost)
+        if chosen is not None:
             if len(chosen) != before:
                 print(
                     f"The restart runs on {len(chosen)} "
@@ -139,17 +147,16 @@ def _choose_again(
             return chosen
         if time.monotonic() >= deadline:
             raise TimeoutError(
-                f"The cluster run needs min_nodes={least} {engine.worker_noun}s to restart, "
+                f"The cluster run needs {setting} {engine.worker_noun}s to restart, "
                 f"but {usable} {'was' if usable == 1 else 'were'} there after waiting "
-                f"rendezvous_timeout={bound:g} s. Add workers (cluster.scale(...)) or lower "
-                "min_nodes, then run the cell again: load_state() resumes from the last "
-                "checkpoint."
+                f"rendezvous_timeout={bound:g} s. Add workers (cluster.scale(...)) or {fix}, "
+                "then run the cell again: load_state() resumes from the last checkpoint."
             )
         if not said:
             said = True
             print(
                 f"Waiting for {engine.worker_noun}s to restart on: {usable} of the "
-                f"min_nodes={least} needed {'is' if usable == 1 else 'are'} there (waiting up "
+                f"{setting} needed {'is' if usable == 1 else 'are'} there (waiting up "
                 f"to rendezvous_timeout={bound:g} s).",
                 flush=True,
             )

@@ -26,6 +26,7 @@ from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
 from tests.optional import needs
 from tests.test_cluster_integration import assert_nothing_left, local_cluster
+from tests.test_preemption_integration import _until_told
 
 pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
 
@@ -129,26 +130,6 @@ def test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkp
     assert_nothing_left(client)
 
 
-def _until_told(project: str, marks: str):
-    from notebook_kit import Accelerator
-
-    accelerator = Accelerator(project_dir=project)
-    model = accelerator.prepare(torch.nn.Linear(2, 2))
-    guardian = os.getppid()  # the rank's parent; the node process is the guardian's
-    with open(f"/proc/{guardian}/stat") as stat:
-        node_process = int(stat.read().rsplit(")", 1)[1].split()[1])
-    Path(marks, f"node-{dist.get_rank()}").write_text(str(node_process))
-    for step in range(100_000):
-        dist.all_reduce(torch.ones(1))
-        model(torch.ones(1, 2)).sum().backward()
-        time.sleep(0.01)
-        if notebook_kit.should_stop():
-            accelerator.save_state()
-            Path(marks, f"stopped-{dist.get_rank()}").write_text(str(step))
-            return step, notebook_kit.stop_reason()
-    raise RuntimeError("should_stop() never turned True")
-
-
 def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
     client, tmp_path, capsys
 ):
@@ -157,9 +138,12 @@ def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
 
     def preempt() -> None:
         time.sleep(0.3)  # mid-run
-        os.kill(int((marks / "node-1").read_text()), signal.SIGTERM)
+        guardian = int((marks / "rank-1").read_text().split()[1])  # rank 1's parent
+        with open(f"/proc/{guardian}/stat") as stat:  # and the guardian's: the node process
+            node_process = int(stat.read().rsplit(")", 1)[1].split()[1])
+        os.kill(node_process, signal.SIGTERM)
 
-    sender = _when(marks / "node-1", preempt)
+    sender = _when(marks / "rank-1", preempt)
     step, reason = notebook_launcher(
         _until_told, args=(str(tmp_path / "project"), str(marks)), num_processes=1,
         num_nodes=2, cluster=client, live=False,

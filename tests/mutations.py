@@ -2463,4 +2463,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (f"{_PREEMPTION}test_the_launchs_own_sigterm_still_ends_a_worker_at_once",),
     ),
+    Mutation(
+        "cluster-restart-hides-the-rank",
+        "a cluster restart is announced with the failing rank and its node",
+        (
+            Edit(
+                "launch/cluster/failures.py",
+                "        if node in self.lost_nodes:\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            "tests/test_cluster.py::test_a_cluster_restart_is_announced_with_the_rank_and_node_or_the_lost_node",
+        ),
+    ),
 )

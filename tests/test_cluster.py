@@ -181,3 +181,18 @@ def test_a_restart_never_chooses_the_lost_nodes_worker_even_while_it_is_listed(c
     assert "The restart runs on 1 node (was 2)." in capsys.readouterr().out
     with pytest.raises(TimeoutError, match="min_nodes=2 Dask workers to restart, but 1 was"):
         _restart_on(cluster, {"tcp://b:1"}, min_nodes=2)
+
+
+def test_a_cluster_restart_is_announced_with_the_rank_and_node_or_the_lost_node():
+    from notebook_kit.errors import WorkerFailure
+    from notebook_kit.launch.cluster.failures import ClusterWorkerError, node_lost
+
+    raised = WorkerFailure(3, 1, "RuntimeError", "boom", "", 0.0)
+    error = ClusterWorkerError([raised], 4, ["tcp://a:1", "tcp://b:1"])
+    assert (
+        error.restart_reason()
+        == "Rank 3 (node 1, Dask worker tcp://b:1) failed (RuntimeError: boom)"
+    )
+    lost = node_lost(1, 2, "tcp://b:1", "its Dask worker left the cluster", "Dask worker")
+    error = ClusterWorkerError([lost], 4, ["tcp://a:1", "tcp://b:1"], lost_nodes=(1,))
+    assert error.restart_reason().startswith("node 1 lost: its Dask worker left the cluster")

@@ -634,8 +634,7 @@ def test_max_restarts_starts_every_node_again(client, tmp_path, capsys):
         max_restarts=1, live=False,
     )  # fmt: skip
     assert result == (2.0, ["1", "1"])  # every rank counts the restart, as after a local one
-    assert (
-        "RuntimeError: flaky node; restarting all 2 nodes (restart 1 of 1)"
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out  # the cause names the rank and its node
+    assert "Rank 1 (node 1, Dask worker tcp://" in out, out
+    assert "failed (RuntimeError: flaky node); restarting all 2 nodes (restart 1 of 1)" in out
     assert_nothing_left(client)

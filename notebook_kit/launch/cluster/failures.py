@@ -39,8 +39,14 @@ class ClusterWorkerError(WorkerError):
         return rank // self.ranks_per_node
 
     def restart_reason(self) -> str:
-        """The root failure as its node reported it ("node 1 lost: ..." names no rank)."""
-        return self.failure.summary()
+        """The root failure, naming its node: a lost node's own words ("node 1 lost: ..."),
+        else the rank, its node and worker, and what it raised."""
+        root = self.failure
+        node = self.node_of(root.rank)
+        if node in self.lost_nodes:
+            return root.summary()
+        where = f"node {node}, {self.worker_noun} {self.nodes[node]}"
+        return f"Rank {root.rank} ({where}) failed ({root.summary()})"
 
     def _format(self) -> str:
         root = self.failure

@@ -361,8 +361,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "runtime/context.py",
-                "return self.stop_flag is not None and self.stop_flag.is_set()",
-                "return False",
+                "return 0 if self.stop_flag is None else self.stop_flag.cause",
+                "return 0",
             ),
         ),
         (f"{_PROMISES}test_stop_reaches_every_rank_at_the_same_step",),
@@ -863,7 +863,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             Edit(
                 "runtime/stopping.py",
                 "    return _vote(votes, context)\n",
-                "    return context.stop_requested()\n",
+                "    return bool(context.stop_cause())\n",
             ),
         ),
         (

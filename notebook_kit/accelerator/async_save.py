@@ -115,6 +115,10 @@ class BackgroundSaves:
         self._error: BaseException | None = None
         self._what = ""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A pickled Accelerator gets saves of its own: a pending write stays in this process."""
+        return (BackgroundSaves, ())
+
     def process_group(self) -> Any:
         """The gloo group of the background collectives (None with one process); collective
         the first time, so every rank must call it at the same point."""

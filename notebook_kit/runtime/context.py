@@ -112,10 +112,6 @@ class LaunchContext:
     restart_count: int = 0
     extensions: dict[str, Any] = field(default_factory=dict)
 
-    def stop_requested(self) -> bool:
-        """True once the kernel asked this launch to stop."""
-        return self.stop_flag is not None and self.stop_flag.is_set()
-
     def stop_cause(self) -> int:
         """Why this process was asked to stop: 0 (not asked) or a :class:`StopFlag` cause."""
         return 0 if self.stop_flag is None else self.stop_flag.cause

@@ -169,10 +169,11 @@ class RunRecorder:
         info = self._info
         first = summary.failures[0] if summary.failures else None
         failure = f"rank {first.rank}: {first.summary()}" if first is not None else None
+        nodes = set(info.rank_nodes) if info is not None else set()
         self.attempts.append(
             Attempt(
                 world_size=info.world_size if info is not None else len(summary.ranks),
-                nodes=len(set(info.rank_nodes)) or 1 if info is not None else 1,
+                nodes=max(len(nodes), 1),  # no rank_nodes: every rank on this machine
                 first_step=self._first_step,
                 duration=time.monotonic() - self._started,
                 outcome=summary.outcome,

@@ -2477,4 +2477,16 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/test_cluster.py::test_a_cluster_restart_is_announced_with_the_rank_and_node_or_the_lost_node",
         ),
     ),
+    Mutation(
+        "dask-worker-dies-on-sigterm",
+        "SIGTERM to a Dask worker lets its node save before the worker ends",
+        (
+            Edit(
+                "node/task.py",
+                '        loop = getattr(self._worker.loop, "asyncio_loop", None)\n',
+                "        loop = None\n",
+            ),
+        ),
+        (f"{_SURVIVAL}test_sigterm_to_a_dask_worker_lets_its_node_save_then_ends_the_worker",),
+    ),
 )

@@ -3,8 +3,8 @@
 - a Dask worker SIGKILLed after the first checkpoint: the run restarts on what is left and
   finishes with the right final step, resumed from the checkpoint, one continuous history;
 - fewer workers than ``min_nodes`` for a restart: a clear error once the wait's bound passed;
-- SIGTERM to a node process (a preempted VM): ``should_stop()`` on every rank at the same step,
-  with the reason, then a saved checkpoint.
+- SIGTERM to a node process, or to a Dask worker alone (a preempted VM, a deleted pod):
+  ``should_stop()`` on every rank at the same step, with the reason, then a saved checkpoint.
 
 The module shares one LocalCluster; the test that retires a worker has its own.
 """
@@ -154,6 +154,36 @@ def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
     assert (tmp_path / "project" / "checkpoints" / "checkpoint_0" / "checkpoint.json").exists()
     assert "Node 1 received SIGTERM" in capsys.readouterr().out
     assert notebook_kit.last_run().stopped
+    assert_nothing_left(client)
+
+
+def test_sigterm_to_a_dask_worker_lets_its_node_save_then_ends_the_worker(client, tmp_path):
+    worker = _node_1_pid(client)  # Kubernetes deleting a pod signals its first process only
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def preempt() -> None:
+        time.sleep(0.3)  # mid-run
+        os.kill(worker, signal.SIGTERM)
+
+    sender = _when(marks / "rank-1", preempt)
+    step, reason = notebook_launcher(
+        _until_told, args=(str(tmp_path / "project"), str(marks)), num_processes=1,
+        num_nodes=2, cluster=client, live=False,
+    )  # fmt: skip
+    sender.join()
+    assert (marks / "stopped-0").read_text() == (marks / "stopped-1").read_text() == str(step)
+    assert reason.startswith("node 1 received SIGTERM"), reason
+    assert (tmp_path / "project" / "checkpoints" / "checkpoint_0" / "checkpoint.json").exists()
+    deadline = time.monotonic() + 30  # and then the worker ends, as SIGTERM asked
+
+    def running() -> bool:  # a worker closing as it is asked may answer with an error
+        return worker in client.run(os.getpid, on_error="ignore").values()
+
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running()
+    client.wait_for_workers(2, timeout=60)  # its nanny starts a new one
     assert_nothing_left(client)
 
 

@@ -84,6 +84,11 @@ class NodeLink(Protocol):
     def close(self) -> None:
         """Stop listening; nothing of the link stays."""
 
+    def hold_sigterm(self, forward: Callable[[], None]) -> Callable[[], None]:
+        """While the node runs, SIGTERM to the engine's worker process calls ``forward`` (to
+        the node process) instead of ending the worker at once; the returned call ends the
+        hold, and a SIGTERM that came meanwhile then ends the worker as it would have."""
+
 
 class DaskNodeLink:
     """A node task's link on a Dask cluster: variables, topics and events of the scheduler."""
@@ -129,6 +134,59 @@ class DaskNodeLink:
             with contextlib.suppress(Exception):
                 self._client.unsubscribe_topic(self._names.commands)
 
+    def hold_sigterm(self, forward: Callable[[], None]) -> Callable[[], None]:
+        """A Dask worker process told SIGTERM (Kubernetes deleting its pod, a VM shutting
+        down) dies at once, and its node with it. Its event loop, on the process's main
+        thread, takes the signal instead while the node runs: the node's ranks save first."""
+        loop = getattr(self._worker.loop, "asyncio_loop", None)
+        if loop is None:
+            return lambda: None
+        received = threading.Event()
+
+        def on_sigterm() -> None:
+            received.set()
+            forward()
+
+        def hold() -> Any:
+            previous = signal.getsignal(signal.SIGTERM)
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)  # main thread only
+            return previous
+
+        held = _on_loop(loop, hold)
+        if held is _FAILED:  # a worker without a main-thread loop (processes=False): no hold
+            return lambda: None
+
+        def release() -> None:
+            def restore() -> None:
+                loop.remove_signal_handler(signal.SIGTERM)
+                signal.signal(signal.SIGTERM, held)
+                if received.is_set():  # once the report is out: end as the signal asked
+                    loop.call_later(_SIGTERM_AGAIN_SECONDS, os.kill, os.getpid(), signal.SIGTERM)
+
+            _on_loop(loop, restore)
+
+        return release
+
+
+_FAILED = object()
+_SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
+
+
+def _on_loop(loop: Any, call: Callable[[], Any]) -> Any:
+    """``call()`` on ``loop``'s thread, waited for; ``_FAILED`` if it raised or timed out."""
+    done: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            done["value"] = call()
+        except Exception:
+            done["value"] = _FAILED
+        finished.set()
+
+    loop.call_soon_threadsafe(run)
+    return done.get("value", _FAILED) if finished.wait(_RPC_SECONDS) else _FAILED
+
 
 class _Control(threading.Thread):
     """Reads the kernel's control value in the background; a read never blocks the relay."""
@@ -170,6 +228,11 @@ class _Control(threading.Thread):
         if self.abort:
             return "abort"
         return "lease" if self.lease_expired else ""
+
+
+def _signal(process: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signum)
 
 
 def run_node(order: NodeOrder) -> NodeReport:
@@ -230,6 +293,7 @@ class _Relay:
         )
         orders_read.close()
         events_write.close()
+        release = self.link.hold_sigterm(lambda: _signal(process, signal.SIGTERM))
         try:
             orders.send_bytes(encode(self.order))
             self._relay(process, events, orders)
@@ -237,6 +301,7 @@ class _Relay:
             if process.poll() is None:  # only if the relay itself failed
                 process.kill()
             process.wait()
+            release()
             orders.close()
             events.close()
             self.wake.close()

@@ -130,18 +130,15 @@ def test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkp
     assert_nothing_left(client)
 
 
-def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
-    client, tmp_path, capsys
-):
+def _stops_and_saves_when_signalled(client, tmp_path: Path, target) -> None:
+    """SIGTERM to ``target(marks)`` mid-run: every rank stops at one step, with the reason,
+    and saves."""
     marks = tmp_path / "marks"
     marks.mkdir()
 
     def preempt() -> None:
         time.sleep(0.3)  # mid-run
-        guardian = int((marks / "rank-1").read_text().split()[1])  # rank 1's parent
-        with open(f"/proc/{guardian}/stat") as stat:  # and the guardian's: the node process
-            node_process = int(stat.read().rsplit(")", 1)[1].split()[1])
-        os.kill(node_process, signal.SIGTERM)
+        os.kill(target(marks), signal.SIGTERM)
 
     sender = _when(marks / "rank-1", preempt)
     step, reason = notebook_launcher(
@@ -152,6 +149,17 @@ def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
     assert (marks / "stopped-0").read_text() == (marks / "stopped-1").read_text() == str(step)
     assert reason.startswith("node 1 received SIGTERM"), reason
     assert (tmp_path / "project" / "checkpoints" / "checkpoint_0" / "checkpoint.json").exists()
+
+
+def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
+    client, tmp_path, capsys
+):
+    def node_process(marks: Path) -> int:
+        guardian = int((marks / "rank-1").read_text().split()[1])  # rank 1's parent
+        with open(f"/proc/{guardian}/stat") as stat:  # and the guardian's: the node process
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+    _stops_and_saves_when_signalled(client, tmp_path, node_process)
     assert "Node 1 received SIGTERM" in capsys.readouterr().out
     assert notebook_kit.last_run().stopped
     assert_nothing_left(client)
@@ -159,22 +167,7 @@ def test_sigterm_to_a_node_process_stops_every_rank_at_the_same_step_to_save(
 
 def test_sigterm_to_a_dask_worker_lets_its_node_save_then_ends_the_worker(client, tmp_path):
     worker = _node_1_pid(client)  # Kubernetes deleting a pod signals its first process only
-    marks = tmp_path / "marks"
-    marks.mkdir()
-
-    def preempt() -> None:
-        time.sleep(0.3)  # mid-run
-        os.kill(worker, signal.SIGTERM)
-
-    sender = _when(marks / "rank-1", preempt)
-    step, reason = notebook_launcher(
-        _until_told, args=(str(tmp_path / "project"), str(marks)), num_processes=1,
-        num_nodes=2, cluster=client, live=False,
-    )  # fmt: skip
-    sender.join()
-    assert (marks / "stopped-0").read_text() == (marks / "stopped-1").read_text() == str(step)
-    assert reason.startswith("node 1 received SIGTERM"), reason
-    assert (tmp_path / "project" / "checkpoints" / "checkpoint_0" / "checkpoint.json").exists()
+    _stops_and_saves_when_signalled(client, tmp_path, lambda marks: worker)
     deadline = time.monotonic() + 30  # and then the worker ends, as SIGTERM asked
 
     def running() -> bool:  # a worker closing as it is asked may answer with an error

@@ -177,27 +177,26 @@ def save_checkpoint(
         remove_unreferenced(directory)  # what a killed save left takes no space from this one
     job = _Save(directory, broadcast_object(f"state-{uuid.uuid4().hex[:12]}"), process_index)
     job.created, job.number = created, number
+    group, stop = None, None  # a blocking save: the training group, never abandoned
     try:
         job.staging.mkdir(parents=True, exist_ok=True)
         _check_shared(directory, job.staging, process_index)
         files, sharded = job.snapshot(state)
         if background is not None:
-            group = background.process_group()
+            group, stop = background.process_group(), background.abandoned
             files, sharded = background.staging.copy((files, sharded))
     except BaseException as error:
         job.fail(error)
-    if background is None:
-        job.write(files, sharded, None, None)
-        if after_commit is not None and process_index == 0:
-            after_commit()
-        return directory
 
     def write() -> None:
-        job.write(files, sharded, group, background.abandoned)
+        job.write(files, sharded, group, stop)
         if after_commit is not None and process_index == 0:
             after_commit()
 
-    background.start(write, job.which)
+    if background is None:
+        write()
+    else:
+        background.start(write, job.which)
     return directory
 
 
@@ -253,7 +252,7 @@ class _Save:
                 _commit(self.directory, self._manifest())
             except Exception as error:
                 failure, failed = error, (0, f"{type(error).__name__}: {_first_line(error)}")
-        failed = _broadcast(failed, group)  # every rank: was it committed?
+        failed = broadcast_object(failed, group=group)  # every rank: was it committed?
         if failed is not None:
             self._discard()
             if failure is not None:
@@ -309,20 +308,8 @@ def _first_failure(failure: BaseException | None, group: Any) -> tuple[int, str]
     """``(rank, reason)`` of the first rank whose files failed, the same on every rank; it
     also means every rank is done writing."""
     mine = None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}"
-    if world_size() == 1:
-        views = [mine]
-    else:
-        views = [None] * world_size()
-        dist.all_gather_object(views, mine, group=group)
+    views = gather_object([mine], group=group)
     return next(((rank, reason) for rank, reason in enumerate(views) if reason), None)
-
-
-def _broadcast(value: Any, group: Any) -> Any:
-    if world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
 
 
 def _check_shared(directory: StoragePath, staging: StoragePath, process_index: int) -> None:

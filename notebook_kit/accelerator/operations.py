@@ -193,8 +193,9 @@ def gather(data: Any) -> Any:
     return recursively_apply(lambda _: next(results), data)
 
 
-def gather_object(obj: list[Any]) -> list[Any]:
-    """Concatenate picklable lists from every process (rank 0's items first).
+def gather_object(obj: list[Any], *, group: Any = None) -> list[Any]:
+    """Concatenate picklable lists from every process (rank 0's items first); ``group``: a
+    process group other than the default one.
 
     Example:
         >>> gather_object(["a", "b"])  # world size 1
@@ -205,7 +206,7 @@ def gather_object(obj: list[Any]) -> list[Any]:
     if world_size() == 1:
         return list(obj)
     everyone: list[Any] = [None] * world_size()
-    dist.all_gather_object(everyone, obj)
+    dist.all_gather_object(everyone, obj, group=group)
     return [item for items in everyone for item in items]
 
 
@@ -292,8 +293,9 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     return recursively_apply(_broadcast, data)
 
 
-def broadcast_object(obj: Any, from_process: int = 0) -> Any:
-    """Return ``from_process``'s picklable object on every process.
+def broadcast_object(obj: Any, from_process: int = 0, *, group: Any = None) -> Any:
+    """Return ``from_process``'s picklable object on every process (of ``group``, default:
+    all).
 
     Example:
         >>> broadcast_object({"seed": 1})  # world size 1
@@ -302,7 +304,7 @@ def broadcast_object(obj: Any, from_process: int = 0) -> Any:
     if world_size() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=from_process)
+    dist.broadcast_object_list(box, src=from_process, group=group)
     return box[0]
 
 

@@ -6,6 +6,9 @@ alike. Two comparisons:
 
 * 2 processes: hand-written DistributedDataParallel + DistributedSampler vs the Accelerator.
 * 1 process: a plain torch loop vs the Accelerator.
+* 2 processes: the Accelerator with the speed measurements (samples and tokens counted, each
+  step split into data, compute and collective wait, model FLOPs) against the same loop with
+  them turned off, in the same launch (target <= 1.01).
 
 Prints the median step time of each and the ratio Accelerator / hand-written (target <= 1.03),
 by wall-clock time and by the process's CPU time (steadier when other jobs share the cores).
@@ -17,6 +20,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +31,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+import notebook_kit.accelerator.accelerator as accelerator_module
+import notebook_kit.accelerator.prepared_loader as prepared_loader
+import notebook_kit.accelerator.strategies.ddp as ddp
 from notebook_kit import Accelerator, notebook_launcher, set_seed
 
 BATCH_SIZE = 64
@@ -86,7 +93,36 @@ def _hand_written(steps: int) -> list[tuple[float, float]]:
     return _timed(step, _batches(loader, sampler.set_epoch if sampler else None), steps)
 
 
-def _accelerated(steps: int) -> list[tuple[float, float]]:
+@contextlib.contextmanager
+def _speed_measured(measured: bool) -> Iterator[None]:
+    """With ``measured`` False, the loader, DDP and the Accelerator see no step clock or
+    counter, as if the speed measurements did not exist (DDP keeps its built-in all-reduce)."""
+    if measured:
+        yield
+        return
+    nothing = lambda *_: None  # noqa: E731
+    patches = [
+        (prepared_loader, "loader_clock"),
+        (prepared_loader, "count_batch"),
+        (ddp, "step_clock"),
+        (accelerator_module, "speed_counter"),
+    ]
+    saved = [getattr(module, name) for module, name in patches]
+    for module, name in patches:
+        setattr(module, name, nothing)
+    try:
+        yield
+    finally:
+        for (module, name), value in zip(patches, saved, strict=True):
+            setattr(module, name, value)
+
+
+def _accelerated(steps: int, measured: bool = True) -> list[tuple[float, float]]:
+    with _speed_measured(measured):
+        return _accelerated_loop(steps)
+
+
+def _accelerated_loop(steps: int) -> list[tuple[float, float]]:
     accelerator = Accelerator()
     loader = DataLoader(_dataset(), batch_size=BATCH_SIZE, shuffle=True)
     model = _model()
@@ -119,6 +155,21 @@ def _compare(steps: int, blocks: int) -> dict[str, float]:
     }
 
 
+def _compare_measured(steps: int, blocks: int) -> dict[str, float]:
+    """The Accelerator loop with the speed measurements on and off, alternating in blocks."""
+    on: list[tuple[float, float]] = []
+    off: list[tuple[float, float]] = []
+    for block in range(blocks):
+        for measured in (True, False) if block % 2 == 0 else (False, True):
+            (on if measured else off).extend(_accelerated(steps, measured))
+    return {
+        "off_wall": statistics.median(wall for wall, _ in off),
+        "off_cpu": statistics.median(cpu for _, cpu in off),
+        "on_wall": statistics.median(wall for wall, _ in on),
+        "on_cpu": statistics.median(cpu for _, cpu in on),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150, help="steps per block")
@@ -135,6 +186,15 @@ def main() -> None:
             f"Accelerator {result['accelerator_wall'] * 1e3:.3f} ms; "
             f"ratio Accelerator/hand-written: wall {wall:.3f}, CPU time {cpu:.3f}"
         )
+    result = notebook_launcher(
+        _compare_measured, args=(options.steps, options.blocks), num_processes=2
+    )
+    print(
+        f"2 processes, speed measurements: median step off {result['off_wall'] * 1e3:.3f} ms, "
+        f"on {result['on_wall'] * 1e3:.3f} ms; ratio on/off: wall "
+        f"{result['on_wall'] / result['off_wall']:.3f}, "
+        f"CPU time {result['on_cpu'] / result['off_cpu']:.3f} (target <= 1.01)"
+    )
 
 
 if __name__ == "__main__":

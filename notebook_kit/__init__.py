@@ -60,7 +60,13 @@ if TYPE_CHECKING:
     from notebook_kit.launch.pool.worker_pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.live.record import RunRecord, last_run
-    from notebook_kit.runtime.loop import log, progress, should_stop, stop_reason
+    from notebook_kit.runtime.loop import (
+        log,
+        progress,
+        set_flops_per_sample,
+        should_stop,
+        stop_reason,
+    )
     from notebook_kit.runtime.seeding import set_seed, synchronize_rng_states
 
 __all__ = [
@@ -102,6 +108,7 @@ __all__ = [
     "progress",
     "reduce",
     "send_to_device",
+    "set_flops_per_sample",
     "set_seed",
     "should_stop",
     "skip_first_batches",
@@ -151,6 +158,7 @@ _LAZY: dict[str, str] = {
     "reduce": "accelerator.operations",
     "send_to_device": "accelerator.operations",
     "set_seed": "runtime.seeding",
+    "set_flops_per_sample": "runtime.loop",
     "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",
     "stop_reason": "runtime.loop",

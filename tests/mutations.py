@@ -2489,4 +2489,124 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (f"{_SURVIVAL}test_sigterm_to_a_dask_worker_lets_its_node_save_then_ends_the_worker",),
     ),
+    Mutation(
+        "speed-data-wait-not-timed",
+        "each step's data wait is the time spent in the loader's __next__",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "        data = now - self._asked if self._asked is not None else 0.0\n",
+                "        data = 0.0\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_slower_rank_is_named_as_the_straggler_with_its_cause[data]",
+        ),
+    ),
+    Mutation(
+        "speed-ddp-wait-not-timed",
+        "the collective wait of a DDP step is timed through its communication hook",
+        (Edit("accelerator/handlers.py", "        clock.collective_done()\n", "        pass\n"),),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_slower_rank_is_named_as_the_straggler_with_its_cause[compute]",
+        ),
+    ),
+    Mutation(
+        "speed-straggler-named-for-a-passing-lag",
+        "a straggler must lag over its latest steps too, not only on average",
+        (
+            Edit(
+                "live/speed.py",
+                "        if recent is None or recent[0] != whole[0]:\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            "tests/test_speed.py::"
+            "test_a_straggler_lags_over_the_run_and_its_latest_window_and_is_drawn_with_its_cause",
+        ),
+    ),
+    Mutation(
+        "speed-straggler-cause-swapped",
+        "a straggler is named with the part, data or compute, in which it lags",
+        (
+            Edit(
+                "live/speed.py",
+                '    return slowest, "data" if data > compute else "compute"\n',
+                '    return slowest, "compute" if data > compute else "data"\n',
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_slower_rank_is_named_as_the_straggler_with_its_cause[data]",
+        ),
+    ),
+    Mutation(
+        "mfu-without-the-attention-term",
+        "a transformer's FLOPs per token include the attention term of the published formula",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "        return 6 * self.params + 12 * self.layers * self.width * sequence\n",
+                "        return 6 * self.params\n",
+            ),
+        ),
+        (
+            "tests/test_speed.py::"
+            "test_the_published_flops_of_a_transformer_and_a_given_flops_per_sample",
+        ),
+    ),
+    Mutation(
+        "mfu-counts-the-position-table",
+        "the FLOPs count leaves out embedding lookup tables",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "        if isinstance(m, torch.nn.Embedding) and id(m.weight) not in multiplied\n",
+                "        if False\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::"
+            "test_a_transformers_model_counts_its_flops_and_a_cpu_run_shows_no_mfu",
+        ),
+    ),
+    Mutation(
+        "set-flops-per-sample-ignored",
+        "notebook_kit.set_flops_per_sample gives the FLOPs of a model without a config",
+        (
+            Edit(
+                "runtime/loop.py",
+                "        counter.flops_per_sample = float(flops)\n",
+                "        float(flops)\n",
+            ),
+        ),
+        (
+            "tests/test_speed_integration.py::test_a_hand_written_loop_counts_the_samples_given_to_log",
+        ),
+    ),
+    Mutation(
+        "speed-png-without-its-lines",
+        "the final PNG carries the speed lines",
+        (Edit("live/notebook_view.py", "            footer=self.recorder.speed_line(),\n", ""),),
+        (
+            "tests/test_speed.py::"
+            "test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary",
+        ),
+    ),
+    Mutation(
+        "speed-no-line-per-node",
+        "a cluster run's speed figures have a line per node",
+        (
+            Edit(
+                "live/record.py",
+                "        return speed_line(speed, self._info.node_of() "
+                "if self._info is not None else None)\n",
+                "        return speed_line(speed)\n",
+            ),
+        ),
+        ("tests/test_speed.py::test_the_view_of_a_cluster_run_adds_a_line_per_node",),
+    ),
 )

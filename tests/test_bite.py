@@ -2,7 +2,7 @@
 
 That every breakage still applies is checked in a second. Running them is slower: each one
 copies the package, breaks it and runs its guarding tests, about 20 minutes for all of them on
-2 cores. So each run of the suite runs one eighth of them, two at a time: the eighth is chosen
+2 cores. So each run of the suite runs one twelfth of them, two at a time: the twelfth is chosen
 by the checked-out commit, so the same commit always runs the same breakages, and a few
 commits in a row cover them all. ``NOTEBOOK_KIT_BITE=all`` runs every breakage
 (``python -m tests.bite`` does too); select the check with ``-m bite``. It skips the check's own
@@ -21,11 +21,11 @@ import pytest
 from tests import bite
 from tests.mutations import MUTATIONS
 
-PARTS = 8
+PARTS = 12
 
 
 def this_runs_breakages() -> list[str]:
-    """The names of the breakages this run checks: an eighth chosen by the commit, or all."""
+    """The names of the breakages this run checks: a twelfth chosen by the commit, or all."""
     names = [mutation.name for mutation in MUTATIONS if _guards_can_run(mutation)]
     if os.environ.get("NOTEBOOK_KIT_BITE") == "all":
         return names

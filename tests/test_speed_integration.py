@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -85,6 +86,7 @@ def test_tokens_are_the_non_padding_tokens_of_the_attention_mask() -> None:
 
 
 def _hand_written(steps: int) -> None:
+    notebook_kit.set_flops_per_sample(1000.0)
     for step in range(steps):
         notebook_kit.log({"loss": 1.0 / (step + 1)}, step=step, samples=4 + current_launch().rank)
 
@@ -95,6 +97,8 @@ def test_a_hand_written_loop_counts_the_samples_given_to_log() -> None:
     assert speed is not None
     assert {rank: ranked.samples for rank, ranked in speed.ranks.items()} == {0: 40, 1: 50}
     assert speed.samples == 90 and speed.steps == 10
+    assert {rank: ranked.flops for rank, ranked in speed.ranks.items()} == {0: 40e3, 1: 50e3}
+    assert all(ranked.timed_steps == 9 for ranked in speed.ranks.values())  # between log calls
     assert speed.samples_per_second == pytest.approx(90 / speed.seconds)
     assert last_run().metrics["loss"][-1] == (9, pytest.approx(0.1))  # metrics keep their names
     assert set(last_run().metrics) == {"loss"}
@@ -139,3 +143,90 @@ def test_samples_must_be_a_count() -> None:
         notebook_kit.log({"loss": 1.0}, samples=-1)
     with pytest.raises(TypeError, match="batch size"):
         notebook_kit.log({"loss": 1.0}, samples=2.5)  # type: ignore[arg-type]
+
+
+class _Features(Dataset):
+    """Random features; reading one sleeps ``delay`` seconds (a slow disk or decoder)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 480
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.randn(32)
+
+
+def _one_rank_slower(where: str) -> None:
+    """DDP over a prepared loader; rank 1 is slower in its data loader or in its compute."""
+    accelerator = Accelerator()
+    slow = accelerator.process_index == 1
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Linear(128, 32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = _Features(0.002 if slow and where == "data" else 0.0)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, 8))
+    for inputs in loader:
+        if slow and where == "compute":
+            time.sleep(0.015)  # work the other ranks do not have
+        accelerator.backward(model(inputs).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("where", ["data", "compute"])
+def test_a_slower_rank_is_named_as_the_straggler_with_its_cause(where: str) -> None:
+    notebook_launcher(_one_rank_slower, args=(where,), num_processes=2)
+    speed = last_run().speed
+    assert speed is not None
+    fast, slow = speed.ranks[0], speed.ranks[1]
+    assert fast.timed_steps == slow.timed_steps == 30  # 480 samples, 8 a batch, 2 ranks
+    for ranked in (fast, slow):  # the three parts make up the step
+        assert ranked.data is not None and ranked.wait is not None and ranked.compute is not None
+        assert ranked.data + ranked.compute + ranked.wait == pytest.approx(ranked.step)
+    lost = 8 * 0.002 if where == "data" else 0.015  # seconds a step the slow rank loses
+    assert getattr(slow, where) - getattr(fast, where) >= 0.8 * lost
+    assert fast.wait - slow.wait >= 0.5 * lost  # the fast rank waits for the slow one
+    assert (speed.straggler, speed.straggler_cause) == (1, where)
+    line = speed_line(speed)
+    assert f"straggler: rank 1 ({where} " in line and " = data " in line, line
+
+
+def _balanced() -> None:
+    _one_rank_slower("nowhere")
+
+
+def test_ranks_doing_the_same_work_name_no_straggler() -> None:
+    notebook_launcher(_balanced, num_processes=2)
+    speed = last_run().speed
+    assert speed is not None and speed.ranks[0].wait is not None
+    assert speed.straggler is None and "straggler" not in speed_line(speed)
+
+
+def _tiny_gpt2() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    accelerator = Accelerator()
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = accelerator.prepare(GPT2LMHeadModel(config))
+    ids = torch.randint(0, 64, (12, 16))
+    loader = accelerator.prepare(DataLoader([{"input_ids": row} for row in ids], batch_size=4))
+    for batch in loader:
+        accelerator.backward(model(**batch, labels=batch["input_ids"]).loss)
+
+
+def test_a_transformers_model_counts_its_flops_and_a_cpu_run_shows_no_mfu() -> None:
+    pytest.importorskip("transformers")
+    notebook_launcher(_tiny_gpt2, num_processes=1, isolate=True)
+    speed = last_run().speed
+    assert speed is not None
+    ranked = speed.ranks[0]
+    # nanoGPT's count: every weight but the position table (wte is also the output layer)
+    params = 64 * 32 + 2 * (4 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32)
+    params += 2 * 32
+    per_token = 6 * params + 12 * 2 * 32 * 16
+    assert ranked.flops == 12 * 16 * per_token
+    assert ranked.peak_flops is None and speed.mfu is None  # no GPU: no peak, no MFU
+    assert "MFU" not in speed_line(speed)

@@ -49,5 +49,6 @@ def test_the_speed_line_shows_under_the_plot_mid_run_and_stays_in_the_summary() 
     assert summary[0].startswith("Finished in"), summary
     assert summary[1].startswith("speed: ") and " samples/s · " in summary[1], summary
     assert "peak memory" in summary[1] and "CPU" in summary[1]
+    assert " = data " in summary[1] and " + compute " in summary[1], summary  # where steps went
     printed = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
     assert "samples 160" in printed

@@ -55,8 +55,11 @@ from notebook_kit.accelerator.state import resolve_process_state, resolve_settin
 from notebook_kit.accelerator.storage import is_local, storage_path
 from notebook_kit.accelerator.strategies import Strategy, fsdp_from_settings, select_strategy
 from notebook_kit.integrations.trackers import check_log_with
-from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.context import LaunchContext, current_launch
 from notebook_kit.runtime.log_values import LoggedHistory
+from notebook_kit.runtime.metrics import speed_counter
+from notebook_kit.runtime.peak_flops import peak_flops
+from notebook_kit.runtime.throughput import model_flops
 
 __all__ = ["Accelerator"]
 
@@ -251,12 +254,26 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         launch = current_launch()
         if launch is not None:  # the launcher sends rank 0's weights back into this object
             launch.register_prepared_model(model)
+            self._count_flops(launch, model)
         self._models.append(model)
         # A model on `meta` has nothing to move: FSDP's cpu_ram_efficient_loading gives it
         # memory on the device, then rank 0's weights.
         if placement and not any(parameter.is_meta for parameter in model.parameters()):
             model.to(self.device)
         return self.strategy.wrap(model, optimizers)
+
+    def _count_flops(self, launch: LaunchContext, model: nn.Module) -> None:
+        """The speed line's MFU: the first model's FLOPs (whole, before any sharding) and the
+        peak of this rank's GPU at the run's precision."""
+        counter = speed_counter(launch)
+        if counter is None or counter.model is not None:
+            return
+        counter.model = model_flops(model)
+        if self.device.type == "cuda":
+            precision = self.mixed_precision if self.mixed_precision != "no" else "fp32"
+            if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+                precision = "tf32"
+            counter.peak_flops = peak_flops(torch.cuda.get_device_name(self.device), precision)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it respects accumulation and fp16 loss scaling.

@@ -32,7 +32,7 @@ from notebook_kit.accelerator.samplers import ShuffleSampler
 from notebook_kit.accelerator.sharding import IterableDatasetShard, ShardedBatchSampler
 from notebook_kit.runtime import progress
 from notebook_kit.runtime.context import current_launch
-from notebook_kit.runtime.metrics import count_batch
+from notebook_kit.runtime.metrics import count_batch, loader_clock
 from notebook_kit.runtime.seeding import synchronize_rng_states
 
 __all__ = ["DispatchPlan", "PreparedDataLoader"]
@@ -171,6 +171,7 @@ class PreparedDataLoader:
         self.position = start
         self.end_of_dataloader = False
         self._gradient_state.begin(self)
+        clock, ran_out = None, False
         try:
             launch = current_launch()
             batches = self._batches(start)
@@ -178,12 +179,24 @@ class PreparedDataLoader:
                 progress.report_epoch_length(launch, len(self), self)
             moving = self._device is not None and self._device.type != "cpu"
             counting = launch is not None and launch.send is not None
+            clock = loader_clock(launch, self) if counting else None
+            if clock is not None:
+                clock.asking()
             for batch in batches:
                 progress.advance(launch, 1, self)  # an integer add on rank 0, nothing elsewhere
                 if counting:  # samples and tokens for the speed line: shapes, before the copy
                     count_batch(launch, batch, self)
-                yield send_to_device(batch, self._device, self._non_blocking) if moving else batch
+                if moving:
+                    batch = send_to_device(batch, self._device, self._non_blocking)
+                if clock is not None:
+                    clock.handed()
+                yield batch
+                if clock is not None:
+                    clock.asking()
+            ran_out = True
         finally:
+            if clock is not None:
+                clock.pass_ended(ran_out)
             if sampler is not None:
                 sampler.start = sampler.skip = 0
             self._gradient_state.end(self)

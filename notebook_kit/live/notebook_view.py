@@ -50,7 +50,7 @@ _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the l
 ROUTE_AFTER = 0.25
 # status, header, controls, plot, the speed line (room kept from the start, so the view keeps
 # its height when the line appears), tabs, and their margins
-BOX_HEIGHT = "590px"
+BOX_HEIGHT = "602px"
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
@@ -117,7 +117,8 @@ class LiveObserver:
         self.status = shared.html(_status_html(info.banner), ("nk-status",), status_layout)
         header_layout = widgets.Layout(height="36px")
         header = shared.box([self.stop.widget, self.progress.widget], ("nk-header",), header_layout)
-        self._line_layout = status_layout  # the speed line's too, when it appears
+        # The speed line's, when it appears: two lines high; more (a line per node) scroll.
+        self._line_layout = header_layout
         parts = [self.status, header, self.stop.note, *self.plot.widgets, self.output.widget]
         box_layout = widgets.Layout(height=BOX_HEIGHT)  # before the parts have rendered, too
         self.box = widgets.VBox(parts, layout=box_layout, _dom_classes=("nk-live",))
@@ -259,6 +260,7 @@ class LiveObserver:
             y_scale=self.plot.y_scale,  # type: ignore[arg-type]
             x_metric=self.plot.x_metric if self.plot.x_axis == "epoch" else None,
             marks=self.recorder.restarts,
+            footer=self.recorder.speed_line(),
         )
         return figure
 
@@ -313,7 +315,8 @@ def close_tree(widget: widgets.Widget) -> None:
 
 def _speed_html(text: str) -> str:
     return (
-        '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis;font-size:12px">'
+        '<div style="white-space:pre-wrap;font-size:12px;line-height:16px;max-height:34px;'
+        'overflow-y:auto">'
         f"{html.escape(text)}</div>"
     )
 

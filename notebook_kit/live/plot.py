@@ -60,6 +60,7 @@ def draw_metrics(
     panels: list[Panel] | None = None,
     x_metric: str | None = None,
     marks: Collection[tuple[int, str]] = (),
+    footer: str = "",
 ) -> None:
     """Draw every metric on ``figure``: one axes per panel, legend, labelled axes.
 
@@ -76,6 +77,8 @@ def draw_metrics(
             point at the epoch its step falls on
             (:func:`~notebook_kit.live.plot_layout.epoch_positions`).
         marks: ``(step, label)`` drawn as dashed vertical lines: where each restart resumed.
+        footer: Text written under the panels (the speed figures), the figure made taller
+            to hold it.
 
     Example:
         >>> figure = new_figure(1)
@@ -120,7 +123,14 @@ def draw_metrics(
             )  # fmt: skip
         whole = not along  # steps are whole numbers, a logged epoch need not be
         _style(axes, panel.label, x_label, values, steps, use_log(values, y_scale), whole)
-    figure.tight_layout()
+    if not footer:
+        figure.tight_layout()
+        return
+    width, height = figure.get_size_inches()
+    room = 0.2 * (footer.count("\n") + 1) + 0.1  # inches of text under the panels
+    figure.set_size_inches(width, height + room)
+    figure.text(0.01, 0.05 / (height + room), footer, fontsize=7.5, color="0.25", va="bottom")
+    figure.tight_layout(rect=(0, room / (height + room), 1, 1))
 
 
 def _style(

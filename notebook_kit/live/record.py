@@ -162,7 +162,7 @@ class RunRecorder:
         speed = self.speed.speed()
         if speed is None or not (speed.steps or self.metrics.version):
             return ""
-        return speed_line(speed)
+        return speed_line(speed, self._info.node_of() if self._info is not None else None)
 
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last

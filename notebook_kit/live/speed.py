@@ -4,17 +4,28 @@ Each rank counts the samples, batches and tokens it trained on and reads its mem
 (:mod:`notebook_kit.runtime.throughput`); its metrics batches carry the latest counts as a
 :class:`~notebook_kit.runtime.messages.RankSpeed`. Here they become the run's figures:
 samples/s over all ranks (the global rate, as the Hugging Face Trainer reports it), steps/s,
-tokens/s, and each rank's memory, shown as one line under the plot and kept in
+tokens/s, where each rank's steps go (data, compute, waiting on the others), the straggler,
+each rank's memory and the model FLOPs utilisation, shown under the plot and kept in
 ``last_run().speed``.
+
+A straggler is a rank whose busy time per step (data and compute: the step without its wait on
+the other ranks) stays more than :data:`STRAGGLER_MARGIN` above the median of the other ranks,
+both over the whole run and over its latest :data:`STRAGGLER_STEPS` steps. Its cause is the part
+(data or compute) that exceeds the others' most.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from notebook_kit.runtime.messages import RankSpeed
 
-__all__ = ["Speed", "SpeedTracker", "speed_line"]
+__all__ = ["STRAGGLER_MARGIN", "STRAGGLER_STEPS", "Speed", "SpeedTracker", "speed_line"]
+
+STRAGGLER_MARGIN = 0.15  # busy time above the other ranks' median, as a fraction of it
+STRAGGLER_STEPS = 10  # steps in the window a straggler must also lag in
+_STRAGGLER_FLOOR = 1e-3  # seconds: below this, differences are timer noise
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,13 @@ class Speed:
         samples_per_second: ``samples / seconds``.
         steps_per_second: ``steps / seconds``.
         tokens_per_second: ``tokens / seconds``, or None without tokens.
-        ranks: Each rank's own counts and memory peaks.
+        ranks: Each rank's own counts and memory peaks, and where its steps go: ``data``,
+            ``compute`` and ``wait`` in seconds per step, ``peak_memory_bytes``.
+        mfu: Model FLOPs utilisation (0 to 1): the model's FLOPs per second over the peak of
+            the GPUs at the run's precision; None on a CPU, an unknown GPU, or a model whose
+            FLOPs are not known.
+        straggler: The rank that holds the others back, or None.
+        straggler_cause: ``"data"`` or ``"compute"``: where the straggler loses its time.
 
     Example::
 
@@ -46,6 +63,9 @@ class Speed:
     steps_per_second: float | None
     tokens_per_second: float | None
     ranks: dict[int, RankSpeed] = field(default_factory=dict)
+    mfu: float | None = None
+    straggler: int | None = None
+    straggler_cause: str | None = None
 
     @property
     def peak_memory_bytes(self) -> dict[int, int | None]:
@@ -63,10 +83,19 @@ class SpeedTracker:
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankSpeed] = {}
+        self._window: dict[int, RankSpeed] = {}  # per rank: the start of its latest window
+        self._last: dict[int, RankSpeed] = {}  # per rank: a count of the window in progress
 
     def take(self, rank: int, speed: RankSpeed | None) -> None:
-        if speed is not None:
-            self.ranks[rank] = speed
+        if speed is None:
+            return
+        self.ranks[rank] = speed
+        # The window runs from a count at least STRAGGLER_STEPS steps back to the latest.
+        last = self._last.get(rank)
+        if last is None or speed.timed_steps < last.timed_steps:  # a new attempt: start over
+            self._window[rank] = self._last[rank] = speed
+        elif speed.timed_steps - last.timed_steps >= STRAGGLER_STEPS:
+            self._window[rank], self._last[rank] = last, speed
 
     def speed(self) -> Speed | None:
         """The run's figures so far; None when no rank sent any."""
@@ -79,6 +108,7 @@ class SpeedTracker:
         tokens = sum(counted) if counted else None
         seconds = max(speed.seconds for speed in ranks.values())
         timed = seconds > 0 and steps > 0
+        straggler, cause = self._straggler(ranks)
         return Speed(
             samples=samples,
             steps=steps,
@@ -88,13 +118,83 @@ class SpeedTracker:
             steps_per_second=steps / seconds if timed else None,
             tokens_per_second=tokens / seconds if timed and tokens is not None else None,
             ranks=ranks,
+            mfu=_mfu(ranks, seconds),
+            straggler=straggler,
+            straggler_cause=cause,
         )
 
+    def _straggler(self, ranks: dict[int, RankSpeed]) -> tuple[int | None, str | None]:
+        whole = _lagging(ranks)
+        if whole is None:
+            return None, None
+        windows = {rank: _since(self._window.get(rank), speed) for rank, speed in ranks.items()}
+        recent = _lagging(windows)
+        if recent is None or recent[0] != whole[0]:
+            return None, None
+        return whole
 
-def speed_line(speed: Speed | None) -> str:
-    """One line: samples/s, steps/s and tokens/s when counted, and the memory peaks.
 
-    Empty when no rank sent any figure.
+def _lagging(ranks: dict[int, RankSpeed]) -> tuple[int, str] | None:
+    """The rank whose busy time per step exceeds the other ranks' median by the margin.
+
+    Where the strategy does not report its collectives, a rank's wait hides in its compute
+    and every rank's step looks the same: only a rank slower at reading data can be told.
+    """
+    if len(ranks) < 2 or any(speed.timed_steps < STRAGGLER_STEPS for speed in ranks.values()):
+        return None
+    if any(speed.wait is None for speed in ranks.values()):
+        if any(speed.data is None for speed in ranks.values()):
+            return None
+        busy = {rank: speed.data or 0.0 for rank, speed in ranks.items()}
+        slowest = max(busy, key=busy.__getitem__)
+        typical = statistics.median(busy[rank] for rank in ranks if rank != slowest)
+        step = statistics.median(speed.step or 0.0 for speed in ranks.values())
+        lag = busy[slowest] - typical
+        return (slowest, "data") if lag >= max(STRAGGLER_MARGIN * step, _STRAGGLER_FLOOR) else None
+    busy = {rank: (speed.step or 0.0) - (speed.wait or 0.0) for rank, speed in ranks.items()}
+    slowest = max(busy, key=busy.__getitem__)
+    others = [rank for rank in ranks if rank != slowest]
+    typical = statistics.median(busy[rank] for rank in others)
+    if busy[slowest] - typical < max(STRAGGLER_MARGIN * typical, _STRAGGLER_FLOOR):
+        return None
+    data = (ranks[slowest].data or 0.0) - statistics.median(ranks[r].data or 0.0 for r in others)
+    compute = (ranks[slowest].compute or 0.0) - statistics.median(
+        ranks[r].compute or 0.0 for r in others
+    )
+    return slowest, "data" if data > compute else "compute"
+
+
+def _since(start: RankSpeed | None, now: RankSpeed) -> RankSpeed:
+    """What ``now`` counted since ``start``: the step-time sums of that window."""
+    if start is None or start is now:
+        return now
+
+    def less(later: float | None, earlier: float | None) -> float | None:
+        return None if later is None else later - (earlier or 0.0)
+
+    return RankSpeed(
+        timed_steps=now.timed_steps - start.timed_steps,
+        step_seconds=now.step_seconds - start.step_seconds,
+        data_seconds=less(now.data_seconds, start.data_seconds),
+        wait_seconds=less(now.wait_seconds, start.wait_seconds),
+    )
+
+
+def _mfu(ranks: dict[int, RankSpeed], seconds: float) -> float | None:
+    """Every rank's model FLOPs per second over the sum of their GPUs' peaks."""
+    flops = [speed.flops for speed in ranks.values()]
+    peaks = [speed.peak_flops for speed in ranks.values()]
+    if seconds <= 0 or any(f is None for f in flops) or any(p is None for p in peaks):
+        return None
+    return sum(flops) / seconds / sum(peaks)  # type: ignore[arg-type]
+
+
+def speed_line(speed: Speed | None, rank_nodes: dict[int, int] | None = None) -> str:
+    """The speed figures as text: one line for the run, then one per node on a cluster.
+
+    The run's line: samples/s, steps/s and tokens/s when counted; the step time split into
+    data, compute and wait (the mean over ranks); the MFU where known; the straggler; the
+    memory peaks. Empty when no rank sent any figure.
 
     Example:
         >>> ranks = {0: RankSpeed(64, 4, None, 2.0, 300 * 2**20)}
@@ -110,10 +210,74 @@ def speed_line(speed: Speed | None) -> str:
         parts.append(f"{speed.steps_per_second:.2f} steps/s")
     if speed.tokens_per_second is not None:
         parts.append(f"{_rate(speed.tokens_per_second)} tokens/s")
+    split = _split(list(speed.ranks.values()))
+    if split:
+        parts.append(split)
+    if speed.mfu is not None:
+        parts.append(f"MFU {speed.mfu:.1%}")
+    if speed.straggler is not None:
+        slow = speed.ranks[speed.straggler]
+        node = (rank_nodes or {}).get(speed.straggler)
+        where = f" on node {node}" if node is not None and _nodes(rank_nodes) > 1 else ""
+        parts.append(
+            f"straggler: rank {speed.straggler}{where} ({speed.straggler_cause} "
+            f"{_ms(getattr(slow, speed.straggler_cause or 'compute'))})"
+        )
     memory = _memory(speed.ranks)
     if memory:
         parts.append(memory)
-    return "speed: " + " · ".join(parts) if parts else ""
+    if not parts:
+        return ""
+    lines = ["speed: " + " · ".join(parts)]
+    if rank_nodes and _nodes(rank_nodes) > 1:
+        lines.extend(_node_lines(speed.ranks, rank_nodes))
+    return "\n".join(lines)
+
+
+def _nodes(rank_nodes: dict[int, int] | None) -> int:
+    return len(set((rank_nodes or {}).values()))
+
+
+def _node_lines(ranks: dict[int, RankSpeed], rank_nodes: dict[int, int]) -> list[str]:
+    lines = []
+    for node in sorted(set(rank_nodes.values())):
+        members = {rank: speed for rank, speed in ranks.items() if rank_nodes.get(rank) == node}
+        if not members:
+            continue
+        numbers = sorted(members)
+        who = f"rank {numbers[0]}" if len(numbers) == 1 else f"ranks {_span(numbers)}"
+        parts = [part for part in (_split(list(members.values())), _memory(members)) if part]
+        lines.append(f"node {node} ({who}): " + (" · ".join(parts) or "no step timed yet"))
+    return lines
+
+
+def _span(numbers: list[int]) -> str:
+    if numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ", ".join(map(str, numbers))
+
+
+def _split(ranks: list[RankSpeed]) -> str:
+    """The mean step time of ``ranks`` and, where seen, its data, compute and wait parts."""
+    timed = [speed for speed in ranks if speed.timed_steps]
+    if not timed:
+        return ""
+    step = statistics.fmean(speed.step or 0.0 for speed in timed)
+    parts = []
+    for name in ("data", "compute", "wait"):
+        values = [getattr(speed, name) for speed in timed]
+        if all(value is not None for value in values) and (name == "compute" or any(values)):
+            parts.append(f"{name} {_ms(statistics.fmean(values))}")
+    seen = all(speed.data is not None or speed.wait is not None for speed in timed)
+    return f"step {_ms(step)}" + (f" = {' + '.join(parts)}" if seen and parts else "")
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms"
 
 
 def _rate(value: float) -> str:

@@ -93,7 +93,10 @@ def _speed_html(speed: str) -> str:
     """The speed line as the live view and the saved notebook show it (empty: nothing)."""
     if not speed:
         return ""
-    return f'<div class="nk-speed" style="font-size:12px;color:#444">{html.escape(speed)}</div>'
+    return (
+        '<div class="nk-speed" style="font-size:12px;color:#444;white-space:pre-line">'
+        f"{html.escape(speed)}</div>"
+    )
 
 
 def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:

@@ -21,16 +21,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 from notebook_kit.runtime import stopping
 from notebook_kit.runtime.context import current_launch
 from notebook_kit.runtime.log_values import check_log_call
-from notebook_kit.runtime.metrics import count_samples, log_from_worker
+from notebook_kit.runtime.metrics import count_samples, log_from_worker, speed_counter
 from notebook_kit.runtime.progress import advance, report_total
 
-__all__ = ["log", "progress", "should_stop", "stop_reason"]
+__all__ = ["log", "progress", "set_flops_per_sample", "should_stop", "stop_reason"]
 
 
 def log(values: Mapping[str, Any], step: int | None = None, *, samples: int | None = None) -> None:
@@ -64,6 +64,31 @@ def log(values: Mapping[str, Any], step: int | None = None, *, samples: int | No
             )
         count_samples(current_launch(), int(samples))
     log_from_worker(current_launch(), checked, step)
+
+
+def set_flops_per_sample(flops: float) -> None:
+    """Give the model's training FLOPs per sample (forward and backward), for the MFU.
+
+    A transformers model prepared by the Accelerator needs nothing: its FLOPs come from its
+    config (``6 * params + 12 * layers * width * sequence`` per token). For any other model,
+    call this once in the training function, on every rank; the speed line then shows the model
+    FLOPs utilisation against the GPU's peak. Outside a launch this does nothing.
+
+    Raises:
+        TypeError: ``flops`` is not a positive number.
+
+    Example::
+
+        notebook_kit.set_flops_per_sample(6 * num_parameters * sequence_length)
+    """
+    if isinstance(flops, bool) or not isinstance(flops, Real) or not flops > 0:
+        raise TypeError(
+            f"set_flops_per_sample(flops) takes a positive number (the training FLOPs of one "
+            f"sample), got {flops!r}."
+        )
+    counter = speed_counter(current_launch())
+    if counter is not None:
+        counter.flops_per_sample = float(flops)
 
 
 def should_stop() -> bool:

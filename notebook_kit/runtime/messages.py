@@ -76,6 +76,13 @@ class RankSpeed:
     (the end of the function, once it returned), on this rank's own clock. Memory figures are
     peaks in bytes: resident memory of the process, and on a GPU the caching allocator's
     maximum allocated and reserved (None off the GPU).
+
+    Where the steps went (:class:`~notebook_kit.runtime.throughput.StepClock`), as running
+    sums over ``timed_steps`` steps: ``step_seconds`` in all, ``data_seconds`` waiting for the
+    loader (None: no prepared loader was timed) and ``wait_seconds`` blocked on collectives
+    (None: the strategy reports none). ``flops`` are the model FLOPs of the counted batches
+    (None: the model's are not known) and ``peak_flops`` the device's peak per second at the
+    run's precision (None: not a GPU of the table).
     """
 
     samples: int = 0
@@ -85,9 +92,42 @@ class RankSpeed:
     peak_memory_bytes: int | None = None
     cuda_max_allocated: int | None = None
     cuda_max_reserved: int | None = None
+    timed_steps: int = 0
+    step_seconds: float = 0.0
+    data_seconds: float | None = None
+    wait_seconds: float | None = None
+    flops: float | None = None
+    peak_flops: float | None = None
 
     def payload(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SPEED_FIELDS}
+
+    @property
+    def step(self) -> float | None:
+        """Seconds per step; None before a step was timed."""
+        return self.step_seconds / self.timed_steps if self.timed_steps else None
+
+    @property
+    def data(self) -> float | None:
+        """Seconds per step waiting for the data loader."""
+        return _per_step(self.data_seconds, self.timed_steps)
+
+    @property
+    def wait(self) -> float | None:
+        """Seconds per step blocked on collectives (waiting on the other ranks)."""
+        return _per_step(self.wait_seconds, self.timed_steps)
+
+    @property
+    def compute(self) -> float | None:
+        """Seconds per step left once data and collective waits are taken out."""
+        step = self.step
+        if step is None:
+            return None
+        return max(step - (self.data or 0.0) - (self.wait or 0.0), 0.0)
+
+
+def _per_step(total: float | None, steps: int) -> float | None:
+    return total / steps if total is not None and steps else None
 
 
 _SPEED_FIELDS = tuple(RankSpeed.__dataclass_fields__)

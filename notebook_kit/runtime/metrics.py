@@ -19,7 +19,7 @@ from typing import Any
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext
 from notebook_kit.runtime.messages import MetricsBatch, Progress, plain_values
-from notebook_kit.runtime.throughput import SpeedCounter
+from notebook_kit.runtime.throughput import SpeedCounter, StepClock
 
 __all__ = [
     "BATCH_KIND",
@@ -31,11 +31,14 @@ __all__ = [
     "count_batch",
     "count_samples",
     "flush",
+    "loader_clock",
     "log_from_worker",
     "log_snapshots",
     "plain_values",
     "settle",
     "snapshot_values",
+    "speed_counter",
+    "step_clock",
 ]
 
 BATCH_KIND = MetricsBatch.KIND  # message kind of a batch from the sender thread
@@ -201,6 +204,42 @@ def count_batch(context: LaunchContext | None, batch: Any, loader: object) -> No
     sender = channel(context)
     sender.speed.count_batch(batch, loader)
     sender.counted()
+
+
+def loader_clock(context: LaunchContext | None, loader: object) -> StepClock | None:
+    """The clock that times ``loader``'s batches, when its batches are the ones counted.
+
+    Example::
+
+        clock = loader_clock(current_launch(), prepared_loader)
+    """
+    if context is None or context.send is None:
+        return None
+    return channel(context).speed.loader_clock(loader)
+
+
+def step_clock(context: LaunchContext | None) -> StepClock | None:
+    """This rank's step clock, where a strategy reports its collectives; None outside a launch.
+
+    Example::
+
+        step_clock(current_launch()).collective_started()
+    """
+    if context is None or context.send is None:
+        return None
+    return channel(context).speed.clock
+
+
+def speed_counter(context: LaunchContext | None) -> SpeedCounter | None:
+    """This rank's counter (for the model's FLOPs and the device's peak); None outside a launch.
+
+    Example::
+
+        speed_counter(current_launch()).model
+    """
+    if context is None or context.send is None:
+        return None
+    return channel(context).speed
 
 
 def count_samples(context: LaunchContext | None, samples: int) -> None:

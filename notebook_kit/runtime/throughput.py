@@ -1,7 +1,8 @@
 """Worker side of the speed figures: samples, tokens and batches counted, and peak memory.
 
-The training thread only counts: a batch's first dimension (its shape, never its values), a
-reference to its ``attention_mask``, an integer add. The metrics sender thread does the rest
+The training thread only counts and reads the clock: a batch's first dimension (its shape,
+never its values), a reference to its ``attention_mask``, an integer add, and the time around
+each batch the loader hands out (:class:`StepClock`). The metrics sender thread does the rest
 when it sends a batch (:class:`notebook_kit.runtime.metrics.WorkerChannel`): it sums the
 attention masks (a mask on a GPU was summed there without a sync and arrives like a logged GPU
 value, as a :class:`~notebook_kit.runtime.metrics.DeviceScalar`), and reads the peak memory
@@ -20,11 +21,12 @@ import resource
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from notebook_kit.runtime.messages import RankSpeed
 
-__all__ = ["SpeedCounter", "batch_size", "batch_tokens"]
+__all__ = ["ModelFlops", "SpeedCounter", "StepClock", "batch_size", "batch_tokens", "model_flops"]
 
 _SPEED_INTERVAL = 0.5  # seconds between two speed updates of a rank, when only counts changed
 
@@ -51,6 +53,11 @@ class SpeedCounter:
         self.cuda_index = local_rank if device == "cuda" else None
         self.sent: RankSpeed | None = None
         self.sent_at = 0.0
+        self.clock = StepClock(self.cuda_index)
+        self.model: ModelFlops | None = None  # the prepared model's FLOPs, when known
+        self.flops_per_sample: float | None = None  # given by the user: replaces ``model``
+        self.flops = 0.0  # model FLOPs of the counted batches (with ``model``)
+        self.peak_flops: float | None = None  # this rank's device peak (a known GPU)
 
     def count_batch(self, batch: Any, loader: object) -> None:
         """Count a batch a prepared loader handed out (training thread: shapes only)."""
@@ -60,22 +67,37 @@ class SpeedCounter:
             self.source = id(loader)
         elif self.source != id(loader):
             return  # another loader (evaluation) is being iterated
-        self._count(batch_size(batch), batch_tokens(batch))
+        samples = batch_size(batch)
+        if self.model is not None and self.flops_per_sample is None:
+            self.flops += self.model.batch_flops(batch, samples)
+        self._count(samples, batch_tokens(batch))
+
+    def loader_clock(self, loader: object) -> StepClock | None:
+        """The clock, when ``loader`` is the one whose batches count (the first one iterated,
+        unless ``log(samples=...)`` counts instead)."""
+        if self.explicit:
+            return None
+        if self.source is None:
+            self.source = id(loader)
+        return self.clock if self.source == id(loader) else None
 
     def count_samples(self, samples: int) -> None:
         """Count ``samples`` given to ``log``; from the first call on, the loader's counts stop."""
         if not self.explicit:
             self.explicit = True
             self.samples = self.batches = 0
-            self.first, self.tokens = None, None
+            self.first, self.tokens, self.flops = None, None, 0.0
             self.pending.clear()
         self._count(samples, None)
+        self.clock.step_ended()  # a hand-written loop: each log(samples=...) ends a step
 
     def _count(self, samples: int, tokens: Any) -> None:
         if self.first is None:
             self.first = time.monotonic()
         self.samples += samples
         self.batches += 1
+        if self.flops_per_sample is not None:
+            self.flops += samples * self.flops_per_sample
         if tokens is not None:
             self.pending.append(tokens)
 
@@ -85,6 +107,8 @@ class SpeedCounter:
         self._read_tokens(wait)
         now = self.ended if self.ended is not None else time.monotonic()
         allocated, reserved = self._cuda_peaks()
+        clock = self.clock
+        clock.settle(wait)
         return RankSpeed(
             samples=self.samples,
             batches=self.batches,
@@ -93,6 +117,12 @@ class SpeedCounter:
             peak_memory_bytes=peak_resident_bytes(),
             cuda_max_allocated=allocated,
             cuda_max_reserved=reserved,
+            timed_steps=clock.steps,
+            step_seconds=clock.step_seconds,
+            data_seconds=clock.data_seconds if clock.sees_data else None,
+            wait_seconds=clock.wait_seconds if clock.sees_wait else None,
+            flops=self.flops if self.model or self.flops_per_sample is not None else None,
+            peak_flops=self.peak_flops,
         )
 
     def may_send(self, now: float, wait: bool) -> bool:
@@ -131,6 +161,190 @@ class SpeedCounter:
             return None, None
 
 
+class StepClock:
+    """Where one rank's steps go: waiting for data, computing, waiting on the other ranks.
+
+    A step runs from one batch handed out by the training loader to the next (or to the end
+    of the pass); in a hand-written loop, from one ``log(samples=...)`` to the next. Its parts:
+
+    * data: the time the training thread spent in the loader's ``__next__``;
+    * wait: the time the rank sat blocked on collectives the strategy can see: with DDP, from
+      the moment its last gradient bucket went to the all-reduce until the all-reduce of every
+      bucket finished (the time backward waits at its end; communication that overlaps
+      computation is not waiting);
+    * compute: what remains of the step.
+
+    On the CPU the clock is ``time.perf_counter``. On a GPU the step and the wait are measured
+    between CUDA events recorded on the stream, read on the metrics thread once they have
+    passed (``query()``), never with a sync; the data wait stays on the CPU clock, since the
+    loader runs there. Every total is a running sum, so the kernel can average any window.
+    """
+
+    def __init__(self, cuda_index: int | None = None) -> None:
+        self.cuda = cuda_index is not None
+        self.steps = 0
+        self.step_seconds = 0.0
+        self.data_seconds = 0.0
+        self.wait_seconds = 0.0
+        self.sees_data = False  # a prepared loader is being timed
+        self.sees_wait = False  # a strategy reports its collectives
+        self._asked: float | None = None  # when the training thread asked for a batch
+        self._began: Any = None  # when the current step began: a time, or a CUDA event
+        self._data = 0.0  # the data wait that began the current step
+        self._ready: Any = None  # the current step's last bucket handed to a collective
+        self._done: Any = None  # ... and the end of its last collective
+        self._pending: collections.deque[tuple[Any, Any, float, Any, Any]] = collections.deque()
+
+    def asking(self) -> None:
+        """The training thread asks the loader for its next batch."""
+        self._asked = time.perf_counter()
+
+    def handed(self) -> None:
+        """The loader hands a batch out: the step before it ends, the next one begins."""
+        now = time.perf_counter()
+        data = now - self._asked if self._asked is not None else 0.0
+        self.sees_data = True
+        self._next_step(data)
+
+    def pass_ended(self, ran_out: bool = True) -> None:
+        """The pass ended: when the loader ran out (not a ``break``), its last step ends here.
+        No step runs until the next pass."""
+        if ran_out and self._asked is not None and self._began is not None:
+            self._end_step(self._stamp(), time.perf_counter() - self._asked)
+        self._began = self._asked = None
+
+    def step_ended(self) -> None:
+        """A step of a hand-written loop ended (no loader: no data wait is known)."""
+        self._next_step(0.0)
+
+    def collective_started(self) -> None:
+        """A collective the strategy sees was handed its input (DDP: a gradient bucket)."""
+        self.sees_wait = True
+        self._ready = self._stamp()
+
+    def collective_done(self) -> None:
+        """A collective finished (on the GPU: called on a stream that waited for it)."""
+        self._done = self._stamp()
+
+    def _next_step(self, data: float) -> None:
+        stamp = self._stamp()
+        if self._began is not None:
+            self._end_step(stamp, self._data)
+        self._began, self._data = stamp, data
+
+    def _end_step(self, stamp: Any, data: float) -> None:
+        ready, done = self._ready, self._done
+        self._ready = self._done = None
+        if self.cuda:
+            self._pending.append((self._began, stamp, data, ready, done))
+            return
+        wait = done - ready if ready is not None and done is not None and done > ready else 0.0
+        self._add(stamp - self._began, data, wait)
+
+    def _add(self, step: float, data: float, wait: float) -> None:
+        self.steps += 1
+        self.step_seconds += step
+        self.data_seconds += min(data, step)
+        self.wait_seconds += min(wait, max(step - data, 0.0))
+
+    def _stamp(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def settle(self, wait: bool = False) -> None:
+        """Add the GPU steps whose events have passed (metrics thread; ``wait``: all of them)."""
+        pending = self._pending
+        while pending:
+            began, ended, data, ready, done = pending[0]
+            events = [e for e in (ended, done) if e is not None]
+            if not all(event.query() for event in events):
+                if not wait or _syncs_forbidden():  # still on the GPU: the next snapshot
+                    return
+                for event in events:  # the end of the run: wait for the last steps
+                    event.synchronize()
+            pending.popleft()
+            try:
+                step = began.elapsed_time(ended) / 1000
+                timed = ready is not None and done is not None
+                gap = ready.elapsed_time(done) / 1000 if timed else 0.0
+            except RuntimeError:  # an event of a step cut short (a pass that never computed)
+                continue
+            self._add(step, data, max(gap, 0.0))
+
+
+def _syncs_forbidden() -> bool:
+    import torch
+
+    return bool(torch.cuda.get_sync_debug_mode())  # the user asked to hear of every sync
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """A transformer's training FLOPs per token, as TorchTitan and nanoGPT count them.
+
+    ``6 * params + 12 * layers * width * sequence``: a forward and backward pass cost six FLOPs
+    per weight a token meets (two forward, four backward), and attention adds
+    ``12 * layers * width * sequence`` (scores and their weighted sum, forward and backward).
+    ``params`` counts the weights that multiply: every parameter but the lookup tables of
+    embeddings (a table tied to the output layer is counted, since that layer multiplies).
+
+    Example:
+        >>> ModelFlops(params=1000, layers=2, width=16).per_token(sequence=8)
+        9072
+    """
+
+    params: int
+    layers: int
+    width: int
+
+    def per_token(self, sequence: int) -> int:
+        return 6 * self.params + 12 * self.layers * self.width * sequence
+
+    def batch_flops(self, batch: Any, samples: int) -> float:
+        """The FLOPs of training on ``batch`` (shapes only): every position of ``input_ids``,
+        padding included, since the model computes on it."""
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+        shape = getattr(ids, "shape", None)
+        if shape is None or len(shape) < 2:
+            return 0.0
+        sequence = int(shape[1])
+        return float(samples * sequence * self.per_token(sequence))
+
+
+def model_flops(model: Any) -> ModelFlops | None:
+    """The FLOPs of a transformers model, from its config; None for any other model.
+
+    Example::
+
+        model_flops(GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64))).per_token(128)
+    """
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    width = getattr(config, "hidden_size", None)
+    if not isinstance(layers, int) or not isinstance(width, int) or not hasattr(model, "modules"):
+        return None
+    import torch
+
+    multiplied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    lookups = {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and id(m.weight) not in multiplied
+    }
+    seen: set[int] = set()
+    params = 0
+    for parameter in model.parameters():
+        if id(parameter) not in seen and id(parameter) not in lookups:
+            params += parameter.numel()
+        seen.add(id(parameter))
+    return ModelFlops(params=params, layers=layers, width=width)
+
+
 def _counts(speed: RankSpeed) -> tuple[Any, ...]:
     return (
         speed.samples,
@@ -139,6 +353,7 @@ def _counts(speed: RankSpeed) -> tuple[Any, ...]:
         speed.peak_memory_bytes,
         speed.cuda_max_allocated,
         speed.cuda_max_reserved,
+        speed.timed_steps,
     )
 
 

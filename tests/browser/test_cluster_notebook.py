@@ -32,3 +32,6 @@ def test_the_cluster_run_draws_its_plot_live_and_shows_each_ranks_node(
     assert cell.locator(".nk-summary").inner_text().startswith("✓ Finished in")
     shown = cell.inner_text()
     assert "rank 0 · node 0" in shown and "rank 1 · node 1" in shown, shown
+    speed = cell.locator(".nk-speed").last.inner_text()  # the run's line, then one per node
+    assert " = data " in speed and " + wait " in speed, speed
+    assert "node 0 (rank 0): step " in speed and "node 1 (rank 1): step " in speed, speed

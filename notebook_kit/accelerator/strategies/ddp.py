@@ -14,6 +14,8 @@ from notebook_kit.accelerator.handlers import Handlers, register_comm_hook
 from notebook_kit.accelerator.partial_state import DistributedType
 from notebook_kit.accelerator.precision import MixedPrecision
 from notebook_kit.accelerator.strategies.single import SingleProcess
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.metrics import step_clock
 
 __all__ = ["DistributedDataParallelStrategy"]
 
@@ -46,7 +48,7 @@ class DistributedDataParallelStrategy(SingleProcess):
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             options = self.handlers.ddp_options()
             wrapped = DistributedDataParallel(model, device_ids=device_ids, **options)
-            register_comm_hook(self.handlers.ddp, wrapped)
+            register_comm_hook(self.handlers.ddp, wrapped, step_clock(current_launch()))
         self.patch_precision(wrapped)
         return wrapped
 

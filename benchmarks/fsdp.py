@@ -12,6 +12,10 @@ Step time: in one launch of 2 ranks, the same model trained by the Accelerator w
 ``fsdp_plugin`` and by a hand-written ``fully_shard`` loop, in interleaved blocks so
 background load hits both alike; the goal is ≤ 1.03×.
 
+HSDP (2 × 2) and tensor parallel (TP 2) rows (``benchmarks/_parallel.py``): per-rank memory
+against the unsplit model, and step time of ``Accelerator(parallelism_config=...)`` against
+the same layout written by hand with ``fully_shard``/``parallelize_module``, in the same run.
+
 A GPU section runs the step-time comparison on ``cuda`` (nccl, a world of one per GPU) when
 a GPU is present, and says so when there is none.
 
@@ -46,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from benchmarks._parallel import parallel_sections
 from benchmarks._report import machine_description
 from notebook_kit import Accelerator, FullyShardedDataParallelPlugin, notebook_launcher
 
@@ -260,6 +265,8 @@ def main() -> None:
     steps = args.steps or (2 if args.quick else 10)
     blocks = args.blocks or (2 if args.quick else 48)  # many short rounds: load drifts less
     lines += _timing_section(64 if args.quick else 512, 4, steps, blocks, "cpu")
+    lines += parallel_sections(64 if args.quick else 512, 2 if args.quick else 4, steps,
+                               2 if args.quick else max(blocks // 2, 2))  # fmt: skip
     if torch.cuda.is_available() and not args.quick:
         lines += ["## GPU", "", *_timing_section(4096, 8, steps, blocks, "cuda")]
     else:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         reduce,
         send_to_device,
     )
+    from notebook_kit.accelerator.parallelism_config import ParallelismConfig
     from notebook_kit.accelerator.partial_state import (
         AcceleratorState,
         DistributedType,
@@ -87,6 +88,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LaunchConfig",
+    "ParallelismConfig",
     "PartialState",
     "PortInUseError",
     "ProjectConfiguration",
@@ -132,6 +134,7 @@ _LAZY: dict[str, str] = {
     "DistributedType": "accelerator.partial_state",
     "ForkSafetyError": "launch.preflight",
     "FullyShardedDataParallelPlugin": "accelerator.strategies.fsdp_plugin",
+    "ParallelismConfig": "accelerator.parallelism_config",
     "GradScalerKwargs": "accelerator.configuration",
     "GradientAccumulationPlugin": "accelerator.configuration",
     "InitProcessGroupKwargs": "accelerator.configuration",

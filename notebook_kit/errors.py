@@ -29,6 +29,8 @@ class WorkerFailure:
         message: The exception's message, or a description of the exit.
         traceback: The worker's formatted traceback ("" when there was no Python exception).
         time: ``time.monotonic()`` when the failure happened or was noticed.
+        mesh: The rank's coordinates in its device mesh (``dp_replicate=1, dp_shard=0``),
+            "" when it built none.
     """
 
     rank: int
@@ -37,6 +39,7 @@ class WorkerFailure:
     message: str
     traceback: str
     time: float
+    mesh: str = ""
 
     @property
     def is_secondary(self) -> bool:
@@ -116,7 +119,7 @@ class WorkerError(RuntimeError):
     def _format(self) -> str:
         root = self.failure
         lines = [
-            f"Rank {root.rank} of {self.world_size} failed: {root.summary()}",
+            f"Rank {root.rank} of {self.world_size}{_at(root)} failed: {root.summary()}",
             "The other workers were stopped; the kernel is still usable: fix the cause and "
             "run the cell again.",
         ]
@@ -128,6 +131,10 @@ class WorkerError(RuntimeError):
         if root.traceback:
             lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
         return "\n".join(lines)
+
+
+def _at(failure: WorkerFailure) -> str:
+    return f" (mesh coordinates {failure.mesh})" if failure.mesh else ""
 
 
 def _by_time(failure: WorkerFailure) -> float:

@@ -23,8 +23,10 @@ from notebook_kit.cli.main import (
 from notebook_kit.config.command_line import launch_command_line
 
 # Answers in question order for one node: num_nodes, num_processes, mixed_precision,
-# gradient_accumulation_steps, backend, seed, threads_per_process, live, max_restarts, use_fsdp.
-SINGLE_NODE = ["1", "2", "bf16", "4", "gloo", "42", "", "no", "1", ""]
+# gradient_accumulation_steps, backend, seed, threads_per_process, live, max_restarts, use_fsdp,
+# and the four parallelism_config_* sizes (KEEP: Enter keeps each).
+KEEP = ["", "", "", ""]
+SINGLE_NODE = ["1", "2", "bf16", "4", "gloo", "42", "", "no", "1", "", *KEEP]
 
 
 pytestmark = pytest.mark.usefixtures("config_file")
@@ -55,6 +57,7 @@ def test_bad_answers_are_asked_again(
     monkeypatch: pytest.MonkeyPatch, config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     answers = ["0", "1", "two", "2", "fp32", "fp16", "", "", "-3", "", "", "perhaps", "", "", ""]
+    answers += KEEP
     assert _run(monkeypatch, answers) == 0
     out = capsys.readouterr().out
     assert "num_nodes must be an integer >= 1; got 0. Please try again." in out
@@ -70,7 +73,7 @@ def test_multi_node_questions_check_answers_against_each_other(
 ) -> None:
     # num_nodes, node_rank (bad, then good), master_addr (Enter keeps the loopback default:
     # refused, then good), master_port, then the rest.
-    answers = ["2", "2", "1", "", "10.0.0.1", "29500", "", "", "", "", "", "", "", "", ""]
+    answers = ["2", "2", "1", "", "10.0.0.1", "29500", "", "", "", "", "", "", "", "", "", *KEEP]
     assert _run(monkeypatch, answers) == 0
     out = capsys.readouterr().out
     assert "node_rank must be from 0 to num_nodes - 1 = 1; got 2" in out
@@ -89,7 +92,7 @@ def test_enter_keeps_the_current_saved_values(
 ) -> None:
     existing = LaunchConfig(num_processes=2, seed=5, mixed_precision="fp16")
     existing.save()
-    assert _run(monkeypatch, [""] * 10) == 0
+    assert _run(monkeypatch, [""] * 14) == 0
     assert LaunchConfig.load(config_file) == existing
 
 
@@ -117,7 +120,7 @@ def test_unreadable_existing_file_is_replaced_not_crashed(
 ) -> None:
     config_file.parent.mkdir(parents=True)
     config_file.write_text("{not json")
-    assert _run(monkeypatch, [""] * 10) == 0
+    assert _run(monkeypatch, [""] * 14) == 0
     assert "Ignoring the unreadable config file" in capsys.readouterr().out
     assert LaunchConfig.load(config_file) == LaunchConfig()
 
@@ -161,7 +164,7 @@ def _command_env(config_file: Path) -> dict[str, str]:
 
 @pytest.mark.integration
 def test_module_questionnaire_through_stdin(config_file: Path) -> None:
-    answers = "1\nthree\n2\nfp16\n\n\n\n\n\n\n\n"
+    answers = "1\nthree\n2\nfp16\n\n\n\n\n\n\n\n\n\n\n\n"
     result = subprocess.run(
         [sys.executable, "-m", "notebook_kit", "config"],
         input=answers,

@@ -40,6 +40,15 @@ _ON_A_CLUSTER = {
     "isolate": ("refused", None, True),
     "stall_seconds": ("node", "stall_seconds", 5.0),
     "min_nodes": ("kernel", "min_nodes", 1),
+    "parallelism_config_dp_replicate_size": ("node", "parallelism_config_dp_replicate_size", 2),
+    "parallelism_config_dp_shard_size": ("node", "parallelism_config_dp_shard_size", 2),
+    "parallelism_config_tp_size": ("node", "parallelism_config_tp_size", 2),
+    "parallelism_config_cp_size": ("node", "parallelism_config_cp_size", 2),
+}
+# What a setting needs beside it to be valid: sharding sizes need FSDP.
+_ALONGSIDE = {
+    "parallelism_config_dp_shard_size": {"fsdp": True},
+    "parallelism_config_cp_size": {"fsdp": True},
 }
 _SCHEMA = {**SETTINGS, **CALL_SETTINGS}
 
@@ -74,7 +83,7 @@ def test_each_setting_given_to_a_cluster_launch_is_honoured_or_refused_before_st
         with pytest.raises(ValueError, match=keyword):
             _settings({keyword: value})
         return
-    settings, kept = _settings({keyword: value})
+    settings, kept = _settings({keyword: value, **_ALONGSIDE.get(name, {})})
     if where == "kernel":
         assert kept[attribute] == value
     else:
@@ -144,6 +153,7 @@ class _Cluster:
     scheduler has not noticed yet, or its network is cut): ``choose`` is the Dask engine's."""
 
     worker_noun = "Dask worker"
+    grow_hint = "Add workers (cluster.scale(...))"
 
     def __init__(self, workers: list[str]) -> None:
         self.workers = workers

@@ -18,6 +18,7 @@ from notebook_kit.accelerator.configuration import (
     InitProcessGroupKwargs,
     ProjectConfiguration,
 )
+from notebook_kit.accelerator.parallelism_config import ParallelismConfig
 from notebook_kit.accelerator.partial_state import AcceleratorState, DistributedType, PartialState
 from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
@@ -32,6 +33,7 @@ __all__ = [
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
+    "ParallelismConfig",
     "PartialState",
     "ProjectConfiguration",
 ]

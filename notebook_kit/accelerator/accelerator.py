@@ -35,6 +35,7 @@ from notebook_kit.accelerator.optimizer import (
     AcceleratedScheduler,
     GradientState,
 )
+from notebook_kit.accelerator.parallel_methods import ParallelMethods
 from notebook_kit.accelerator.partial_state import AcceleratorState, as_accelerates
 from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
@@ -53,7 +54,12 @@ from notebook_kit.accelerator.settings import (
 )
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
 from notebook_kit.accelerator.storage import is_local, storage_path
-from notebook_kit.accelerator.strategies import Strategy, fsdp_from_settings, select_strategy
+from notebook_kit.accelerator.strategies import (
+    Strategy,
+    fsdp_from_settings,
+    parallelism_from_settings,
+    select_strategy,
+)
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import LaunchContext, current_launch
 from notebook_kit.runtime.log_values import LoggedHistory
@@ -72,7 +78,7 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
+class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, ParallelMethods):
     """Runs a PyTorch training loop on one process or many, with Accelerate's API.
 
     Args:
@@ -105,6 +111,10 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         fsdp_plugin: A ``FullyShardedDataParallelPlugin`` (ours or Accelerate's): shard the
             model with FSDP2 over the launch's processes (``ACCELERATE_USE_FSDP=true`` makes
             one from the ``FSDP_*`` variables).
+        parallelism_config: A ``ParallelismConfig`` (ours or Accelerate's): HSDP
+            (``dp_replicate_size`` × ``dp_shard_size``), tensor parallel (``tp_size``) and
+            context parallel (``cp_size``) on one ``torch_device_mesh``; None: from the
+            launch's ``parallelism_config_*`` sizes when any is above 1 (docs/parallelism.md).
 
     Example::
 
@@ -135,6 +145,7 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         kwargs_handlers: list[Any] | None = None,
         log_with: str | Any | list[Any] | None = None,
         fsdp_plugin: Any = None,
+        parallelism_config: Any = None,
     ) -> None:
         self.device_placement = check_flag("device_placement", device_placement)
         self.dataloader_config = loader_configuration(
@@ -183,7 +194,11 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
         apply_process_group_options(self.handlers.init)
         # What DDP, FSDP or one process means for wrapping, syncing, clipping and saving.
         self.strategy: Strategy = select_strategy(
-            self.state, self.mixed_precision, self.handlers, fsdp_from_settings(fsdp_plugin)
+            self.state,
+            self.mixed_precision,
+            self.handlers,
+            fsdp_from_settings(fsdp_plugin),
+            parallelism_from_settings(parallelism_config),
         )
         self.state.distributed_type = as_accelerates(self.strategy.distributed_type)
         self.gradient_state = GradientState(
@@ -313,10 +328,11 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods):
             loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
         """
         config = self.dataloader_config
+        shards, shard = self._data_shards()  # a tp or cp group reads one batch together
         prepared = prepare_data_loader(
             data_loader,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=shards,
+            process_index=shard,
             gradient_state=self.gradient_state,
             device=self.device if self.device_placement else torch.device("cpu"),
             split_batches=config.split_batches,

@@ -42,6 +42,7 @@ from notebook_kit.config.placement import (
 from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, settings_from_environ
 from notebook_kit.errors import is_consequence
+from notebook_kit.launch.plan import parallelism_sizes
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
 
@@ -122,6 +123,9 @@ class ScriptLaunch:
             ),
             SETTINGS["use_fsdp"].env_var: "yes" if config.use_fsdp else "no",
         }
+        for name, setting in SETTINGS.items():  # the ParallelismConfig sizes
+            if name.startswith("parallelism_config_"):
+                environment[setting.env_var] = str(getattr(config, name))
         if config.num_nodes == 1 and sys.platform.startswith("linux"):
             # One node talks over loopback only; gloo otherwise probes the host's interfaces.
             environment["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
@@ -246,6 +250,10 @@ def plan_script_launch(
         check_process_count(num_processes)
     except ValueError as error:
         raise LaunchInputError(f"{option_name('num_processes')}: {error}") from error
+    try:  # the mesh must fit the nodes before torchrun starts anything
+        parallelism_sizes(config, num_processes)
+    except ValueError as error:
+        raise LaunchInputError(str(error)) from error
     threads = config.threads_per_process or _exported_threads() or auto_threads(num_processes)
     return ScriptLaunch(config, num_processes, threads, script, tuple(script_args), placement)
 

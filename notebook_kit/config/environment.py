@@ -29,6 +29,7 @@ from notebook_kit.config.launch_config import (
     default_config_path,
     read_saved_default,
 )
+from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout
 from notebook_kit.config.schema import SETTINGS, settings_from_environ
 
 __all__ = [
@@ -298,7 +299,20 @@ class EnvironmentReport:
             ("Fork-safe", fork),
             ("Saved config", config),
             ("Variables", self._variable_lines()),
+            ("Mesh", self._mesh_lines()),
         ]
+
+    def _mesh_lines(self) -> list[str]:
+        """The ParallelismConfig a launch with these settings gives every Accelerator."""
+        sizes = {}
+        for dim in MESH_ORDER:
+            name = f"parallelism_config_{dim}_size"
+            saved = getattr(self.saved_config, name, 1) if self.saved_config else 1
+            sizes[dim] = self.environment_settings.get(name, saved)
+        layout = MeshLayout.of(sizes)
+        if not layout.names:
+            return ["none: every parallelism_config_* size is 1 (DDP, or FSDP with fsdp)"]
+        return [layout.describe(), f"needs a world size of {layout.world_size}"]
 
     def _variable_lines(self) -> list[str]:
         """The NOTEBOOK_KIT_<NAME> settings in force, as they are written in the shell."""

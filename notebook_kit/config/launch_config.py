@@ -129,6 +129,10 @@ class LaunchConfig:
     live: bool | None = None
     max_restarts: int = 0
     use_fsdp: bool = False
+    parallelism_config_dp_replicate_size: int = 1
+    parallelism_config_dp_shard_size: int = 1
+    parallelism_config_tp_size: int = 1
+    parallelism_config_cp_size: int = 1
     _more: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from notebook_kit.config.arguments import is_loopback
 from notebook_kit.config.environment import KernelState, usable_cpu_count
+from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
@@ -48,6 +49,11 @@ class LaunchPlan:
     timeout: float | None
     max_restarts: int = 0
     use_fsdp: bool = False  # every worker's Accelerator shards with FSDP2 by default
+    # The ParallelismConfig sizes every worker's Accelerator uses when given none; all 1: none.
+    parallelism_config_dp_replicate_size: int = 1
+    parallelism_config_dp_shard_size: int = 1
+    parallelism_config_tp_size: int = 1
+    parallelism_config_cp_size: int = 1
     seed: int | None = None
     live: bool | None = None
     device: str = "cpu"  # "cuda" (each process on its own GPU) or "cpu"
@@ -56,6 +62,12 @@ class LaunchPlan:
     kernel: KernelState | None = field(default=None, compare=False)  # the fork probe, if run
     cores: int = field(default=0, compare=False)  # usable CPU cores here (0: not known)
     stall_seconds: float | None = DEFAULT_STALL_SECONDS  # None: never show where ranks wait
+
+    @property
+    def parallelism(self) -> dict[str, int]:
+        """The mesh sizes by dimension when any is above 1 (Accelerate's names), else {}."""
+        sizes = {dim: getattr(self, f"parallelism_config_{dim}_size") for dim in MESH_ORDER}
+        return sizes if any(size > 1 for size in sizes.values()) else {}
 
     @property
     def world_size(self) -> int:
@@ -91,7 +103,8 @@ class LaunchPlan:
                     )
             threads = "thread" if self.threads == 1 else "threads"
             text += f", {self.threads} {threads} each"
-        notes = [text, self.cpu_reason, self._oversubscribed()]
+        mesh = MeshLayout.of(self.parallelism).describe() if self.parallelism else None
+        notes = [text, mesh, self.cpu_reason, self._oversubscribed()]
         return ". ".join(note for note in notes if note)
 
     def _oversubscribed(self) -> str | None:

@@ -192,6 +192,27 @@ SETTINGS: dict[str, Setting] = _declare(
         "Shard models with FSDP2 in every worker's Accelerator (FSDP_* variables).",
         bool, alias="fsdp", widget="choice", switch=True,
     ),
+    # Accelerate's ParallelismConfig sizes; they multiply to the world size (docs/parallelism.md).
+    Setting(
+        "parallelism_config_dp_replicate_size", "int", 1,
+        "Model replicas (HSDP: replicate across nodes, shard within); 1 = off.",
+        int, minimum=1, ceiling=MAX_NODES, widget="count",
+    ),
+    Setting(
+        "parallelism_config_dp_shard_size", "int", 1,
+        "Ranks each model is sharded over with FSDP2 (needs fsdp); 1 = off.",
+        int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
+    ),
+    Setting(
+        "parallelism_config_tp_size", "int", 1,
+        "Ranks each layer is split over (tensor parallel); 1 = off.",
+        int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
+    ),
+    Setting(
+        "parallelism_config_cp_size", "int", 1,
+        "Ranks each sequence is split over (context parallel, GPU); 1 = off.",
+        int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
+    ),
 )  # fmt: skip
 
 CALL_SETTINGS: dict[str, Setting] = _declare(

@@ -47,6 +47,10 @@ def notebook_launcher(
     live: bool | None = None,
     max_restarts: int | None = None,
     fsdp: bool | None = None,
+    parallelism_config_dp_replicate_size: int | None = None,
+    parallelism_config_dp_shard_size: int | None = None,
+    parallelism_config_tp_size: int | None = None,
+    parallelism_config_cp_size: int | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
@@ -103,6 +107,11 @@ def notebook_launcher(
             size may change between attempts (``load_state()`` resumes on any).
         fsdp: Every ``Accelerator`` made in the workers without an ``fsdp_plugin`` shards its
             model with FSDP2 (a default plugin, tuned by the ``FSDP_*`` variables).
+        parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size,
+            parallelism_config_tp_size, parallelism_config_cp_size: The sizes of the
+            ``ParallelismConfig`` every worker's ``Accelerator`` builds when it is given none
+            (HSDP, tensor and context parallel; docs/parallelism.md). Their product must be
+            the world size; refused before anything starts otherwise.
         seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
@@ -173,6 +182,10 @@ async def notebook_launcher_async(
     live: bool | None = None,
     max_restarts: int | None = None,
     fsdp: bool | None = None,
+    parallelism_config_dp_replicate_size: int | None = None,
+    parallelism_config_dp_shard_size: int | None = None,
+    parallelism_config_tp_size: int | None = None,
+    parallelism_config_cp_size: int | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,

@@ -16,12 +16,13 @@ from notebook_kit.config.launch_plan import (
     auto_process_count,
     auto_threads,
 )
+from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout, check_mesh_fits
 from notebook_kit.config.placement import DEFAULT_MASTER_PORT
 from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, check_argument
 from notebook_kit.launch.preflight import check_fork_safety
 
-__all__ = ["Call", "check_explicit_settings", "make_plan"]
+__all__ = ["Call", "check_explicit_settings", "make_plan", "parallelism_sizes"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
 
@@ -77,6 +78,7 @@ def make_plan(
         check_fork_safety(kernel)  # a tainted kernel sees no GPU: name that cause, not the count
     backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
     device = "cuda" if gpus and (in_kernel or backend == "nccl") else "cpu"
+    parallelism = parallelism_sizes(config, num_processes)
     port = config.master_port
     if config.num_nodes > 1 and port is None:
         port = DEFAULT_MASTER_PORT
@@ -94,6 +96,7 @@ def make_plan(
         timeout=timeout,
         max_restarts=config.max_restarts,
         use_fsdp=config.use_fsdp,
+        **{f"parallelism_config_{dim}_size": size for dim, size in parallelism},
         seed=config.seed,
         live=config.live,
         device=device,
@@ -105,6 +108,32 @@ def make_plan(
         cores=usable_cpu_count(),
         stall_seconds=stall_seconds,
     )
+
+
+def parallelism_sizes(config: LaunchConfig, num_processes: int) -> tuple[tuple[str, int], ...]:
+    """The launch's ``parallelism_config_*`` sizes by mesh dimension, checked against its nodes.
+
+    All 1 (the default) means none: ``()``. Otherwise the sizes must multiply to the world
+    size and fit the nodes (:func:`~notebook_kit.config.mesh_layout.check_mesh_fits`), and
+    sharding dimensions need ``fsdp=True``; the Accelerator checks the rest of
+    Accelerate's rules when it builds the config.
+
+    Example:
+        >>> parallelism_sizes(LaunchConfig(), 2)
+        ()
+    """
+    sizes = {name: getattr(config, f"parallelism_config_{name}_size") for name in MESH_ORDER}
+    if all(size == 1 for size in sizes.values()):
+        return ()
+    check_mesh_fits(MeshLayout.of(sizes), num_processes, config.num_nodes)
+    shards = sizes["dp_shard"] > 1 or sizes["cp"] > 1
+    if shards and not config.use_fsdp:
+        raise ValueError(
+            f"parallelism_config_dp_shard_size={sizes['dp_shard']} and "
+            f"parallelism_config_cp_size={sizes['cp']} shard the model with FSDP2, which this "
+            "launch does not turn on: add fsdp=True (--use-fsdp), or set both to 1."
+        )
+    return tuple(sizes.items())
 
 
 def _gpus_for(kernel: KernelState, in_kernel: bool) -> int:

@@ -90,6 +90,8 @@ class LaunchContext:
             returns the whole state dict on rank 0; every rank runs it when the function ends.
         gathered_weights: What those gatherers returned, by ``id(model)``.
         restart_count: How many times the launch restarted its workers after a failure.
+        mesh_coordinates: This rank's place in the Accelerator's device mesh
+            (``dp_replicate=1, dp_shard=0``), named in its failure; "" without one.
         extensions: Per-launch state of feature modules (the metrics channel, stop votes),
             keyed by module; values with a ``close()`` method are closed by :meth:`close`.
     """
@@ -110,6 +112,7 @@ class LaunchContext:
     weight_gatherers: dict[int, Callable[[Any], dict[str, Any]]] = field(default_factory=dict)
     gathered_weights: dict[int, dict[str, Any]] = field(default_factory=dict)
     restart_count: int = 0
+    mesh_coordinates: str = ""
     extensions: dict[str, Any] = field(default_factory=dict)
 
     def stop_cause(self) -> int:

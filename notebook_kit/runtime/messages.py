@@ -180,6 +180,7 @@ class Failure:
     message: str
     traceback: str
     time: float = field(default_factory=time.monotonic)
+    mesh: str = ""  # the rank's device-mesh coordinates, when it built a mesh
 
     @classmethod
     def from_exception(
@@ -215,6 +216,7 @@ class Failure:
             "message": self.message,
             "traceback": self.traceback,
             "time": self.time,
+            "mesh": self.mesh,
         }
 
     def on_rank(self, rank: int) -> WorkerFailure:
@@ -226,6 +228,7 @@ class Failure:
             message=self.message,
             traceback=self.traceback,
             time=self.time,
+            mesh=self.mesh,
         )
 
 
@@ -349,7 +352,8 @@ def _single(rank: int, payload: Mapping[str, Any]) -> MetricsBatch:
 
 def _failure(rank: int, payload: Mapping[str, Any]) -> Failure:
     trace = payload["traceback"]
-    return Failure(payload["type"], payload["message"], trace, payload["time"])
+    mesh = str(payload.get("mesh", ""))
+    return Failure(payload["type"], payload["message"], trace, payload["time"], mesh)
 
 
 def _answer(rank: int, payload: Mapping[str, Any]) -> PoolAnswer:

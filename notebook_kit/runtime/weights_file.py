@@ -187,8 +187,9 @@ def _gathered_items(model: Any) -> Iterator[tuple[str, Any]]:
 
     for key, value in get_model_state_dict(model).items():  # names as the unsharded model's
         if isinstance(value, DTensor):
-            group = value.device_mesh.get_group()
-            if value.device.type == "cpu" and dist.get_backend(group) == "nccl":
+            groups = value.device_mesh.get_all_groups()  # one per dimension (HSDP, TP × FSDP)
+            nccl = any(dist.get_backend(group) == "nccl" for group in groups)
+            if value.device.type == "cpu" and nccl:
                 value = value.cuda()  # offloaded to the CPU: NCCL gathers on the GPU
             value = value.full_tensor()
         yield key, value

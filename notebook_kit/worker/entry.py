@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import io
 import logging
 import os
@@ -211,10 +212,10 @@ def _run(
                 context.close()  # what is still buffered (metrics) reaches the kernel
     except SystemExit as exit_request:
         if exit_request.code not in (None, 0):
-            return _report_exception(send, spec.rank)
+            return _report_exception(send, spec.rank, context.mesh_coordinates)
         value, ended = None, f"called sys.exit({exit_request.code!r})"
     except BaseException:
-        return _report_exception(send, spec.rank)
+        return _report_exception(send, spec.rank, context.mesh_coordinates)
     if not _report_result(send, spec, context, value, ended, stored):
         return 1
     try:
@@ -241,17 +242,23 @@ def _set_environment(spec: WorkerSpec) -> None:
         NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.plan.gradient_accumulation_steps),
         NOTEBOOK_KIT_USE_FSDP="yes" if spec.plan.use_fsdp else "no",
     )
+    for name in ("dp_replicate", "dp_shard", "tp", "cp"):  # read by every Accelerator
+        field = f"parallelism_config_{name}_size"
+        os.environ[f"NOTEBOOK_KIT_{field.upper()}"] = str(getattr(spec.plan, field))
     if spec.plan.num_nodes == 1 and sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
         # NCCL's bootstrap picks an interface of its own (docker0 can win, and then hangs).
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
-def _report_exception(send: Callable[[str, Any], None], rank: int) -> int:
-    """Send the exception to the kernel, which shows it once; print it only if that fails."""
+def _report_exception(send: Callable[[str, Any], None], rank: int, mesh: str = "") -> int:
+    """Send the exception to the kernel, which shows it once; print it only if that fails.
+
+    ``mesh``: the rank's device-mesh coordinates, named beside its rank.
+    """
     _, error, trace = sys.exc_info()
     # Skip this module's own frames: the traceback starts in the user's function.
-    failure = Failure.from_exception(error, trace, [__file__])
+    failure = dataclasses.replace(Failure.from_exception(error, trace, [__file__]), mesh=mesh)
     try:
         messages.send(send, failure)
     except BaseException:

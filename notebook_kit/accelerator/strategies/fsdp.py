@@ -135,6 +135,7 @@ class FullyShardedStrategy:
         mixed_precision: MixedPrecision,
         handlers: Handlers,
         guard: CollectiveGuard,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.plugin: FullyShardedDataParallelPlugin = as_plugin(plugin)
         if not (dist.is_available() and dist.is_initialized()):
@@ -147,7 +148,8 @@ class FullyShardedStrategy:
         self.rank = state.process_index
         self.device = state.device
         self.guard = guard
-        self.mesh = _mesh(state.device, state.num_processes)
+        # A ParallelismConfig's FSDP dimensions (2-D for HSDP), else every rank in one.
+        self.mesh = mesh if mesh is not None else _mesh(state.device, state.num_processes)
         self.mixed_precision = mixed_precision
         self.handlers = handlers
         self._owners: dict[int, nn.Module] = {}  # id(optimizer) -> the model it trains

@@ -43,6 +43,8 @@ __all__ = [
 NODE_SETTINGS = (
     "num_processes", "mixed_precision", "backend", "threads_per_process",
     "gradient_accumulation_steps", "seed", "use_fsdp", "rendezvous_timeout", "stall_seconds",
+    "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+    "parallelism_config_tp_size", "parallelism_config_cp_size",
 )  # fmt: skip
 # what the kernel itself honours (it restarts, shows and times every node together);
 KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout", "min_nodes")
@@ -50,7 +52,7 @@ KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout", "min_nodes")
 CLUSTER_REFUSES = {
     "master_addr": "node 0 binds its own port on its own address",
     "master_port": "node 0 binds its own port on its own address",
-    "node_rank": "each chosen Dask worker is one node, numbered in address order",
+    "node_rank": "the kernel numbers the nodes, one per worker it chose on the cluster",
     "isolate": "every node forks its ranks",
 }
 

@@ -43,6 +43,17 @@ _SURVIVAL = "tests/test_cluster_survival_integration.py::"
 _CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
+_PARALLEL = "tests/test_parallelism_integration.py::"
+_PARALLEL_UNIT = "tests/test_parallelism.py::"
+_HSDP = _PARALLEL + "test_hsdp_trains_like_one_process_and_resumes_on_another_mesh"
+_TP_FSDP = (
+    _PARALLEL + "test_tensor_parallel_with_fsdp_on_a_transformers_model_matches_the_unsplit_one"
+)
+_TP_PLAIN = (
+    _PARALLEL + "test_a_plain_model_splits_by_the_users_plan_from_launch_settings_and_failures"
+    "_name_the_mesh"
+)
+
 _GPU_POOL = "tests/test_gpu_paths_pool_integration.py::"
 _FRONT_END_IDLE = (
     "tests/test_live_kernel_integration.py::"
@@ -2608,5 +2619,140 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         ("tests/test_speed.py::test_the_view_of_a_cluster_run_adds_a_line_per_node",),
+    ),
+    Mutation(
+        "hsdp-replicas-never-sync",
+        "HSDP (dp_replicate x dp_shard) trains exactly like one process on the global batch",
+        (
+            Edit(
+                "accelerator/strategies/parallel.py",
+                "            mesh = fsdp_mesh(self.device_mesh, self.flat, config.fsdp_dim_names)",
+                '            mesh = self.flat["dp_shard_cp"]',
+            ),
+        ),
+        (_HSDP,),
+    ),
+    Mutation(
+        "tp-group-reads-different-batches",
+        "every rank of a TP group reads the same batch",
+        (
+            Edit(
+                "accelerator/parallel_methods.py",
+                "        return data_parallel()",
+                "        return self.num_processes, self.process_index",
+            ),
+        ),
+        (_TP_FSDP,),
+    ),
+    Mutation(
+        "mesh-tp-outermost",
+        "ranks are laid out as Accelerate's mesh: tp innermost, dp_replicate outermost",
+        (
+            Edit(
+                "config/mesh_layout.py",
+                'MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")',
+                'MESH_ORDER = ("tp", "cp", "dp_shard", "dp_replicate")',
+            ),
+        ),
+        (
+            _PARALLEL_UNIT
+            + "test_the_layout_is_row_major_with_tp_innermost_and_names_the_flattened_dims",
+        ),
+    ),
+    Mutation(
+        "hsdp-shard-group-spans-nodes",
+        "a mesh whose dp_shard group would span nodes under HSDP is refused before training",
+        (
+            Edit(
+                "config/mesh_layout.py",
+                '    if num_nodes == 1 or layout.size("dp_replicate") == 1:',
+                "    if True:",
+            ),
+        ),
+        (_PARALLEL_UNIT + "test_hsdp_across_nodes_keeps_each_shard_group_on_one_node",),
+    ),
+    Mutation(
+        "world-size-mismatch-accepted",
+        "sizes that do not multiply to the world size are refused, naming each",
+        (
+            Edit(
+                "accelerator/parallelism_config.py",
+                "        if self.total_size != world_size:",
+                "        if False:",
+            ),
+        ),
+        (_PARALLEL_UNIT + "test_the_accelerator_refuses_what_the_world_and_fsdp_cannot_hold",),
+    ),
+    Mutation(
+        "failure-without-mesh-coordinates",
+        "a failure names the rank's mesh coordinates as well as its rank",
+        (
+            Edit(
+                "worker/entry.py",
+                "[__file__]), mesh=mesh)",
+                '[__file__]), mesh="")',
+            ),
+        ),
+        (_TP_PLAIN,),
+    ),
+    Mutation(
+        "launch-parallelism-sizes-dropped",
+        "the parallelism_config_* launch settings reach every worker's Accelerator",
+        (
+            Edit(
+                "worker/entry.py",
+                "= str(getattr(spec.plan, field))",
+                '= "1"  # every size 1',
+            ),
+        ),
+        (_TP_PLAIN,),
+    ),
+    Mutation(
+        "users-tp-plan-ignored",
+        "a plain torch model splits by the plan the user gives",
+        (
+            Edit(
+                "accelerator/strategies/tensor_parallel.py",
+                "    plan = plan if plan is not None else _model_plan(model)",
+                "    plan = _model_plan(model)",
+            ),
+        ),
+        (_TP_PLAIN,),
+    ),
+    Mutation(
+        "context-parallel-on-cpu",
+        "context parallel on CPU is refused, saying what it needs",
+        (
+            Edit(
+                "accelerator/strategies/parallel.py",
+                '    if cp_size > 1 and device.type != "cuda":',
+                "    if False:",
+            ),
+        ),
+        (_PARALLEL_UNIT + "test_context_parallel_on_cpu_is_refused_saying_what_it_needs", _TP_FSDP),
+    ),
+    Mutation(
+        "weights-home-on-one-mesh-dim-only",
+        "the weights of a model sharded on a 2-D mesh (HSDP, TP x FSDP) come home whole",
+        (
+            Edit(
+                "runtime/weights_file.py",
+                "            groups = value.device_mesh.get_all_groups()",
+                "            groups = [value.device_mesh.get_group()]",
+            ),
+        ),
+        (_HSDP,),
+    ),
+    Mutation(
+        "speed-tp-group-counts-its-batch-on-every-rank",
+        "a batch a tp/cp group reads together counts once in the samples/s",
+        (
+            Edit(
+                "accelerator/accelerator.py",
+                "            counter.repeats = not reads_for_its_group()",
+                "            counter.repeats = False",
+            ),
+        ),
+        (_TP_FSDP,),
     ),
 )

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils.data import DataLoader
 
+import notebook_kit
 from notebook_kit import (
     Accelerator,
     FullyShardedDataParallelPlugin,
@@ -176,6 +177,8 @@ def test_tensor_parallel_with_fsdp_on_a_transformers_model_matches_the_unsplit_o
     seen = got["seen"]
     assert seen[0] == seen[1] and seen[2] == seen[3]  # a TP group reads one batch
     assert seen[0] != seen[2]
+    speed = notebook_kit.last_run().speed  # a batch a TP group reads together counts once
+    assert speed.samples == 4 * STEPS and speed.ranks[1].samples == 0, speed.ranks
     for key, value in trained.items():  # whole again in the kernel's model
         assert torch.allclose(model.state_dict()[key], value, atol=1e-5), key
 

@@ -344,6 +344,10 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
             rng_types=self.rng_types,
         )
         self._dataloaders.append(prepared)
+        reads_for_its_group = getattr(self.strategy, "reads_for_its_group", None)
+        counter = speed_counter(current_launch())
+        if counter is not None and reads_for_its_group is not None:
+            counter.repeats = not reads_for_its_group()  # its group's batch is counted once
         return prepared
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:

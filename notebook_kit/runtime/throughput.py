@@ -58,6 +58,7 @@ class SpeedCounter:
         self.flops_per_sample: float | None = None  # given by the user: replaces ``model``
         self.flops = 0.0  # model FLOPs of the counted batches (with ``model``)
         self.peak_flops: float | None = None  # this rank's device peak (a known GPU)
+        self.repeats = False  # another rank of its tp/cp group counts the batches it reads
 
     def count_batch(self, batch: Any, loader: object) -> None:
         """Count a batch a prepared loader handed out (training thread: shapes only)."""
@@ -67,6 +68,9 @@ class SpeedCounter:
             self.source = id(loader)
         elif self.source != id(loader):
             return  # another loader (evaluation) is being iterated
+        if self.repeats:
+            self._count(0, None)  # a step all the same, but its samples are another rank's
+            return
         samples = batch_size(batch)
         if self.model is not None and self.flops_per_sample is None:
             self.flops += self.model.batch_flops(batch, samples)
@@ -96,7 +100,7 @@ class SpeedCounter:
             self.first = time.monotonic()
         self.samples += samples
         self.batches += 1
-        if self.flops_per_sample is not None:
+        if self.flops_per_sample is not None:  # (0 samples on a rank that repeats a batch)
             self.flops += samples * self.flops_per_sample
         if tokens is not None:
             self.pending.append(tokens)

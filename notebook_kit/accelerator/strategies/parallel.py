@@ -100,6 +100,12 @@ class ParallelStrategy(FullyShardedStrategy):
         dp = self.flat["dp"]
         return dp.size(), dp.get_local_rank()
 
+    def reads_for_its_group(self) -> bool:
+        """Whether this rank is the first of the ``tp``/``cp`` group that reads its batch (the
+        one whose batches the speed figures count, so a batch is counted once)."""
+        coordinates = self.config.layout().coordinates(self.rank)
+        return all(coordinates.get(name, 0) == 0 for name in ("cp", "tp"))
+
     def grad_scaler(self, options: dict[str, Any]) -> Any:
         """fp16's scaler; an overflow on any rank skips every rank's step (the world group)."""
         if self.mixed_precision != "fp16":

@@ -166,10 +166,12 @@ def _train_tp_fsdp(model):
 
 
 @needs("transformers", what="a transformers model's tp_plan")
-def test_tensor_parallel_with_fsdp_on_a_transformers_model_matches_the_unsplit_one():
+def test_tensor_parallel_with_fsdp_on_a_transformers_model_matches_the_unsplit_one(capsys):
     losses, trained = _llama_reference()
     model = _llama()
-    got = notebook_launcher(_train_tp_fsdp, args=(model,), num_processes=4, live=False)
+    got = notebook_launcher(_train_tp_fsdp, args=(model,), num_processes=4, live=None)
+    shown = capsys.readouterr().out  # a mesh made in code, not in the banner: rank 0 shows it
+    assert "Mesh dp_shard 2 × tp 2: dp_shard groups [0 2] [1 3]; tp groups [0 1] [2 3]" in shown
     assert "needs CUDA GPUs" in got["refused"]
     assert max(abs(a - b) for a, b in zip(got["losses"], losses, strict=True)) < 1e-5
     assert got["groups"] == {"dp_shard": [0, 2], "tp": [0, 1]}

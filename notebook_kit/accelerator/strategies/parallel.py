@@ -22,6 +22,7 @@ from notebook_kit.accelerator.handlers import Handlers
 from notebook_kit.accelerator.parallelism_config import ParallelismConfig
 from notebook_kit.accelerator.partial_state import DistributedType, PartialState
 from notebook_kit.accelerator.precision import MixedPrecision
+from notebook_kit.accelerator.state import resolve_setting
 from notebook_kit.accelerator.strategies.fsdp import FullyShardedStrategy, _ShardedScaler
 from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 from notebook_kit.accelerator.strategies.tensor_parallel import (
@@ -29,6 +30,7 @@ from notebook_kit.accelerator.strategies.tensor_parallel import (
     build_device_mesh,
     fsdp_mesh,
 )
+from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout
 from notebook_kit.runtime.context import current_launch
 
 __all__ = ["ParallelStrategy", "check_context_parallel_device"]
@@ -44,6 +46,16 @@ def check_context_parallel_device(device: torch.device, cp_size: int) -> None:
             "have. Run on at least cp_size GPUs (with FSDP2 and a model using SDPA with no "
             "mask or a causal one), or set cp_size=1 here."
         )
+
+
+def _launch_layout() -> MeshLayout:
+    """The mesh of the launch settings (``parallelism_config_*``), which its banner shows."""
+    return MeshLayout.of(
+        {
+            name: resolve_setting(f"parallelism_config_{name}_size", None, None)
+            for name in MESH_ORDER
+        }
+    )
 
 
 class ParallelStrategy(FullyShardedStrategy):
@@ -65,6 +77,8 @@ class ParallelStrategy(FullyShardedStrategy):
         launch = current_launch()
         if launch is not None:  # a failure of this rank names its place in the mesh
             launch.mesh_coordinates = layout.where(state.process_index)
+            if state.process_index == 0 and layout != _launch_layout():
+                print(layout.describe(), flush=True)  # not in the launch banner: rank 0 says it
         if config.shards:
             mesh = fsdp_mesh(self.device_mesh, self.flat, config.fsdp_dim_names)
         else:

@@ -2517,8 +2517,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "speed-ddp-wait-not-timed",
-        "the collective wait of a DDP step is timed through its communication hook",
-        (Edit("accelerator/handlers.py", "        clock.collective_done()\n", "        pass\n"),),
+        "the collective wait of a DDP step runs from its last gradient to the end of backward",
+        (
+            Edit(
+                "runtime/throughput.py",
+                "            loss.register_hook(self._gradients_begin)\n",
+                "            pass\n",
+            ),
+        ),
         (
             "tests/test_speed_integration.py::"
             "test_a_slower_rank_is_named_as_the_straggler_with_its_cause[compute]",

@@ -152,9 +152,9 @@ def test_the_clock_splits_each_step_into_data_compute_and_wait(
         now[0] += 2.0
         clock.handed()
         now[0] += 4.0
-        clock.collective_started()
+        clock.gradients_computed()
         now[0] += 1.0
-        clock.collective_done()
+        clock.backward_returned()
     clock.asking()
     now[0] += 0.5
     clock.pass_ended()  # the loader ran out: the last step ends, with its 0.5 s of data
@@ -244,6 +244,22 @@ def test_mfu_is_the_model_flops_per_second_over_the_gpus_peak() -> None:
     assert "MFU 40.0%" in speed_line(speed)
     tracker.take(1, RankSpeed(samples=8, batches=4, seconds=2.0, flops=1.0, peak_flops=None))
     assert tracker.speed().mfu is None  # type: ignore[union-attr]  # a rank with no peak
+
+
+def test_the_wait_begins_when_the_last_gradient_is_computed_before_ddps_own_callback() -> None:
+    clock, seen = StepClock(), []
+    weight = torch.ones(3, requires_grad=True)
+
+    def gradient_ready(_: torch.Tensor) -> None:  # as DDP's reducer, at its last bucket
+        torch.autograd.Variable._execution_engine.queue_callback(
+            lambda: seen.append(("ddp waits", clock._ready is not None))
+        )
+
+    weight.register_hook(gradient_ready)
+    clock.time_backward((weight * 2).sum())
+    assert seen == [("ddp waits", True)]  # the clock's callback ran first
+    assert clock._done is not None and clock._done >= clock._ready
+    assert clock.sees_wait
 
 
 def test_the_published_flops_of_a_transformer_and_a_given_flops_per_sample() -> None:

@@ -63,7 +63,7 @@ from notebook_kit.accelerator.strategies import (
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import LaunchContext, current_launch
 from notebook_kit.runtime.log_values import LoggedHistory
-from notebook_kit.runtime.metrics import speed_counter
+from notebook_kit.runtime.metrics import speed_counter, step_clock
 from notebook_kit.runtime.peak_flops import peak_flops
 from notebook_kit.runtime.throughput import model_flops
 
@@ -386,7 +386,11 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
             loss = loss / self.gradient_state.num_steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        clock = step_clock(current_launch()) if self.strategy.times_collectives else None
+        if clock is None:
+            loss.backward(**kwargs)
+        else:  # the speed line's collective wait: from the end of the gradients to the return
+            clock.time_backward(loss, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:

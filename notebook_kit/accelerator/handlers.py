@@ -10,7 +10,7 @@ is reported with the launcher option that sets it).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,6 @@ from notebook_kit.accelerator.configuration import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
 )
-from notebook_kit.runtime.throughput import StepClock
 
 __all__ = ["Handlers", "apply_process_group_options", "register_comm_hook", "sort_handlers"]
 
@@ -115,23 +114,12 @@ def apply_process_group_options(init: InitProcessGroupKwargs | None) -> None:
         dist.distributed_c10d._set_pg_timeout(init.timeout)
 
 
-def register_comm_hook(
-    ddp: DistributedDataParallelKwargs | None, model: nn.Module, clock: StepClock | None = None
-) -> None:
-    """Register the gradient compression hook ``ddp.comm_hook`` asks for on a DDP ``model``.
-
-    With a ``clock`` (a launched run), the hook, or DDP's own all-reduce when none is asked
-    for, also tells the clock when each bucket goes out and when its reduction is done: the
-    collective wait of the speed line.
-    """
+def register_comm_hook(ddp: DistributedDataParallelKwargs | None, model: nn.Module) -> None:
+    """Register the gradient compression hook ``ddp.comm_hook`` asks for on a DDP ``model``."""
+    if ddp is None or DDPCommunicationHookType(ddp.comm_hook) == DDPCommunicationHookType.NO:
+        return
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    kind = DDPCommunicationHookType(ddp.comm_hook if ddp is not None else "no")
-    if kind == DDPCommunicationHookType.NO:
-        if clock is not None:
-            model.register_comm_hook(state=None, hook=_timed(default_hooks.allreduce_hook, clock))
-        return
-    assert ddp is not None
     hooks = {
         DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
         DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
@@ -142,6 +130,7 @@ def register_comm_hook(
         DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
         DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
     }
+    kind = DDPCommunicationHookType(ddp.comm_hook)
     hook = hooks[kind]
     wrapper = wrappers.get(DDPCommunicationHookType(ddp.comm_wrapper))
     if wrapper is not None:
@@ -151,18 +140,4 @@ def register_comm_hook(
         DDPCommunicationHookType.BATCHED_POWER_SGD,
     )
     state = powerSGD_hook.PowerSGDState(None, **ddp.comm_state_option) if power_sgd else None
-    model.register_comm_hook(state=state, hook=hook if clock is None else _timed(hook, clock))
-
-
-def _timed(hook: Callable[[Any, Any], Any], clock: StepClock) -> Callable[[Any, Any], Any]:
-    """``hook``, telling ``clock`` when a bucket goes out and when its future completes."""
-
-    def finished(future: Any) -> Any:
-        clock.collective_done()
-        return future.value()
-
-    def timed(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations
-        clock.collective_started()
-        return hook(state, bucket).then(finished)
-
-    return timed
+    model.register_comm_hook(state=state, hook=hook)

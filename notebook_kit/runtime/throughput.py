@@ -173,9 +173,8 @@ class StepClock:
 
     * data: the time the training thread spent in the loader's ``__next__``;
     * wait: the time the rank sat blocked on collectives the strategy can see: with DDP, from
-      the moment its last gradient bucket went to the all-reduce until the all-reduce of every
-      bucket finished (the time backward waits at its end; communication that overlaps
-      computation is not waiting);
+      the moment its last gradient was computed until ``backward`` returned, its all-reduce of
+      every bucket done (communication that overlaps computation is not waiting);
     * compute: what remains of the step.
 
     On the CPU the clock is ``time.perf_counter``. On a GPU the step and the wait are measured
@@ -195,8 +194,8 @@ class StepClock:
         self._asked: float | None = None  # when the training thread asked for a batch
         self._began: Any = None  # when the current step began: a time, or a CUDA event
         self._data = 0.0  # the data wait that began the current step
-        self._ready: Any = None  # the current step's last bucket handed to a collective
-        self._done: Any = None  # ... and the end of its last collective
+        self._ready: Any = None  # the current step's backward: every gradient computed
+        self._done: Any = None  # ... and backward returned, its reductions done
         self._pending: collections.deque[tuple[Any, Any, float, Any, Any]] = collections.deque()
 
     def asking(self) -> None:
@@ -221,13 +220,31 @@ class StepClock:
         """A step of a hand-written loop ended (no loader: no data wait is known)."""
         self._next_step(0.0)
 
-    def collective_started(self) -> None:
-        """A collective the strategy sees was handed its input (DDP: a gradient bucket)."""
-        self.sees_wait = True
+    def time_backward(self, loss: Any, **kwargs: Any) -> None:
+        """``loss.backward(**kwargs)``, timing the wait at its end.
+
+        A hook on ``loss`` (the first gradient computed) queues a callback with the autograd
+        engine, which runs it once every gradient is computed, before the callbacks queued
+        later: DDP's, queued when its last bucket is ready, which waits for the all-reduce. The
+        wait runs from that moment until ``backward`` returns.
+        """
+        if getattr(loss, "requires_grad", False):
+            loss.register_hook(self._gradients_begin)
+        loss.backward(**kwargs)
+        self.backward_returned()
+
+    def _gradients_begin(self, _gradient: Any) -> None:
+        import torch
+
+        torch.autograd.Variable._execution_engine.queue_callback(self.gradients_computed)
+
+    def gradients_computed(self) -> None:
+        """Every gradient of the backward pass is computed: the wait for the others begins."""
         self._ready = self._stamp()
 
-    def collective_done(self) -> None:
-        """A collective finished (on the GPU: called on a stream that waited for it)."""
+    def backward_returned(self) -> None:
+        """The backward pass returned, its gradient reductions done: the wait ends."""
+        self.sees_wait = True
         self._done = self._stamp()
 
     def _next_step(self, data: float) -> None:

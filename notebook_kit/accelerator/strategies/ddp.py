@@ -14,8 +14,6 @@ from notebook_kit.accelerator.handlers import Handlers, register_comm_hook
 from notebook_kit.accelerator.partial_state import DistributedType
 from notebook_kit.accelerator.precision import MixedPrecision
 from notebook_kit.accelerator.strategies.single import SingleProcess
-from notebook_kit.runtime.context import current_launch
-from notebook_kit.runtime.metrics import step_clock
 
 __all__ = ["DistributedDataParallelStrategy"]
 
@@ -28,6 +26,7 @@ class DistributedDataParallelStrategy(SingleProcess):
     """
 
     can_join = True
+    times_collectives = True
 
     def __init__(
         self,
@@ -48,7 +47,7 @@ class DistributedDataParallelStrategy(SingleProcess):
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             options = self.handlers.ddp_options()
             wrapped = DistributedDataParallel(model, device_ids=device_ids, **options)
-            register_comm_hook(self.handlers.ddp, wrapped, step_clock(current_launch()))
+            register_comm_hook(self.handlers.ddp, wrapped)
         self.patch_precision(wrapped)
         return wrapped
 

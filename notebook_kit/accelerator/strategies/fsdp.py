@@ -127,6 +127,7 @@ class FullyShardedStrategy:
 
     distributed_type = DistributedType.FSDP
     can_join = False
+    times_collectives = False  # its collectives run inside forward and backward, untold apart
 
     def __init__(
         self,

@@ -25,6 +25,7 @@ class SingleProcess:
 
     distributed_type = DistributedType.NO
     can_join = False
+    times_collectives = False
 
     def __init__(self, mixed_precision: MixedPrecision, device: torch.device, handlers: Handlers):
         self.mixed_precision = mixed_precision

@@ -46,10 +46,13 @@ class Strategy(Protocol):
     Attributes:
         distributed_type: What ``accelerator.distributed_type`` reports under it.
         can_join: Whether ``join_uneven_inputs`` applies (DDP's ``Join``).
+        times_collectives: Whether a backward pass ends waiting for a gradient reduction a
+            step clock can time (DDP's all-reduce), for the speed line's collective wait.
     """
 
     distributed_type: DistributedType
     can_join: bool
+    times_collectives: bool
 
     def wrap(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> nn.Module:
         """The model to train with; ``optimizers`` were prepared with it (FSDP remaps them)."""

@@ -192,3 +192,13 @@ def test_the_gpu_benchmark_reports_every_figure_and_says_when_there_is_no_gpu() 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "no CUDA GPU visible here" in done.stdout
+
+
+@pytest.mark.integration
+def test_step_overhead_runs_every_comparison_with_its_ratio() -> None:
+    command = [sys.executable, "-m", "benchmarks.step_overhead", "--steps", "8", "--blocks", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for label in ("2 processes, DDP: ", "1 process, plain loop: ", "speed measurements: "):
+        assert label in done.stdout, done.stdout
+    assert "ratio on/off: wall " in done.stdout, done.stdout

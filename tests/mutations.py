@@ -43,6 +43,7 @@ _SURVIVAL = "tests/test_cluster_survival_integration.py::"
 _CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
+_RAY = "tests/test_ray_integration.py::"
 _PARALLEL = "tests/test_parallelism_integration.py::"
 _PARALLEL_UNIT = "tests/test_parallelism.py::"
 _HSDP = _PARALLEL + "test_hsdp_trains_like_one_process_and_resumes_on_another_mesh"
@@ -2760,5 +2761,98 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         (_TP_FSDP,),
+    ),
+    Mutation(
+        "ray-group-left-behind",
+        "a run on Ray leaves no placement group behind",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                """        if run.group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(run.group)
+""",
+                "",
+            ),
+        ),
+        (_RAY + "test_all_reduce_metrics_result_and_weights_come_home",),
+    ),
+    Mutation(
+        "ray-events-dropped",
+        "the nodes' events reach the kernel on Ray (metrics, output, the final step)",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                """        for batch in batches:
+            events(batch)
+""",
+                """        for batch in batches:
+            pass
+""",
+            ),
+        ),
+        (_RAY + "test_all_reduce_metrics_result_and_weights_come_home",),
+    ),
+    Mutation(
+        "ray-lost-node-unnamed",
+        "a node whose Ray worker process died is named lost with the cause",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                """    if isinstance(error, exceptions.WorkerCrashedError):
+        return "its Ray worker process died"
+""",
+                "",
+            ),
+        ),
+        (_RAY + "test_a_killed_node_is_node_lost_and_max_restarts_trains_again",),
+    ),
+    Mutation(
+        "ray-missing-without-install-hint",
+        "without ray, cluster='ray' says how to install it",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                """runs the launch on a Ray cluster, which needs ray: {INSTALL_HINT}."
+""",
+                """runs the launch on a Ray cluster, which needs ray."
+""",
+            ),
+        ),
+        (
+            "tests/test_ray_engine.py::"
+            "test_without_ray_cluster_ray_says_how_to_install_it_before_anything_starts",
+        ),
+    ),
+    Mutation(
+        "ray-node-process-deaf-to-sigint",
+        "on Ray, a node asked to end (another node lost) ends with its outcome, not lost itself",
+        (
+            Edit(
+                "launch/cluster/node_process.py",
+                """    _die_with_parent(parent)
+    _take_signals()
+""",
+                """    _die_with_parent(parent)
+""",
+            ),
+        ),
+        (_RAY + "test_a_killed_node_is_node_lost_and_max_restarts_trains_again",),
+    ),
+    Mutation(
+        "ray-pool-commands-dropped",
+        "a pool on Ray hears every command, in order (its ranks keep their state between cells)",
+        (
+            Edit(
+                "node/ray_task.py",
+                """            for command in commands:
+                commanded(command)
+""",
+                """            for command in commands[1:]:
+                commanded(command)
+""",
+            ),
+        ),
+        (_RAY + "test_a_ray_pool_keeps_its_ranks_between_cells_and_leaves_nothing",),
     ),
 )

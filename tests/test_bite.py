@@ -37,12 +37,20 @@ def this_runs_breakages() -> list[str]:
     return names[part::PARTS]
 
 
+_OPTIONAL_GUARDS = {  # guarding tests that skip without these packages
+    "test_object_storage_integration": ("s3fs", "moto"),
+    "test_ray_integration": ("ray",),
+}
+
+
 def _guards_can_run(mutation) -> bool:
-    """False for a breakage only the S3 tests guard, where s3fs or moto is not installed (they
-    skip there, so the breakage could not be caught)."""
-    if all(importlib.util.find_spec(name) for name in ("s3fs", "moto")):
-        return True
-    return not all("test_object_storage_integration" in test for test in mutation.tests)
+    """False for a breakage only tests of an optional part guard (the S3 tests, the Ray
+    tests) where that part is not installed: they skip there, so it could not be caught."""
+    for module, packages in _OPTIONAL_GUARDS.items():
+        installed = all(importlib.util.find_spec(name) for name in packages)
+        if not installed and all(module in test for test in mutation.tests):
+            return False
+    return True
 
 
 def test_every_breakage_still_applies_to_the_code():

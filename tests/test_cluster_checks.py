@@ -15,12 +15,15 @@ from notebook_kit.launch.cluster.attempt import nodes_per_host
 from notebook_kit.launch.cluster.cluster_plan import _settings
 from notebook_kit.launch.cluster.code_shipping import pickle_recording_modules
 from notebook_kit.launch.cluster.connect import choose_workers, dask_client
+from notebook_kit.launch.cluster.engine import DaskEngine
 from notebook_kit.launch.cluster.node_process import node_threads
 from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
 from notebook_kit.launch.cluster.run import _payload
 from notebook_kit.launch.pool.shipping import SendTooLargeError
 from notebook_kit.node.probe import interface_for, probe_version, worker_python_path
 from notebook_kit.node.protocol import NodeOrder, NodeSettings, ProbeReport
+
+_DASK = (DaskEngine.worker_noun, DaskEngine.ship_hint)
 
 
 def _report(**changes) -> ProbeReport:
@@ -88,12 +91,12 @@ def test_one_worker_per_host_unless_num_nodes_asks_for_more():
 def test_a_worker_that_differs_is_named_with_the_fix(changes, message):
     reports = [_report(), _report(worker="tcp://10.0.0.3:4000", **changes)]
     with pytest.raises(ClusterSetupError, match=message) as caught:
-        check_reports(reports)
+        check_reports(reports, *_DASK)
     assert "node 1 (Dask worker tcp://10.0.0.3:4000, host gpu-7)" in str(caught.value)
 
 
 def test_matching_workers_pass():
-    check_reports([_report(), _report(worker="tcp://10.0.0.3:4000")])
+    check_reports([_report(), _report(worker="tcp://10.0.0.3:4000")], *_DASK)
 
 
 def test_the_interface_to_loopback_is_found_without_resolving_the_host_name():
@@ -120,7 +123,9 @@ def test_the_interface_to_an_ipv6_node_0_is_found():
 def test_a_module_the_nodes_cannot_import_is_named_with_how_to_send_or_install_it():
     missing = "ModuleNotFoundError: No module named 'mylib.native'"
     with pytest.raises(ClusterSetupError) as caught:
-        check_reports([_report(), _report(worker="tcp://10.0.0.3:4000", rebuild_error=missing)])
+        check_reports(
+            [_report(), _report(worker="tcp://10.0.0.3:4000", rebuild_error=missing)], *_DASK
+        )
     message = str(caught.value)
     assert "node process cannot import module 'mylib.native'" in message
     assert "Install 'mylib' on every worker" in message

@@ -193,7 +193,7 @@ def test_the_probes_verdict_is_the_nodes_outcome_for_a_module_they_cannot_import
         "import nk_ship_native\n\ndef train():\n    return nk_ship_native.answer()\n",
     )
     with monkeypatch.context() as unchecked:
-        unchecked.setattr(cluster_run, "check_reports", lambda reports: None)
+        unchecked.setattr(cluster_run, "check_reports", lambda reports, *words: None)
         with pytest.raises(WorkerError) as failed:
             _launch(client, uses.train)
     assert "No module named 'nk_ship_native'" in str(failed.value)

@@ -29,6 +29,7 @@ from notebook_kit.node.protocol import ProbeReport
 __all__ = [
     "interface_for",
     "missing_modules",
+    "probe_report",
     "probe_version",
     "probe_worker",
     "worker_python_path",
@@ -41,17 +42,25 @@ def probe_worker(payload: bytes, node0_host: str) -> ProbeReport:
     """Run on a Dask worker: describe it and try to rebuild the function."""
     from distributed import get_worker
 
-    worker = get_worker()
-    host = _host_of(worker.address)
+    address = get_worker().address
+    return probe_report(address, _host_of(address), payload, node0_host, _gpu_count())
+
+
+def probe_report(worker: str, host: str, payload: bytes, node0_host: str, gpus: int) -> ProbeReport:
+    """Run on any engine's worker: describe this machine and try to rebuild the function.
+
+    ``worker`` and ``host`` are the worker's names as the kernel knows them; ``gpus`` what
+    the engine gives a node there.
+    """
     interface, local = interface_for(node0_host)
     return ProbeReport(
-        worker=worker.address,
+        worker=worker,
         host=host,
         hostname=socket.gethostname(),
         python=".".join(map(str, sys.version_info[:3])),
         torch=probe_version("torch"),
         notebook_kit=probe_version("notebook_kit"),
-        gpus=_gpu_count(),
+        gpus=gpus,
         interface=interface,
         local_address=local,
         rebuild_error=_rebuild_error(payload),

@@ -242,11 +242,18 @@ def run_node(order: NodeOrder) -> NodeReport:
 
 def serve_node(order: NodeOrder, link: NodeLink) -> NodeReport:
     """One node, on any engine: start its node process, relay until it ends, report."""
-    if not link.claim():
-        return NodeReport(order.node_rank, link.worker, ended_by="refused")
     control = _Control(link, order.lease_seconds, wants_master=order.node_rank != 0)
-    control.start()
     relay = _Relay(order, control, link)
+    relay.start()  # the node process imports torch while the claim is asked
+    try:
+        claimed = link.claim()
+    except BaseException:
+        relay.abandon()
+        raise
+    if not claimed:
+        relay.abandon()
+        return NodeReport(order.node_rank, link.worker, ended_by="refused")
+    control.start()
     if order.pool:  # a pool's commands: every node hears each one, in the order sent
         link.listen(relay.commanded)
     try:
@@ -281,11 +288,12 @@ class _Relay:
         with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
             self._ring.send(b"!")
 
-    def run(self) -> NodeReport:
-        orders_read, orders = multiprocessing.Pipe(duplex=False)
-        events, events_write = multiprocessing.Pipe(duplex=False)
+    def start(self) -> None:
+        """Start the node process; it waits for its order on the orders pipe."""
+        orders_read, self.orders = multiprocessing.Pipe(duplex=False)
+        self.events, events_write = multiprocessing.Pipe(duplex=False)
         fds = (orders_read.fileno(), events_write.fileno())
-        process = subprocess.Popen(
+        self.process = subprocess.Popen(
             [sys.executable, "-m", "notebook_kit.launch.cluster.node_process", *map(str, fds)],
             pass_fds=fds,
             env=node_environment(self.order.interface),
@@ -293,6 +301,17 @@ class _Relay:
         )
         orders_read.close()
         events_write.close()
+
+    def abandon(self) -> None:
+        """End the node process before it was given its order (the node was refused)."""
+        self.process.kill()
+        self.process.wait()
+        for end in (self.orders, self.events, self.wake, self._ring):
+            end.close()
+
+    def run(self) -> NodeReport:
+        """Give the started node process its order, relay until it has ended, report."""
+        process, orders, events = self.process, self.orders, self.events
         release = self.link.hold_sigterm(lambda: _signal(process, signal.SIGTERM))
         try:
             orders.send_bytes(encode(self.order))

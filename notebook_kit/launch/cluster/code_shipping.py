@@ -18,11 +18,12 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import cloudpickle
@@ -30,13 +31,19 @@ import cloudpickle
 from notebook_kit.launch.cluster.probing import ask_workers
 from notebook_kit.node.probe import missing_modules
 
-__all__ = ["payload_for_nodes", "pickle_recording_modules"]
+__all__ = ["payload_asking", "payload_for_nodes", "pickle_recording_modules"]
 
 _ROUNDS = 4  # modules sent by value may refer to others the nodes lack; rarely more than 2
 
 
 def payload_for_nodes(client: Any, workers: list[str], obj: Any) -> bytes:
-    """``obj`` pickled so every worker in ``workers`` can rebuild it in its node process."""
+    """``obj`` pickled so every Dask worker in ``workers`` can rebuild it in its node process."""
+    return payload_asking(functools.partial(ask_workers, client, workers), obj)
+
+
+def payload_asking(ask: Callable[..., list[Any]], obj: Any) -> bytes:
+    """``obj`` pickled so every chosen worker can rebuild it in its node process; ``ask(f,
+    *args)`` runs ``f(*args)`` once on each chosen worker (any engine) and returns the answers."""
     by_value: set[str] = set()
     asked: set[str] = set()
     data, referenced = pickle_recording_modules(obj, by_value)
@@ -45,7 +52,7 @@ def payload_for_nodes(client: Any, workers: list[str], obj: Any) -> bytes:
         if not question:
             break
         asked.update(question)
-        answers = ask_workers(client, workers, missing_modules, question)
+        answers = ask(missing_modules, question)
         missing = {name for answer in answers for name in answer}
         sendable = {name for name in missing if _sendable_by_value(name)}
         if not sendable:

@@ -4,8 +4,8 @@ A cluster run (a launch's attempt, a pool's nodes) never calls the engine's own 
 :class:`Engine` to choose and probe workers, ship the payload, open a run's shared state,
 submit one node task per node, publish the control value, carry the events and commands, watch
 which workers are present, and forget the run. :class:`DaskEngine` does it on a Dask cluster;
-another engine is one class here and one node-side link
-(:class:`~notebook_kit.node.task.NodeLink`).
+:class:`~notebook_kit.launch.cluster.ray_engine.RayEngine` on a Ray cluster. An engine is one
+class on this side and one node-side link (:class:`~notebook_kit.node.task.NodeLink`).
 
 Runs in the kernel.
 """
@@ -43,6 +43,8 @@ class Engine(Protocol):
     """What a cluster run asks of its cluster (one implementation per kind of cluster)."""
 
     worker_noun: str  # how a message names one machine of it: "Dask worker"
+    ship_hint: str  # how a user sends a module to its workers, for a message naming the fix
+    grow_hint: str  # how a user adds workers to it, for a message naming the fix
 
     def choose(
         self,
@@ -98,6 +100,8 @@ class DaskEngine:
     """A Dask cluster, through its ``distributed.Client``."""
 
     worker_noun = "Dask worker"
+    ship_hint = "client.upload_file(path) or Dask's UploadDirectory plugin"
+    grow_hint = "Add workers (cluster.scale(...))"
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -155,7 +159,13 @@ class DaskEngine:
 
 
 def engine_for(cluster: Any) -> Engine:
-    """The engine of ``cluster=``: a Dask ``Client``, or an object with ``get_client()``."""
+    """The engine of ``cluster=``: a Dask ``Client``, or an object with ``get_client()``;
+    ``"ray"`` (the Ray cluster this kernel joined with ``ray.init``) or ``"ray://host:port"``
+    (a Ray client connection to that cluster's head)."""
+    if isinstance(cluster, str):
+        from notebook_kit.launch.cluster.ray_engine import ray_engine
+
+        return ray_engine(cluster)
     return DaskEngine(dask_client(cluster))
 
 

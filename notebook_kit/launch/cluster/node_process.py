@@ -51,6 +51,7 @@ def main(argv: list[str]) -> int:
     """Run the node described on the orders pipe; the exit code is 0 unless the pipe broke."""
     parent = os.getppid()
     _die_with_parent(parent)
+    _take_signals()
     orders, events = Connection(int(argv[0])), Connection(int(argv[1]), readable=False)
     order = decode(orders.recv_bytes(), NodeOrder)
     outcome = _run(order, orders, events)
@@ -146,6 +147,19 @@ def _rendezvous_listener(host: str) -> socket.socket:
     if ":" not in host:
         return open_rendezvous_socket(host, None)
     return socket.create_server((host, 0), family=socket.AF_INET6, backlog=1024)
+
+
+def _take_signals() -> None:
+    """Receive SIGINT and SIGTERM as a process started from a shell does.
+
+    A child inherits the signal mask of the thread that started it, and an engine's worker may
+    block signals there: a Ray worker blocks SIGINT in the thread that runs its tasks. The node
+    task ends this process with SIGINT (abort, lease), which would then never arrive: after
+    the grace the process is killed and its node reported lost without its outcome.
+    """
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited as ignored: Python
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # left it so at start-up
 
 
 def _die_with_parent(parent: int) -> None:

@@ -96,7 +96,7 @@ class ClusterNodes:
         workers = engine.choose(plan.num_nodes)
         payload = cloudpickle.dumps(((_ready, (), {}), []))
         reports = engine.probe(workers, payload)
-        check_reports(reports)
+        check_reports(reports, engine.worker_noun, engine.ship_hint)
         settings = plan.settings.with_processes(reports[0].gpus)  # as for a launch
         self.num_processes = settings.num_processes
         self.world_size = self.num_processes * len(reports)

@@ -88,15 +88,18 @@ def refuse_busy_workers(client: Any, workers: list[str]) -> None:
             )
 
 
-def check_reports(reports: list[ProbeReport]) -> None:
-    """Raise for the first worker that differs from the kernel or cannot run its share."""
+def check_reports(reports: list[ProbeReport], worker_noun: str, ship_hint: str) -> None:
+    """Raise for the first worker that differs from the kernel or cannot run its share.
+
+    ``worker_noun`` names a worker of the engine; ``ship_hint`` how it sends a module to its
+    workers (the engine's own words for both)."""
     here = {
         "torch": probe_version("torch"),
         "notebook_kit": probe_version("notebook_kit"),
         "python": ".".join(map(str, sys.version_info[:2])),
     }
     for node, report in enumerate(reports):
-        where = f"node {node} (Dask worker {report.worker}, host {report.hostname})"
+        where = f"node {node} ({worker_noun} {report.worker}, host {report.hostname})"
         theirs = {
             "torch": report.torch,
             "notebook_kit": report.notebook_kit,
@@ -110,15 +113,15 @@ def check_reports(reports: list[ProbeReport]) -> None:
                     f"(or use the same software environment or image for every worker)."
                 )
         if report.rebuild_error:
-            raise ClusterSetupError(_cannot_rebuild(where, report.rebuild_error))
+            raise ClusterSetupError(_cannot_rebuild(where, report.rebuild_error, ship_hint))
         if report.interface is None:
             raise ClusterSetupError(
                 f"{where} has no network interface that reaches node 0 at "
-                f"{reports[0].host}. Open the route (and the firewall) between the workers."
+                f"{reports[0].host}. Open the route (and the firewall) between the machines."
             )
 
 
-def _cannot_rebuild(where: str, error: str) -> str:
+def _cannot_rebuild(where: str, error: str, ship_hint: str) -> str:
     missing = _MISSING_MODULE.search(error)
     if missing is None:
         return (
@@ -132,5 +135,5 @@ def _cannot_rebuild(where: str, error: str) -> str:
         f"cannot import module '{module}' ({error}), and the kernel cannot send it (it is "
         f"not Python source the kernel imported). Install '{module.split('.')[0]}' on every "
         f"worker (the same environment as the kernel), or send it with "
-        f"client.upload_file(path) or Dask's UploadDirectory plugin."
+        f"{ship_hint}."
     )

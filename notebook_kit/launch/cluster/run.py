@@ -1,4 +1,4 @@
-"""``notebook_launcher(..., cluster=client)``: one call runs every node of a Dask cluster.
+"""``notebook_launcher(..., cluster=...)``: one call runs every node of a Dask or Ray cluster.
 
 Everything that can be checked is checked before a rank starts: the options, the workers
 (one per node), and each worker itself (versions, network, whether the function can be
@@ -109,7 +109,7 @@ class _Nodes:
             self.call, self.models, functools.partial(self.engine.ship, workers)
         )
         self.reports = self.engine.probe(workers, self.payload)
-        check_reports(self.reports)
+        check_reports(self.reports, self.engine.worker_noun, self.engine.ship_hint)
         self.workers = workers
 
 
@@ -149,7 +149,7 @@ def _choose_again(
             raise TimeoutError(
                 f"The cluster run needs {setting} {engine.worker_noun}s to restart, "
                 f"but {usable} {'was' if usable == 1 else 'were'} there after waiting "
-                f"rendezvous_timeout={bound:g} s. Add workers (cluster.scale(...)) or {fix}, "
+                f"rendezvous_timeout={bound:g} s. {engine.grow_hint} or {fix}, "
                 "then run the cell again: load_state() resumes from the last checkpoint."
             )
         if not said:

@@ -1,0 +1,430 @@
+"""The kernel's side of a cluster run on Ray: ``notebook_launcher(cluster="ray")``.
+
+``cluster="ray"`` runs on the Ray cluster this kernel joined with ``ray.init(...)``;
+``cluster="ray://head:10001"`` first connects a Ray client to that cluster's head. A string
+names the cluster because a Ray cluster has no client object to pass, as Dask's ``Client``
+is: ``ray.init`` joins the process to one cluster, and every Ray call then goes there.
+
+The run's nodes are Ray tasks, one per node, each in its bundle of one placement group made
+for the attempt: ``num_processes`` CPUs (and as many GPUs, on a Ray node that has them), one
+bundle per Ray node (``STRICT_SPREAD``). As with Dask, ``num_nodes`` above the number of Ray
+nodes puts several nodes on one Ray node (each bundle pinned to the Ray node it was probed on),
+which is how a one-machine Ray cluster runs several nodes. The group is removed when the
+attempt is forgotten, and the run's state (control value, node 0's address, events, a pool's
+commands) lives in one :class:`~notebook_kit.node.ray_task.RunHub` actor, killed with it.
+
+A worker, as the rest of the cluster run names it, is one place for a node on a Ray node: a
+Ray node holds as many as it has CPUs, named ``ip/node-id#k``. A node task whose Ray worker
+process died renames its place (``#k.1``): Ray starts a fresh process there, and a restart
+(``max_restarts``) may use it, as a Dask nanny's fresh worker is used.
+
+Runs in the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from notebook_kit.launch.cluster.code_shipping import payload_asking
+from notebook_kit.launch.cluster.connect import choose_workers
+from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
+from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
+from notebook_kit.node.ray_task import RunHub, probe_ray_worker, run_ray_node
+
+__all__ = ["INSTALL_HINT", "RayEngine", "ray_engine"]
+
+INSTALL_HINT = "pip install 'notebook_kit[ray]'"
+_TAKE_SECONDS = 0.5  # the kernel's event thread waits this long in one call to the hub
+_HUB_SECONDS = 10.0  # no call of the kernel to the hub waits longer
+
+
+def ray_engine(handle: str) -> RayEngine:
+    """The engine of ``cluster="ray"`` or ``cluster="ray://host:port"``.
+
+    Raises:
+        ImportError: ray is not installed (the message says how to install it).
+        ValueError: ``handle`` is another string, or the kernel has not joined the cluster
+            ``"ray"`` names, or has joined another than the one ``"ray://..."`` names.
+    """
+    if handle != "ray" and not handle.startswith("ray://"):
+        raise ValueError(
+            f"cluster={handle!r} is not a cluster: pass a Dask Client (or a cluster with "
+            f".get_client()), 'ray' for the Ray cluster this kernel joined with ray.init(...), "
+            f"or 'ray://host:10001' to connect to a Ray cluster's head."
+        )
+    try:
+        import ray
+    except ImportError as error:
+        raise ImportError(
+            f"cluster={handle!r} runs the launch on a Ray cluster, which needs ray: {INSTALL_HINT}."
+        ) from error
+    if handle == "ray":
+        if not ray.is_initialized():
+            raise ValueError(
+                "cluster='ray' runs on the Ray cluster this kernel joined with ray.init(...), "
+                "and it has joined none: call ray.init(address='auto') on a Ray node (or "
+                "ray.init() for a Ray instance on this machine) first, or pass "
+                "cluster='ray://head:10001' to connect to a cluster's head."
+            )
+    elif not ray.is_initialized():
+        ray.init(address=handle)
+    elif _client_address(ray) != handle.removeprefix("ray://"):
+        raise ValueError(
+            f"cluster={handle!r}: this kernel has joined another Ray cluster already "
+            f"(ray.init was called). Pass cluster='ray' to run there, or call ray.shutdown() "
+            f"first."
+        )
+    return RayEngine()
+
+
+def _client_address(ray: Any) -> str | None:
+    """``host:port`` of the Ray client connection of this kernel (None: not a client)."""
+    from ray.util.client import ray as client
+
+    if not client.is_connected():
+        return None
+    return getattr(client.client_worker, "_conn_str", None)
+
+
+class _Place:
+    """Where a worker is: its Ray node, that node's address and GPUs."""
+
+    def __init__(self, node_id: str, ip: str, gpus: int) -> None:
+        self.node_id, self.ip, self.gpus = node_id, ip, gpus
+
+
+class _RayTask:
+    """One node task, as the kernel watches it (its ref exists once the group is ready)."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.ref: Any = None
+        self._ended: tuple[NodeReport | None, str | None] | None = None
+
+    def done(self) -> bool:
+        if self._ended is not None:
+            return True
+        if self.ref is None:
+            return False
+        import ray
+
+        ready, _ = ray.wait([self.ref], timeout=0)
+        if not ready:
+            return False
+        try:
+            self._ended = (ray.get(self.ref), None)
+        except Exception as error:
+            self._ended = (None, _why(error))
+        return True
+
+    def failure(self) -> str | None:
+        return self._ended[1] if self.done() and self._ended else None
+
+    def report(self) -> NodeReport:
+        assert self._ended is not None and self._ended[0] is not None
+        return self._ended[0]
+
+
+def _why(error: BaseException) -> str:
+    """Why a node task ended without its report, as "node 1 lost: ..." goes on."""
+    from ray import exceptions
+
+    if isinstance(error, exceptions.NodeDiedError):
+        return "its Ray node died"
+    if isinstance(error, exceptions.WorkerCrashedError):
+        return "its Ray worker process died"
+    if isinstance(error, exceptions.TaskCancelledError):
+        return "its Ray task was cancelled"
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"its Ray task failed ({type(error).__name__}: {first})"
+
+
+class _Run:
+    """What one attempt holds on the cluster: its hub, its placement group, its event thread."""
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+        self.group: Any = None
+        self.waiting: list[tuple[NodeOrder, _RayTask]] = []
+        self.pump: threading.Thread | None = None
+        self.forgotten = threading.Event()
+
+
+class RayEngine:
+    """The Ray cluster this kernel joined (``ray.init``, or a Ray client connection)."""
+
+    worker_noun = "Ray worker"
+    ship_hint = "Ray's runtime environment (ray.init(runtime_env={'py_modules': [...]}))"
+    grow_hint = "Add Ray nodes (ray start --address=HEAD:6379 on another machine)"
+
+    def __init__(self) -> None:
+        self._renamed: dict[str, int] = {}  # a place's base name -> times its process died
+        self._places: dict[str, _Place] = {}
+        self._runs: dict[str, _Run] = {}
+
+    # -- the workers ------------------------------------------------------------------------
+
+    def _read_places(self) -> dict[str, _Place]:
+        """Every place of the alive Ray nodes now: one per CPU of each."""
+        import ray
+
+        places: dict[str, _Place] = {}
+        for node in ray.nodes():
+            resources = node.get("Resources", {})
+            if not node.get("Alive") or resources.get("CPU", 0) < 1:
+                continue
+            node_id, ip = str(node["NodeID"]), str(node["NodeManagerAddress"])
+            for k in range(int(resources["CPU"])):
+                base = f"{ip}/{node_id[:8]}#{k}"
+                renamed = self._renamed.get(base, 0)
+                name = f"{base}.{renamed}" if renamed else base
+                places[name] = _Place(node_id, ip, int(resources.get("GPU", 0)))
+        self._places.update(places)
+        return places
+
+    def choose(
+        self,
+        num_nodes: int | None,
+        min_nodes: int | None = None,
+        exclude: frozenset[str] | set[str] = frozenset(),
+    ) -> list[str]:
+        places = {n: p for n, p in self._read_places().items() if n not in exclude}
+        by_node = {name: {"host": place.node_id} for name, place in places.items()}
+        try:
+            return choose_workers(by_node, num_nodes, min_nodes)
+        except ValueError:
+            ray_nodes = len({place.node_id for place in places.values()})
+            wanted = min_nodes if min_nodes is not None else num_nodes or 1
+            raise ValueError(
+                f"{'min_nodes' if min_nodes is not None else 'num_nodes'}={wanted} needs "
+                f"{wanted} places for a node, but the Ray cluster's {ray_nodes} Ray "
+                f"node{'s' if ray_nodes != 1 else ''} with a CPU have {len(places)} (one per "
+                f"CPU). Add Ray nodes (ray start --address=...) or CPUs, or lower it."
+            ) from None
+
+    def present(self) -> set[str]:
+        return set(self._read_places())
+
+    # -- before the run: shipping and probing -------------------------------------------------
+
+    def _ask(
+        self, workers: list[str], function: Callable, arguments: Callable[[str], tuple]
+    ) -> list[Any]:
+        """``function(*arguments(worker))`` on the Ray node of each worker, for each worker in
+        order: asked once per Ray node, in parallel, as every place of one Ray node is the same
+        machine and environment (each asks a fresh process there, which imports torch)."""
+        asking: dict[str, str] = {}  # a Ray node's id -> the first of its workers
+        for worker in workers:
+            asking.setdefault(self._places[worker].node_id, worker)
+        askers = list(asking.values())
+        answers = dict(zip(askers, self._ask_each(askers, function, arguments), strict=True))
+        return [answers[asking[self._places[worker].node_id]] for worker in workers]
+
+    def _ask_each(
+        self, workers: list[str], function: Callable, arguments: Callable[[str], tuple]
+    ) -> list[Any]:
+        """``function(*arguments(worker))`` once on the Ray node of each worker, in order."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        refs = [
+            _remote(function)
+            .options(
+                num_cpus=0,
+                max_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    self._places[worker].node_id, soft=False
+                ),
+            )
+            .remote(*arguments(worker))
+            for worker in workers
+        ]
+        try:
+            return ray.get(refs, timeout=PROBE_TIMEOUT_SECONDS)
+        except ray.exceptions.GetTimeoutError as error:
+            _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in waiting:  # never started: its Ray node has no worker process for it
+                _cancel(ref)
+            silent = [w for w, ref in zip(workers, refs, strict=True) if ref in waiting]
+            raise ClusterSetupError(
+                f"Ray worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not "
+                f"answer the probe within {PROBE_TIMEOUT_SECONDS:g} s: its Ray node could not "
+                f"start a worker process in time (ray status shows what runs there)."
+            ) from error
+
+    def ship(self, workers: list[str], obj: Any) -> bytes:
+        return payload_asking(lambda f, *args: self._ask(workers, f, lambda _: args), obj)
+
+    def probe(self, workers: list[str], payload: bytes) -> list[ProbeReport]:
+        node0 = self._places[workers[0]].ip
+
+        def arguments(worker: str) -> tuple[Any, ...]:
+            place = self._places[worker]
+            return (payload, node0, worker, place.ip, place.gpus)
+
+        reports = self._ask(workers, probe_ray_worker, arguments)
+        return [  # each report as its own worker's (its Ray node's first worker probed)
+            dataclasses.replace(report, worker=worker)
+            for worker, report in zip(workers, reports, strict=True)
+        ]
+
+    # -- one attempt ----------------------------------------------------------------------
+
+    def _run(self, names: RunNames, control: dict[str, Any] | None = None) -> _Run | None:
+        run = self._runs.get(names.run_id)
+        if run is None and control is not None:
+            hub = (
+                _remote(RunHub)
+                .options(num_cpus=0, max_restarts=0, name=f"notebook_kit-{names.run_id}-hub")
+                .remote(control)
+            )
+            run = self._runs[names.run_id] = _Run(hub)
+        return run
+
+    def open_run(self, names: RunNames, num_nodes: int, events: Callable[[Any], None]) -> None:
+        run = self._run(names, {"lease": 0, "stop": False, "abort": ""})
+        assert run is not None
+        run.pump = threading.Thread(
+            target=_pump, args=(run, events), name="notebook_kit-ray-events", daemon=True
+        )
+        run.pump.start()
+
+    def publish(self, names: RunNames, control: dict[str, Any]) -> None:
+        """Not waited for: each value is the whole state (a counter, and flags that stay set),
+        and the first starts the hub, whose process the kernel need not wait for."""
+        run = self._run(names, control)
+        if run is not None and not run.forgotten.is_set():
+            run.hub.set_control.remote(control)
+
+    def submit(self, order: NodeOrder, worker: str) -> _RayTask:
+        """Queue the node; with the last node of the run, reserve every node's bundle
+        together, then start every node task in its bundle."""
+        run = self._run(RunNames(order.run_id))
+        assert run is not None, "open_run first"
+        task = _RayTask(worker)
+        run.waiting.append((order, task))
+        if len(run.waiting) == order.num_nodes:
+            self._start(run)
+        return task
+
+    def _start(self, run: _Run) -> None:
+        import ray
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        orders = [order for order, _ in run.waiting]
+        shapes = [self._bundle(order, task.worker) for order, task in run.waiting]
+        nodes = [self._places[task.worker].node_id for _, task in run.waiting]
+        spread = len(set(nodes)) == len(nodes)
+        run.group = placement_group(
+            shapes,
+            strategy="STRICT_SPREAD" if spread else "SPREAD",
+            bundle_label_selector=[{NODE_ID_LABEL_KEY: node} for node in nodes],
+        )
+        bound = orders[0].settings.rendezvous_timeout
+        ready, _ = ray.wait([run.group.ready()], timeout=bound)
+        if not ready:
+            raise ClusterSetupError(
+                f"The Ray cluster did not reserve the run's {len(shapes)} bundles ({shapes[0]} "
+                f"each, on {', '.join(t.worker for _, t in run.waiting)}) within "
+                f"rendezvous_timeout={bound:g} s: other work holds those resources. Wait for "
+                f"it to end (ray status shows it), or add Ray nodes."
+            )
+        node_task = _remote(run_ray_node)
+        for index, (order, task) in enumerate(run.waiting):
+            task.ref = node_task.options(
+                num_cpus=shapes[index]["CPU"],
+                num_gpus=shapes[index].get("GPU", 0),
+                max_retries=0,
+                name=f"notebook_kit node {order.node_rank}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    run.group, placement_group_bundle_index=index
+                ),
+            ).remote(order, run.hub, task.worker)
+
+    def _bundle(self, order: NodeOrder, worker: str) -> dict[str, float]:
+        """A node's resources: a CPU per rank, and a GPU per rank on a Ray node with enough
+        (as a local launch gives each rank a GPU when every rank has one)."""
+        processes = order.settings.num_processes
+        bundle = {"CPU": float(processes)}
+        if self._places[worker].gpus >= processes:
+            bundle["GPU"] = float(processes)
+        return bundle
+
+    def command(self, names: RunNames, data: bytes) -> None:
+        import ray
+
+        run = self._run(names)
+        assert run is not None
+        ray.get(run.hub.command.remote(data), timeout=_HUB_SECONDS)
+
+    def forget(self, names: RunNames, num_nodes: int, tasks: list[Any]) -> None:
+        """Cancel what still runs, remove the placement group, kill the hub."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        run = self._runs.pop(names.run_id, None)
+        if run is None:
+            return
+        run.forgotten.set()
+        for task in tasks:
+            if not isinstance(task, _RayTask):
+                continue
+            if task.ref is not None and not task.done():
+                _cancel(task.ref)
+            if task.ref is not None and (not task.done() or task.failure() is not None):
+                base = task.worker.rsplit(".", 1)[0] if _renamed(task.worker) else task.worker
+                self._renamed[base] = self._renamed.get(base, 0) + 1
+        if run.group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(run.group)
+        with contextlib.suppress(Exception):
+            ray.kill(run.hub)
+        if run.pump is not None:
+            run.pump.join(timeout=_HUB_SECONDS)
+
+
+@functools.cache
+def _remote(function: Callable) -> Any:
+    """``ray.remote(function)``, made once: Ray exports a remote function's code to the
+    cluster when it is first called, and again for every new ``ray.remote`` of it."""
+    import ray
+
+    return ray.remote(function)
+
+
+def _cancel(ref: Any) -> None:
+    """Cancel a task that has not finished, as Ctrl-C in it would (its ``finally`` runs).
+
+    Never forced: a forced cancel fails the task in the kernel at once, and if its reply is
+    arriving meanwhile on Ray's own thread, Ray's check that a task completes only once ends
+    the kernel's process (``Tried to complete task that was not pending``)."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.cancel(ref, force=False)
+
+
+def _renamed(worker: str) -> bool:
+    """Whether a place's name carries a renaming (``ip/node#k.1``)."""
+    return "." in worker.rsplit("#", 1)[-1]
+
+
+def _pump(run: _Run, events: Callable[[Any], None]) -> None:
+    """The kernel's event thread: hands every batch the hub holds to ``events``."""
+    import ray
+
+    while not run.forgotten.is_set():
+        try:
+            batches = ray.get(run.hub.take.remote(_TAKE_SECONDS), timeout=_HUB_SECONDS)
+        except Exception:  # the hub was killed (forgotten), or slow: look again
+            time.sleep(0.05)
+            continue
+        for batch in batches:
+            events(batch)

@@ -1,0 +1,313 @@
+"""Cluster runs on a real Ray runtime: ``notebook_launcher(cluster="ray")`` and
+``WorkerPool(cluster="ray")``, two nodes of one rank placed on this machine's one Ray node.
+
+The module starts one Ray runtime (its start-up is slow) and every test takes it, so each also
+shows the cluster takes the next run. Every test ends by checking that nothing of its runs is
+left: no node process, no placement group that is not removed, no hub actor alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import notebook_kit
+from notebook_kit import WorkerPool, notebook_launcher
+from notebook_kit.errors import WorkerError
+from tests.optional import needs
+
+pytestmark = [pytest.mark.integration, needs("ray", what="runs on a Ray cluster")]
+
+# Marks the environment of this module's Ray workers (and so of their node processes), so a
+# check for leftovers counts only this module's, whatever else runs on the machine.
+_MARK, _TOKEN = "NK_RAY_TEST_RUN", secrets.token_hex(8)
+NODE_DEATH_BOUND_S = 20.0  # a node's Ray worker process SIGKILLed: "node 1 lost"
+_OBJECT_STORE_BYTES = 100 << 20  # the runs pass a few small objects
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_runtime():
+    """One local Ray instance for the module, made as cheap to start as Ray allows: no
+    dashboard, no usage report, a small object store, and no idle workers started ahead."""
+    import ray
+
+    quiet = {_MARK: _TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
+    saved = {name: os.environ.get(name) for name in quiet}
+    os.environ.update(quiet)  # the local Ray instance, and so its workers, inherit them
+    try:
+        ray.init(
+            num_cpus=4,  # four places: two nodes, and a restart's two beside them
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=_OBJECT_STORE_BYTES,
+            _system_config={"enable_worker_prestart": False},
+        )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def node_processes() -> list[int]:
+    """This module's node processes."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if "notebook_kit.launch.cluster.node_process" not in (process.info["cmdline"] or ()):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(_MARK) == _TOKEN:
+                found.append(process.info["pid"])
+    return found
+
+
+def _hubs_alive() -> list[str]:
+    from ray._private import state
+
+    return [
+        actor["Name"]
+        for actor in state.actors().values()
+        if "notebook_kit" in str(actor.get("Name")) and actor.get("State") != "DEAD"
+    ]
+
+
+def _groups_left() -> list[str]:
+    from ray.util import placement_group_table
+
+    return [g for g, row in placement_group_table().items() if row["state"] != "REMOVED"]
+
+
+def assert_nothing_left(within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        left = {"node processes": node_processes(), "groups": _groups_left()}
+        left["hubs"] = _hubs_alive()
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"left on the Ray cluster: {left}"
+
+
+def test_all_reduce_metrics_result_and_weights_come_home():
+    model = torch.nn.Linear(3, 1)
+
+    def train(model):
+        from notebook_kit import Accelerator
+
+        accelerator = Accelerator()
+        model = accelerator.prepare(model)
+        rank = dist.get_rank()
+        for step in range(3):
+            notebook_kit.log({"loss": float(rank + 1 + step)}, step=step)
+        with torch.no_grad():
+            model.module.weight.fill_(7.0)
+        total = torch.tensor([float(rank + 1)])
+        dist.all_reduce(total)
+        accelerator.wait_for_everyone()
+        return {"sum": total.item(), "world": dist.get_world_size(), "rank": os.environ["RANK"]}
+
+    result = notebook_launcher(
+        train, args=(model,), num_processes=1, num_nodes=2, cluster="ray", live=False
+    )
+    assert result == {"sum": 3.0, "world": 2, "rank": "0"}
+    assert torch.equal(model.weight, torch.full_like(model.weight, 7.0))
+    record = notebook_kit.last_run()
+    assert record is not None
+    assert record.metrics["loss"] == [(0, 1.5), (1, 2.5), (2, 3.5)]  # mean over both nodes
+    assert_nothing_left()
+
+
+class _Recorder:
+    """An observer that keeps everything and presses Stop once both ranks logged step 2."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+        self.steps: dict[int, int] = {}
+        self.info = None
+        self.summary = None
+
+    def on_start(self, info):
+        self.info = info
+
+    def on_output(self, rank, stream, line):
+        self.lines.append((rank, line))
+
+    def on_metrics(self, batch):
+        for _, step, _ in batch.records:
+            self.steps[batch.rank] = max(self.steps.get(batch.rank, -1), int(step or 0))
+        if min(self.steps.get(r, -1) for r in (0, 1)) >= 2:
+            self.info.stop_flag.set()
+
+    def on_tick(self):
+        pass
+
+    def on_finish(self, summary):
+        self.summary = summary
+
+
+def _train_until_stopped(limit: int = 100_000):
+    from notebook_kit.runtime.context import current_launch
+
+    step = 0
+    while step < limit and not notebook_kit.should_stop():
+        dist.all_reduce(torch.ones(1))
+        current_launch().send("log", {"rank": dist.get_rank(), "step": step, "values": {}})
+        time.sleep(0.01)
+        step += 1
+    steps = [None, None]
+    dist.all_gather_object(steps, step)
+    print(f"stopped at {step}")
+    return steps
+
+
+def test_stop_ends_every_node_at_the_same_step_and_the_banner_names_ray_workers():
+    recorder = _Recorder()
+    steps = notebook_launcher(
+        _train_until_stopped, num_processes=1, num_nodes=2, cluster="ray", observer=recorder,
+        timeout=90,
+    )  # fmt: skip
+    assert steps[0] == steps[1] < 100_000
+    assert recorder.summary.stopped
+    assert {rank for rank, line in recorder.lines if line.startswith("stopped at")} == {0, 1}
+    assert recorder.info.node_of() == {0: 0, 1: 1}
+    assert "on each of 2 Ray workers (" in recorder.info.banner
+    assert_nothing_left()
+
+
+def _train_once_killed(starts: str) -> int:
+    """Node 1 waits to be killed on the first attempt; the second attempt returns."""
+    attempt = int(os.environ["NOTEBOOK_KIT_RESTART_COUNT"])
+    with open(starts, "a") as file:
+        file.write(f"{attempt}-{dist.get_rank()} {os.getpid()}\n")
+    if attempt == 0:
+        time.sleep(120)  # no collective: only the kernel can end node 0 in time
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    return int(total.item()) + 10 * attempt
+
+
+def _kill_node_1_once_started(starts: Path) -> dict[str, float]:
+    """SIGKILL the Ray worker process running node 1's task once both ranks have started."""
+    import psutil
+
+    killed: dict[str, float] = {}
+
+    def kill() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            lines = starts.read_text().split("\n") if starts.exists() else []
+            rank_1 = [line.split()[1] for line in lines if line.startswith("0-1 ")]
+            if rank_1 and len([line for line in lines if line.startswith("0-")]) == 2:
+                # rank -> its guardian -> the node process -> the Ray worker running the task
+                # (the guardian is a fork of the node process: the same command line)
+                node_process = [
+                    p
+                    for p in psutil.Process(int(rank_1[0])).parents()
+                    if "notebook_kit.launch.cluster.node_process" in " ".join(p.cmdline())
+                ][-1]
+                os.kill(node_process.ppid(), signal.SIGKILL)
+                killed["at"] = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    killed["thread"] = thread  # type: ignore[assignment]
+    return killed
+
+
+def _started(starts: Path) -> list[str]:
+    """``attempt-rank`` of every rank that started, sorted."""
+    return sorted(line.split()[0] for line in starts.read_text().split("\n") if line)
+
+
+def test_a_killed_node_is_node_lost_and_max_restarts_trains_again(tmp_path, capsys):
+    starts = tmp_path / "starts"
+    killed = _kill_node_1_once_started(starts)
+    with pytest.raises(WorkerError, match="node 1 lost: its Ray worker process died") as caught:
+        notebook_launcher(
+            _train_once_killed, args=(str(starts),), num_processes=1, num_nodes=2,
+            cluster="ray", live=False,
+        )  # fmt: skip
+    ended = time.monotonic()
+    killed["thread"].join()
+    assert ended - killed["at"] < NODE_DEATH_BOUND_S
+    error = caught.value
+    assert error.lost_nodes == (1,)  # node 0 was ended, not lost
+    assert error.rank == 1  # the lost node's first rank
+    heading = f"Rank 1 (node 1, Ray worker {error.nodes[1]}) of 2 failed: node 1 lost"
+    assert heading in str(error), str(error)
+    time.sleep(1.0)
+    assert _started(starts) == ["0-0", "0-1"]  # nobody trained twice
+    assert_nothing_left()
+
+    starts.unlink()
+    killed = _kill_node_1_once_started(starts)
+    result = notebook_launcher(
+        _train_once_killed, args=(str(starts),), num_processes=1, num_nodes=2, cluster="ray",
+        max_restarts=1, live=False,
+    )  # fmt: skip
+    killed["thread"].join()
+    assert result == 12  # two ranks, on the restart
+    out = capsys.readouterr().out
+    assert "node 1 lost: its Ray worker process died" in out, out
+    assert "restarting all 2 nodes (restart 1 of 1)" in out, out
+    assert _started(starts) == ["0-0", "0-1", "1-0", "1-1"]
+    assert_nothing_left()
+
+
+_CELL = """
+def keep(value):
+    import os
+    import torch.distributed as dist
+    global kept_on_rank
+    kept_on_rank = (value, dist.get_rank(), os.getpid())
+    return dist.get_rank()
+
+def kept():
+    return kept_on_rank
+"""
+
+
+def test_a_ray_pool_keeps_its_ranks_between_cells_and_leaves_nothing():
+    space = {"__name__": "__main__"}
+    exec(_CELL, space)
+    pool = WorkerPool(cluster="ray", num_nodes=2, num_processes=1, live=False)
+    try:
+        ranks = pool.pids
+        assert len(ranks) == 2 and set(ranks) <= set(
+            p for node in node_processes() for p in (node, *_children(node))
+        )
+        assert pool.run(space["keep"], "first") == 0
+        assert pool.run(space["kept"], ranks="all") == [
+            ("first", 0, ranks[0]), ("first", 1, ranks[1]),
+        ]  # fmt: skip
+        pool.push(x=1)
+        assert pool.run_cell("x + 1") == 2 and pool.pull("x", rank=1) == 1
+    finally:
+        pool.close()
+    assert_nothing_left()
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    return []

@@ -193,7 +193,6 @@ class StepClock:
         self.sees_wait = False  # a strategy reports its collectives
         self._asked: float | None = None  # when the training thread asked for a batch
         self._began: Any = None  # when the current step began: a time, or a CUDA event
-        self._data = 0.0  # the data wait that began the current step
         self._ready: Any = None  # the current step's backward: every gradient computed
         self._done: Any = None  # ... and backward returned, its reductions done
         self._pending: collections.deque[tuple[Any, Any, float, Any, Any]] = collections.deque()
@@ -248,10 +247,12 @@ class StepClock:
         self._done = self._stamp()
 
     def _next_step(self, data: float) -> None:
+        """End the step running (``data``: the wait for the batch that ends it, inside it)
+        and begin the next; the wait for a pass's first batch is before any step."""
         stamp = self._stamp()
         if self._began is not None:
-            self._end_step(stamp, self._data)
-        self._began, self._data = stamp, data
+            self._end_step(stamp, data)
+        self._began = stamp
 
     def _end_step(self, stamp: Any, data: float) -> None:
         ready, done = self._ready, self._done

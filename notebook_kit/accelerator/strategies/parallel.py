@@ -22,7 +22,6 @@ from notebook_kit.accelerator.handlers import Handlers
 from notebook_kit.accelerator.parallelism_config import ParallelismConfig
 from notebook_kit.accelerator.partial_state import DistributedType, PartialState
 from notebook_kit.accelerator.precision import MixedPrecision
-from notebook_kit.accelerator.state import resolve_setting
 from notebook_kit.accelerator.strategies.fsdp import FullyShardedStrategy, _ShardedScaler
 from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 from notebook_kit.accelerator.strategies.tensor_parallel import (
@@ -30,7 +29,7 @@ from notebook_kit.accelerator.strategies.tensor_parallel import (
     build_device_mesh,
     fsdp_mesh,
 )
-from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout
+from notebook_kit.config.mesh_layout import MeshLayout
 from notebook_kit.runtime.context import current_launch
 
 __all__ = ["ParallelStrategy", "check_context_parallel_device"]
@@ -50,12 +49,7 @@ def check_context_parallel_device(device: torch.device, cp_size: int) -> None:
 
 def _launch_layout() -> MeshLayout:
     """The mesh of the launch settings (``parallelism_config_*``), which its banner shows."""
-    return MeshLayout.of(
-        {
-            name: resolve_setting(f"parallelism_config_{name}_size", None, None)
-            for name in MESH_ORDER
-        }
-    )
+    return ParallelismConfig().layout()  # every size left out: read from the launch
 
 
 class ParallelStrategy(FullyShardedStrategy):

@@ -11,6 +11,7 @@ figures, nothing shown twice.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Collection
 from typing import Any
 
@@ -30,6 +31,8 @@ from notebook_kit.live.plot_layout import (
 )
 
 __all__ = ["draw_metrics", "figure_png", "new_figure"]
+
+_FOOTER_POINTS = 7.5  # the speed lines under the panels
 
 History = list[tuple[int, float]]
 _MAX_POINTS = 4000  # per line; longer histories are thinned before drawing
@@ -127,9 +130,13 @@ def draw_metrics(
         figure.tight_layout()
         return
     width, height = figure.get_size_inches()
+    fits = int(width * 72 / (_FOOTER_POINTS * 0.55))  # characters a line holds, about
+    footer = "\n".join(textwrap.fill(line, fits) for line in footer.splitlines())
     room = 0.2 * (footer.count("\n") + 1) + 0.1  # inches of text under the panels
     figure.set_size_inches(width, height + room)
-    figure.text(0.01, 0.05 / (height + room), footer, fontsize=7.5, color="0.25", va="bottom")
+    figure.text(
+        0.01, 0.05 / (height + room), footer, fontsize=_FOOTER_POINTS, color="0.25", va="bottom"
+    )
     figure.tight_layout(rect=(0, room / (height + room), 1, 1))
 
 

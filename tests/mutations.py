@@ -2210,7 +2210,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/prepared_loader.py",
-                "                    count_batch(launch, batch, self)\n",
+                "                    counter.count_loader_batch(batch)\n",
                 "                    pass\n",
             ),
         ),
@@ -2225,8 +2225,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "runtime/throughput.py",
-                "            return  # another loader (evaluation) is being iterated\n",
-                "            pass\n",
+                "        return self.source == id(loader)\n",
+                "        return True\n",
             ),
         ),
         (
@@ -2507,8 +2507,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "runtime/throughput.py",
-                "        data = now - self._asked if self._asked is not None else 0.0\n",
-                "        data = 0.0\n",
+                "        self._next_step(now - asked if asked is not None else 0.0, now)\n",
+                "        self._next_step(0.0, now)\n",
             ),
         ),
         (
@@ -2522,8 +2522,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "runtime/throughput.py",
-                "            loss.register_hook(self._gradients_begin)\n",
-                "            pass\n",
+                "    last.register_post_accumulate_grad_hook(_first_gradient)\n",
+                "    pass\n",
+            ),
+        ),
+        (
+            "tests/test_speed.py::"
+            "test_the_wait_begins_when_the_last_gradient_is_computed_before_ddps_own_callback",
+            "tests/test_speed_integration.py::"
+            "test_a_slower_rank_is_named_as_the_straggler_with_its_cause[compute]",
+        ),
+    ),
+    Mutation(
+        "speed-prepared-model-never-watched",
+        "the Accelerator watches a DDP model's gradients, or its steps show no wait",
+        (
+            Edit(
+                "accelerator/accelerator.py",
+                "                watch_gradients(model)\n",
+                "                pass\n",
             ),
         ),
         (

@@ -24,6 +24,7 @@ import notebook_kit
 from notebook_kit import WorkerPool, notebook_launcher
 from notebook_kit.errors import WorkerError
 from tests.optional import needs
+from tests.test_preemption_integration import _until_told
 
 pytestmark = [pytest.mark.integration, needs("ray", what="runs on a Ray cluster")]
 
@@ -311,3 +312,41 @@ def _children(pid: int) -> list[int]:
     with contextlib.suppress(psutil.Error):
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     return []
+
+
+def test_sigterm_to_a_ray_worker_lets_its_node_save_then_ends_the_worker(tmp_path):
+    """A Ray node draining, or its pod deleted, SIGTERMs the Ray worker running node 1's
+    task: every rank stops at one step with the reason and saves, then the worker ends."""
+    import psutil
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent: dict[str, int] = {}
+
+    def preempt() -> None:
+        deadline = time.monotonic() + 90
+        while not all((marks / f"rank-{r}").exists() for r in (0, 1)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        time.sleep(0.3)  # mid-run
+        guardian = int((marks / "rank-1").read_text().split()[1])  # rank 1's parent
+        node_process = psutil.Process(guardian).parent()  # the node process ...
+        sent["worker"] = node_process.ppid()  # ... is the child of the task's Ray worker
+        os.kill(sent["worker"], signal.SIGTERM)
+
+    sender = threading.Thread(target=preempt, daemon=True)
+    sender.start()
+    step, reason = notebook_launcher(
+        _until_told, args=(str(tmp_path / "project"), str(marks)), num_processes=1,
+        num_nodes=2, cluster="ray", live=False,
+    )  # fmt: skip
+    sender.join()
+    assert (marks / "stopped-0").read_text() == (marks / "stopped-1").read_text() == str(step)
+    assert reason.startswith("node 1 received SIGTERM"), reason
+    assert (tmp_path / "project" / "checkpoints" / "checkpoint_0" / "checkpoint.json").exists()
+    deadline = time.monotonic() + 30  # and then the worker ends, as SIGTERM asked
+    while psutil.pid_exists(sent["worker"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(sent["worker"])
+    assert_nothing_left()

@@ -19,7 +19,13 @@ from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch, RankSpeed, decode
 from notebook_kit.runtime.metrics import BATCH_KIND
 from notebook_kit.runtime.peak_flops import peak_flops
-from notebook_kit.runtime.throughput import SpeedCounter, StepClock, batch_size, model_flops
+from notebook_kit.runtime.throughput import (
+    SpeedCounter,
+    StepClock,
+    batch_size,
+    model_flops,
+    watch_gradients,
+)
 
 _MIB = 2**20
 _SUMMARY = LaunchSummary((RankSummary(0, 0, 4.0), RankSummary(1, 0, 4.0)), 4.2)
@@ -76,13 +82,14 @@ def test_a_counter_counts_the_training_loader_only_and_log_samples_replace_it() 
     counter = SpeedCounter()
     training, evaluation = object(), object()
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    counter.count_batch({"input_ids": torch.zeros(2, 3), "attention_mask": mask}, training)
-    counter.count_batch({"input_ids": torch.zeros(5, 3)}, evaluation)
+    assert counter.counts(training) and not counter.counts(evaluation)  # the first iterated
+    counter.count_loader_batch({"input_ids": torch.zeros(2, 3), "attention_mask": mask})
     first = counter.snapshot()
     assert (first.samples, first.batches, first.tokens) == (2, 1, 3)
     assert first.peak_memory_bytes is not None and first.peak_memory_bytes > 0
     counter.count_samples(7)
-    counter.count_batch((torch.zeros(9, 2), torch.zeros(9)), training)  # ignored from now on
+    counter.count_loader_batch((torch.zeros(9, 2), torch.zeros(9)))  # a pass under way: ignored
+    assert not counter.counts(training)  # and no later pass counts
     assert (counter.snapshot().samples, counter.snapshot().batches) == (7, 1)
     assert batch_size(["a", "b", "c"]) == 3 and batch_size(torch.tensor(1.0)) == 1
 
@@ -248,18 +255,27 @@ def test_mfu_is_the_model_flops_per_second_over_the_gpus_peak() -> None:
 
 def test_the_wait_begins_when_the_last_gradient_is_computed_before_ddps_own_callback() -> None:
     clock, seen = StepClock(), []
-    weight = torch.ones(3, requires_grad=True)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
 
     def gradient_ready(_: torch.Tensor) -> None:  # as DDP's reducer, at its last bucket
         torch.autograd.Variable._execution_engine.queue_callback(
             lambda: seen.append(("ddp waits", clock._ready is not None))
         )
 
-    weight.register_hook(gradient_ready)
-    clock.time_backward((weight * 2).sum())
+    model[0].weight.register_hook(gradient_ready)  # the gradient computed last
+    clock.time_backward(model(torch.ones(2, 3)).sum())
+    assert seen == [("ddp waits", False)]  # no watched gradient: no wait is timed
+    seen.clear()
+    watch_gradients(model)
+    watch_gradients(model)  # once per model
+    assert len(model[1].bias._post_accumulate_grad_hooks) == 1
+    clock.time_backward(model(torch.ones(2, 3)).sum())
     assert seen == [("ddp waits", True)]  # the clock's callback ran first
     assert clock._done is not None and clock._done >= clock._ready
     assert clock.sees_wait
+    ready = clock._ready
+    model(torch.ones(2, 3)).sum().backward()  # an untimed pass queues nothing
+    assert clock._ready == ready
 
 
 def test_the_published_flops_of_a_transformer_and_a_given_flops_per_sample() -> None:

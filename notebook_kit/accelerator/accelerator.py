@@ -65,7 +65,7 @@ from notebook_kit.runtime.context import LaunchContext, current_launch
 from notebook_kit.runtime.log_values import LoggedHistory
 from notebook_kit.runtime.metrics import speed_counter, step_clock
 from notebook_kit.runtime.peak_flops import peak_flops
-from notebook_kit.runtime.throughput import model_flops
+from notebook_kit.runtime.throughput import model_flops, watch_gradients
 
 __all__ = ["Accelerator"]
 
@@ -270,6 +270,8 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
         if launch is not None:  # the launcher sends rank 0's weights back into this object
             launch.register_prepared_model(model)
             self._count_flops(launch, model)
+            if self.strategy.times_collectives:  # the speed line's collective wait
+                watch_gradients(model)
         self._models.append(model)
         # A model on `meta` has nothing to move: FSDP's cpu_ram_efficient_loading gives it
         # memory on the device, then rank 0's weights.
@@ -389,7 +391,7 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
         clock = step_clock(current_launch()) if self.strategy.times_collectives else None
         if clock is None:
             loss.backward(**kwargs)
-        else:  # the speed line's collective wait: from the end of the gradients to the return
+        else:  # the collective wait: from the model's last gradient to the return
             clock.time_backward(loss, **kwargs)
 
     @contextlib.contextmanager

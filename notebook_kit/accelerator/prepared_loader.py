@@ -32,7 +32,7 @@ from notebook_kit.accelerator.samplers import ShuffleSampler
 from notebook_kit.accelerator.sharding import IterableDatasetShard, ShardedBatchSampler
 from notebook_kit.runtime import progress
 from notebook_kit.runtime.context import current_launch
-from notebook_kit.runtime.metrics import count_batch, loader_clock
+from notebook_kit.runtime.metrics import loader_counter
 from notebook_kit.runtime.seeding import synchronize_rng_states
 
 __all__ = ["DispatchPlan", "PreparedDataLoader"]
@@ -178,14 +178,14 @@ class PreparedDataLoader:
             if sampler is not None:  # iterables have no length to report
                 progress.report_epoch_length(launch, len(self), self)
             moving = self._device is not None and self._device.type != "cpu"
-            counting = launch is not None and launch.send is not None
-            clock = loader_clock(launch, self) if counting else None
-            if clock is not None:
+            counter = loader_counter(launch, self)  # the speed line: this loader's batches
+            if counter is not None:
+                clock = counter.clock
                 clock.asking()
             for batch in batches:
                 progress.advance(launch, 1, self)  # an integer add on rank 0, nothing elsewhere
-                if counting:  # samples and tokens for the speed line: shapes, before the copy
-                    count_batch(launch, batch, self)
+                if counter is not None:  # samples and tokens: shapes, before the copy
+                    counter.count_loader_batch(batch)
                 if moving:
                     batch = send_to_device(batch, self._device, self._non_blocking)
                 if clock is not None:

@@ -28,10 +28,9 @@ __all__ = [
     "WorkerChannel",
     "channel",
     "close_channel",
-    "count_batch",
     "count_samples",
     "flush",
-    "loader_clock",
+    "loader_counter",
     "log_from_worker",
     "log_snapshots",
     "plain_values",
@@ -134,7 +133,7 @@ class WorkerChannel:
                 self.speed.sent, self.speed.sent_at = speed, now
 
     def counted(self) -> None:
-        """A batch or samples were counted: start the sender (its first count only)."""
+        """Batches or samples are counted: start the sender (the first time only)."""
         if self._thread is None and not self.direct:
             self._start()
 
@@ -192,30 +191,23 @@ def log_snapshots(
     channel(context).log(step, snapshots)
 
 
-def count_batch(context: LaunchContext | None, batch: Any, loader: object) -> None:
-    """Count the samples and tokens of a batch ``loader`` hands out (shapes only, no sync).
+def loader_counter(context: LaunchContext | None, loader: object) -> SpeedCounter | None:
+    """This rank's counter when ``loader``'s batches are the ones counted and timed (asked once
+    per pass: the loader then calls it at every batch); None otherwise, or outside a launch.
 
     Example::
 
-        count_batch(current_launch(), batch, prepared_loader)
-    """
-    if context is None or context.send is None:
-        return
-    sender = channel(context)
-    sender.speed.count_batch(batch, loader)
-    sender.counted()
-
-
-def loader_clock(context: LaunchContext | None, loader: object) -> StepClock | None:
-    """The clock that times ``loader``'s batches, when its batches are the ones counted.
-
-    Example::
-
-        clock = loader_clock(current_launch(), prepared_loader)
+        counter = loader_counter(current_launch(), prepared_loader)
+        counter.count_loader_batch(batch)
+        counter.clock.handed()
     """
     if context is None or context.send is None:
         return None
-    return channel(context).speed.loader_clock(loader)
+    sender = channel(context)
+    if not sender.speed.counts(loader):
+        return None
+    sender.counted()
+    return sender.speed
 
 
 def step_clock(context: LaunchContext | None) -> StepClock | None:

@@ -2872,4 +2872,55 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (_RAY + "test_a_ray_pool_keeps_its_ranks_between_cells_and_leaves_nothing",),
     ),
+    Mutation(
+        "ray-hub-keeps-forgotten-runs",
+        "the kernel's hub drops a run's state when the run ends",
+        (
+            Edit(
+                "node/ray_task.py",
+                "        state = self._runs.pop(run, None)\n",
+                "        state = self._runs.get(run)\n",
+            ),
+        ),
+        (
+            "tests/test_ray_engine.py::test_the_hub_serves_each_run_until_it_is_forgotten",
+            _RAY + "test_all_reduce_metrics_result_and_weights_come_home",
+        ),
+    ),
+    Mutation(
+        "ray-early-claim-refused",
+        "a node's claim that reaches the hub before the kernel's first call for the run asks again",
+        (
+            Edit(
+                "node/ray_task.py",
+                "            return False if run in self._forgotten else None\n",
+                "            return False\n",
+            ),
+        ),
+        ("tests/test_ray_engine.py::test_the_hub_serves_each_run_until_it_is_forgotten",),
+    ),
+    Mutation(
+        "ray-hub-made-per-run",
+        "one hub per kernel serves every run: its process is not started again for each",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "    if hub is not None:\n        try:",
+                "    if False:\n        try:",
+            ),
+        ),
+        (_RAY + "test_a_killed_node_is_node_lost_and_max_restarts_trains_again",),
+    ),
+    Mutation(
+        "ray-worker-sigterm-not-held",
+        "SIGTERM to a node's Ray worker lets the node's ranks save before the worker ends",
+        (
+            Edit(
+                "node/ray_task.py",
+                "        previous = signal.signal(signal.SIGTERM, on_sigterm)\n",
+                "        previous = signal.getsignal(signal.SIGTERM)\n",
+            ),
+        ),
+        (_RAY + "test_sigterm_to_a_ray_worker_lets_its_node_save_then_ends_the_worker",),
+    ),
 )

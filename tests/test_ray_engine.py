@@ -12,6 +12,7 @@ import pytest
 
 from notebook_kit import WorkerPool, notebook_launcher
 from notebook_kit.launch.cluster.ray_engine import _renamed
+from notebook_kit.node.ray_task import RunHub
 from tests.optional import needs
 
 
@@ -48,3 +49,30 @@ def test_cluster_ray_without_ray_init_says_to_join_a_cluster_first():
 def test_a_place_whose_process_died_is_renamed():
     assert not _renamed("10.0.0.2/ab12cd34#1")
     assert _renamed("10.0.0.2/ab12cd34#1.2")
+
+
+def test_the_hub_serves_each_run_until_it_is_forgotten():
+    """The kernel's hub, as a plain object: a claim that arrives before the kernel's first
+    call asks again, a forgotten run's claim is refused, and forgetting wakes its waiters."""
+    import asyncio
+
+    async def scenario() -> None:
+        hub = RunHub()
+        assert hub.claim("a", 0, "w0") is None  # the kernel's first call has not arrived
+        hub.set_control("a", {"lease": 0, "stop": False, "abort": ""})
+        hub.set_control("b", {"lease": 0, "stop": False, "abort": ""})
+        assert hub.claim("a", 0, "w0") is True and hub.claim("a", 0, "w1") is False
+        hub.put("a", 0, [b"event"])
+        hub.put("b", 1, [b"other"])
+        taken = await hub.take("a", 1.0)
+        assert [batch for _, batch in taken] == [{"node": 0, "events": [b"event"]}]
+        waiting = asyncio.ensure_future(hub.take("a", 30.0))
+        commands = asyncio.ensure_future(hub.commands_after("a", 0, 30.0))
+        await asyncio.sleep(0.05)
+        hub.forget("a")
+        assert await asyncio.wait_for(waiting, 1.0) == []  # woken, not left waiting
+        assert await asyncio.wait_for(commands, 1.0) == []
+        assert hub.runs() == ["b"] and hub.control("a") is None
+        assert hub.claim("a", 1, "w1") is False  # a late claim of a forgotten run
+
+    asyncio.run(scenario())

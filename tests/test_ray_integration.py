@@ -3,7 +3,8 @@
 
 The module starts one Ray runtime (its start-up is slow) and every test takes it, so each also
 shows the cluster takes the next run. Every test ends by checking that nothing of its runs is
-left: no node process, no placement group that is not removed, no hub actor alive.
+left: no node process, no placement group that is not removed, no run held by the kernel's hub
+and no other actor alive.
 """
 
 from __future__ import annotations
@@ -78,14 +79,28 @@ def node_processes() -> list[int]:
     return found
 
 
-def _hubs_alive() -> list[str]:
+def _actors_left() -> list[str]:
+    """Every notebook_kit actor alive but the kernel's hub, every run the hub holds, and a
+    hub that ended (the kernel's hub is made once and serves every run)."""
+    import ray
     from ray._private import state
 
-    return [
-        actor["Name"]
+    from notebook_kit.launch.cluster.ray_engine import _hubs
+
+    job = ray.get_runtime_context().get_job_id()
+    hub = f"notebook_kit-hub-{job}"
+    alive = [
+        str(actor["Name"])
         for actor in state.actors().values()
         if "notebook_kit" in str(actor.get("Name")) and actor.get("State") != "DEAD"
     ]
+    ended = [
+        f"an ended {actor['Name']}"
+        for actor in state.actors().values()
+        if "notebook_kit" in str(actor.get("Name")) and actor.get("State") == "DEAD"
+    ]
+    runs = ray.get(_hubs[job].runs.remote(), timeout=30) if hub in alive else []
+    return [name for name in alive if name != hub] + [f"run {run}" for run in runs] + ended
 
 
 def _groups_left() -> list[str]:
@@ -98,7 +113,7 @@ def assert_nothing_left(within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while True:
         left = {"node processes": node_processes(), "groups": _groups_left()}
-        left["hubs"] = _hubs_alive()
+        left["actors and runs"] = _actors_left()
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)

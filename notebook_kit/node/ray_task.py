@@ -1,11 +1,13 @@
-"""The node task on a Ray cluster: a Ray task that serves one node, and the run's hub actor.
+"""The node task on a Ray cluster: a Ray task that serves one node, and the runs' hub actor.
 
 A cluster run on Ray (``notebook_launcher(cluster="ray")``) shares everything with the Dask
 path but the engine: the node task is a Ray task placed in its bundle of the run's placement
 group, and :func:`run_ray_node` serves its node with :func:`~notebook_kit.node.task.serve_node`
 through a :class:`RayNodeLink`. What the Dask scheduler holds for a run (the control
 variable, node 0's address, the started marks, the event topic, a pool's command topic) is held
-by one small actor per run, the :class:`RunHub`, which the kernel creates and kills.
+by a small actor, the :class:`RunHub`: one per kernel, serving each of its runs until the run
+is forgotten, as a Dask scheduler serves every run of a client. Starting an actor's process
+took about 4 s of a 7 s launch on 2 cores; the kernel's hub starts once.
 
 The hub is an asyncio actor with no CPU of its own: a node task's event batch is one
 ``put`` call, and the kernel's event thread and a pool node's command thread each wait in one
@@ -19,6 +21,7 @@ Runs in a Ray worker process (the hub: in its own). Imports ray only when called
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
@@ -35,86 +38,146 @@ __all__ = ["RayNodeLink", "RunHub", "probe_ray_worker", "run_ray_node"]
 
 _RPC_SECONDS = 2.0  # no hub call of a node task waits longer, but the first:
 _HUB_START_SECONDS = 60.0  # the hub's process starts with the node tasks'
+_CLAIM_AGAIN_SECONDS = 0.05  # a claim that came before the kernel's first call asks again
+_FORGOTTEN_KEPT = 10_000  # runs the hub remembers as forgotten (a late claim is refused)
 _COMMAND_WAIT_SECONDS = 0.5  # a pool node's command thread asks again this often
 _SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
 
 
-class RunHub:
-    """One run's shared state on a Ray cluster (made an actor by ``ray.remote``)."""
+class _RunState:
+    """What the hub holds for one run."""
 
     def __init__(self, control: dict[str, Any]) -> None:
-        self._control = control
-        self._master: tuple[str, int] | None = None
-        self._started: dict[int, str] = {}
-        self._events: list[tuple[float, dict[str, Any]]] = []
-        self._commands: list[bytes] = []
-        self._arrived = asyncio.Event()
-        self._commanded = asyncio.Event()
+        self.control = control
+        self.master: tuple[str, int] | None = None
+        self.started: dict[int, str] = {}
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self.commands: list[bytes] = []
+        self.arrived = asyncio.Event()
+        self.commanded = asyncio.Event()
 
-    def set_control(self, control: dict[str, Any]) -> None:
-        self._control = control
 
-    def control(self) -> dict[str, Any]:
-        return self._control
+class RunHub:
+    """The runs' shared state on a Ray cluster, one entry per run (made an actor by
+    ``ray.remote``; one per kernel, as a Dask scheduler serves every run of a client).
 
-    def claim(self, node: int, worker: str) -> bool:
-        """Mark ``node`` started; False if it was already."""
-        if node in self._started:
+    A run's entry is made by its first ``set_control`` and dropped by ``forget``, which
+    wakes its waiters; a call for a run the hub does not hold (forgotten) returns empty.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _RunState] = {}
+        self._forgotten: collections.deque[str] = collections.deque(maxlen=_FORGOTTEN_KEPT)
+
+    def runs(self) -> list[str]:
+        """The runs held (none once every run was forgotten)."""
+        return list(self._runs)
+
+    def set_control(self, run: str, control: dict[str, Any]) -> None:
+        state = self._runs.get(run)
+        if state is None:
+            self._runs[run] = _RunState(control)
+        else:
+            state.control = control
+
+    def control(self, run: str) -> dict[str, Any] | None:
+        state = self._runs.get(run)
+        return None if state is None else state.control
+
+    def claim(self, run: str, node: int, worker: str) -> bool | None:
+        """Mark ``node`` started; False if it was already, or the run is forgotten; None if
+        the kernel's first call for the run has not arrived yet (ask again)."""
+        state = self._runs.get(run)
+        if state is None:
+            return False if run in self._forgotten else None
+        if node in state.started:
             return False
-        self._started[node] = worker
+        state.started[node] = worker
         return True
 
-    def publish_master(self, host: str, port: int) -> None:
-        self._master = (host, port)
+    def publish_master(self, run: str, host: str, port: int) -> None:
+        state = self._runs.get(run)
+        if state is not None:
+            state.master = (host, port)
 
-    def master(self) -> tuple[str, int] | None:
-        return self._master
+    def master(self, run: str) -> tuple[str, int] | None:
+        state = self._runs.get(run)
+        return None if state is None else state.master
 
-    def put(self, node: int, events: list[bytes]) -> None:
-        self._events.append((time.time(), {"node": node, "events": events}))
-        self._arrived.set()
+    def put(self, run: str, node: int, events: list[bytes]) -> None:
+        state = self._runs.get(run)
+        if state is not None:
+            state.events.append((time.time(), {"node": node, "events": events}))
+            state.arrived.set()
 
-    async def take(self, wait: float) -> list[tuple[float, dict[str, Any]]]:
-        """Every batch that has arrived, waiting up to ``wait`` seconds for the first."""
-        if not self._events:
+    async def take(self, run: str, wait: float) -> list[tuple[float, dict[str, Any]]]:
+        """Every batch of ``run`` that has arrived, waiting up to ``wait`` seconds for the
+        first."""
+        state = self._runs.get(run)
+        if state is None:
+            return []
+        if not state.events:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), wait)
-        taken, self._events = self._events, []
-        self._arrived.clear()
+                await asyncio.wait_for(state.arrived.wait(), wait)
+        taken, state.events = state.events, []
+        state.arrived.clear()
         return taken
 
-    def command(self, data: bytes) -> None:
-        self._commands.append(data)
-        self._commanded.set()
-        self._commanded = asyncio.Event()  # the waiters of this one are woken; later ones wait
+    def command(self, run: str, data: bytes) -> None:
+        state = self._runs.get(run)
+        if state is not None:
+            state.commands.append(data)
+            state.commanded.set()
+            state.commanded = asyncio.Event()  # its waiters are woken; later ones wait
 
-    async def commands_after(self, seen: int, wait: float) -> list[bytes]:
-        """The commands after the first ``seen``, waiting up to ``wait`` seconds for one."""
-        if len(self._commands) <= seen:
+    async def commands_after(self, run: str, seen: int, wait: float) -> list[bytes]:
+        """The commands of ``run`` after the first ``seen``, waiting up to ``wait`` seconds
+        for one."""
+        state = self._runs.get(run)
+        if state is None:
+            return []
+        if len(state.commands) <= seen:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._commanded.wait(), wait)
-        return self._commands[seen:]
+                await asyncio.wait_for(state.commanded.wait(), wait)
+        return state.commands[seen:]
+
+    def forget(self, run: str) -> None:
+        """Drop ``run``'s state and wake whoever waits on it."""
+        state = self._runs.pop(run, None)
+        self._forgotten.append(run)
+        if state is not None:
+            state.arrived.set()
+            state.commanded.set()
 
 
 class RayNodeLink:
-    """A node task's link on a Ray cluster: calls to its run's :class:`RunHub`."""
+    """A node task's link on a Ray cluster: calls to the :class:`RunHub`, for its run."""
 
-    def __init__(self, hub: Any, node_rank: int, worker: str) -> None:
-        self._hub, self._node, self.worker = hub, node_rank, worker
+    def __init__(self, hub: Any, run: str, node_rank: int, worker: str) -> None:
+        self._hub, self._run, self._node, self.worker = hub, run, node_rank, worker
         self._listening = threading.Event()
 
     def _call(self, method: Any, *args: Any, wait: float = _RPC_SECONDS) -> Any:
         import ray
 
-        return ray.get(method.remote(*args), timeout=wait)
+        return ray.get(method.remote(self._run, *args), timeout=wait)
 
     def claim(self) -> bool:
-        """The node task's first call: the hub's process may still be starting."""
-        claimed = self._call(self._hub.claim, self._node, self.worker, wait=_HUB_START_SECONDS)
-        return bool(claimed)
+        """The node task's first call: the hub's process may still be starting, and the
+        kernel's first call for the run may arrive after this one."""
+        deadline = time.monotonic() + _HUB_START_SECONDS
+        while True:
+            left = max(deadline - time.monotonic(), 0.1)
+            claimed = self._call(self._hub.claim, self._node, self.worker, wait=left)
+            if claimed is not None or time.monotonic() > deadline:
+                return bool(claimed)
+            time.sleep(_CLAIM_AGAIN_SECONDS)
 
     def control(self) -> Control:
-        return Control.read(self._call(self._hub.control))
+        control = self._call(self._hub.control)
+        if control is None:  # forgotten (or not opened yet): as an unreachable scheduler
+            raise LookupError(f"the hub holds no run {self._run}")
+        return Control.read(control)
 
     def master(self) -> Rendezvous | None:
         published = self._call(self._hub.master)
@@ -124,7 +187,7 @@ class RayNodeLink:
         self._call(self._hub.publish_master, master.host, master.port)
 
     def send(self, node: int, events: list[bytes]) -> None:
-        self._hub.put.remote(node, events)  # not waited for: the relay never blocks on it
+        self._hub.put.remote(self._run, node, events)  # not waited for: the relay never blocks
 
     def listen(self, commanded: Callable[[bytes], None]) -> None:
         self._listening.set()
@@ -175,7 +238,7 @@ class RayNodeLink:
 
 def run_ray_node(order: NodeOrder, hub: Any, worker: str) -> NodeReport:
     """The Ray task of one node: run it, relay it, and report how it ended."""
-    return serve_node(order, RayNodeLink(hub, order.node_rank, worker))
+    return serve_node(order, RayNodeLink(hub, order.run_id, order.node_rank, worker))
 
 
 def probe_ray_worker(

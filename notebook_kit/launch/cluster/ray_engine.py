@@ -10,8 +10,11 @@ for the attempt: ``num_processes`` CPUs (and as many GPUs, on a Ray node that ha
 bundle per Ray node (``STRICT_SPREAD``). As with Dask, ``num_nodes`` above the number of Ray
 nodes puts several nodes on one Ray node (each bundle pinned to the Ray node it was probed on),
 which is how a one-machine Ray cluster runs several nodes. The group is removed when the
-attempt is forgotten, and the run's state (control value, node 0's address, events, a pool's
-commands) lives in one :class:`~notebook_kit.node.ray_task.RunHub` actor, killed with it.
+attempt is forgotten. The run's state (control value, node 0's address, events, a pool's
+commands) lives in the kernel's :class:`~notebook_kit.node.ray_task.RunHub` actor, dropped
+when the attempt is forgotten. The hub is one actor per kernel, with no CPU, made by the first
+run and reused by the next ones, as a Dask client's scheduler is; it ends with the kernel's
+Ray connection (``ray.shutdown()``, or the kernel's exit).
 
 A worker, as the rest of the cluster run names it, is one place for a node on a Ray node: a
 Ray node holds as many as it has CPUs, named ``ip/node-id#k``. A node task whose Ray worker
@@ -37,7 +40,7 @@ from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSe
 from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
 from notebook_kit.node.ray_task import RunHub, probe_ray_worker, run_ray_node
 
-__all__ = ["INSTALL_HINT", "RayEngine", "ray_engine"]
+__all__ = ["INSTALL_HINT", "RayEngine", "kernel_hub", "ray_engine"]
 
 INSTALL_HINT = "pip install 'notebook_kit[ray]'"
 _TAKE_SECONDS = 0.5  # the kernel's event thread waits this long in one call to the hub
@@ -146,10 +149,11 @@ def _why(error: BaseException) -> str:
 
 
 class _Run:
-    """What one attempt holds on the cluster: its hub, its placement group, its event thread."""
+    """What one attempt holds on the cluster: the hub's entry, its placement group, its event
+    thread."""
 
-    def __init__(self, hub: Any) -> None:
-        self.hub = hub
+    def __init__(self, hub: Any, run_id: str) -> None:
+        self.hub, self.run_id = hub, run_id
         self.group: Any = None
         self.waiting: list[tuple[NodeOrder, _RayTask]] = []
         self.pump: threading.Thread | None = None
@@ -279,12 +283,8 @@ class RayEngine:
     def _run(self, names: RunNames, control: dict[str, Any] | None = None) -> _Run | None:
         run = self._runs.get(names.run_id)
         if run is None and control is not None:
-            hub = (
-                _remote(RunHub)
-                .options(num_cpus=0, max_restarts=0, name=f"notebook_kit-{names.run_id}-hub")
-                .remote(control)
-            )
-            run = self._runs[names.run_id] = _Run(hub)
+            run = self._runs[names.run_id] = _Run(kernel_hub(), names.run_id)
+            run.hub.set_control.remote(run.run_id, control)
         return run
 
     def open_run(self, names: RunNames, num_nodes: int, events: Callable[[Any], None]) -> None:
@@ -300,7 +300,7 @@ class RayEngine:
         and the first starts the hub, whose process the kernel need not wait for."""
         run = self._run(names, control)
         if run is not None and not run.forgotten.is_set():
-            run.hub.set_control.remote(control)
+            run.hub.set_control.remote(run.run_id, control)
 
     def submit(self, order: NodeOrder, worker: str) -> _RayTask:
         """Queue the node; with the last node of the run, reserve every node's bundle
@@ -362,10 +362,10 @@ class RayEngine:
 
         run = self._run(names)
         assert run is not None
-        ray.get(run.hub.command.remote(data), timeout=_HUB_SECONDS)
+        ray.get(run.hub.command.remote(run.run_id, data), timeout=_HUB_SECONDS)
 
     def forget(self, names: RunNames, num_nodes: int, tasks: list[Any]) -> None:
-        """Cancel what still runs, remove the placement group, kill the hub."""
+        """Cancel what still runs, remove the placement group, drop the run from the hub."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -384,10 +384,40 @@ class RayEngine:
         if run.group is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(run.group)
-        with contextlib.suppress(Exception):
-            ray.kill(run.hub)
+        with contextlib.suppress(Exception):  # waited for: then nothing of the run is left
+            ray.get(run.hub.forget.remote(run.run_id), timeout=_HUB_SECONDS)
         if run.pump is not None:
             run.pump.join(timeout=_HUB_SECONDS)
+
+
+def kernel_hub() -> Any:
+    """This kernel's hub actor on the cluster it joined: made by the first run and kept by
+    the next ones (made again if it died). Its name holds the Ray job's id, so two kernels
+    sharing a Ray namespace each have their own.
+
+    Example::
+
+        ray.get(kernel_hub().runs.remote())  # the runs it holds: [] between runs
+    """
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    hub = _hubs.get(job)
+    if hub is not None:
+        try:  # a warm actor answers in milliseconds
+            ray.get(hub.runs.remote(), timeout=_HUB_SECONDS)
+            return hub
+        except Exception:  # it died: make another
+            pass
+    hub = _hubs[job] = (  # the handle that made it is kept: Ray ends an actor once it is dropped
+        _remote(RunHub)
+        .options(num_cpus=0, max_restarts=0, name=f"notebook_kit-hub-{job}", get_if_exists=True)
+        .remote()
+    )
+    return hub
+
+
+_hubs: dict[str, Any] = {}  # a Ray job's id -> the kernel's hub, by the handle that made it
 
 
 @functools.cache
@@ -422,8 +452,8 @@ def _pump(run: _Run, events: Callable[[Any], None]) -> None:
 
     while not run.forgotten.is_set():
         try:
-            batches = ray.get(run.hub.take.remote(_TAKE_SECONDS), timeout=_HUB_SECONDS)
-        except Exception:  # the hub was killed (forgotten), or slow: look again
+            batches = ray.get(run.hub.take.remote(run.run_id, _TAKE_SECONDS), timeout=_HUB_SECONDS)
+        except Exception:  # the hub is slow, or gone with the Ray connection: look again
             time.sleep(0.05)
             continue
         for batch in batches:

@@ -2888,6 +2888,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "ray-late-publish-holds-a-forgotten-run",
+        "a control value published as the run ends does not bring the run back into the hub",
+        (
+            Edit(
+                "node/ray_task.py",
+                "            if run in self._forgotten:  # a publish that crossed",
+                "            if False:  # a publish that crossed",
+            ),
+        ),
+        ("tests/test_ray_engine.py::test_the_hub_serves_each_run_until_it_is_forgotten",),
+    ),
+    Mutation(
         "ray-early-claim-refused",
         "a node's claim that reaches the hub before the kernel's first call for the run asks again",
         (

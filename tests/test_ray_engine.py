@@ -74,5 +74,7 @@ def test_the_hub_serves_each_run_until_it_is_forgotten():
         assert await asyncio.wait_for(commands, 1.0) == []
         assert hub.runs() == ["b"] and hub.control("a") is None
         assert hub.claim("a", 1, "w1") is False  # a late claim of a forgotten run
+        hub.set_control("a", {"lease": 1, "stop": False, "abort": ""})  # a late publish
+        assert hub.runs() == ["b"]
 
     asyncio.run(scenario())

@@ -21,7 +21,6 @@ Runs in a Ray worker process (the hub: in its own). Imports ray only when called
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import os
 import signal
@@ -67,7 +66,7 @@ class RunHub:
 
     def __init__(self) -> None:
         self._runs: dict[str, _RunState] = {}
-        self._forgotten: collections.deque[str] = collections.deque(maxlen=_FORGOTTEN_KEPT)
+        self._forgotten: dict[str, None] = {}  # the latest forgotten runs, oldest first
 
     def runs(self) -> list[str]:
         """The runs held (none once every run was forgotten)."""
@@ -76,6 +75,8 @@ class RunHub:
     def set_control(self, run: str, control: dict[str, Any]) -> None:
         state = self._runs.get(run)
         if state is None:
+            if run in self._forgotten:  # a publish that crossed the run's end: nothing to hold
+                return
             self._runs[run] = _RunState(control)
         else:
             state.control = control
@@ -144,7 +145,9 @@ class RunHub:
     def forget(self, run: str) -> None:
         """Drop ``run``'s state and wake whoever waits on it."""
         state = self._runs.pop(run, None)
-        self._forgotten.append(run)
+        self._forgotten[run] = None
+        if len(self._forgotten) > _FORGOTTEN_KEPT:
+            del self._forgotten[next(iter(self._forgotten))]
         if state is not None:
             state.arrived.set()
             state.commanded.set()

@@ -297,7 +297,7 @@ class RayEngine:
 
     def publish(self, names: RunNames, control: dict[str, Any]) -> None:
         """Not waited for: each value is the whole state (a counter, and flags that stay set),
-        and the first starts the hub, whose process the kernel need not wait for."""
+        and the kernel's first run waits for no hub process to start."""
         run = self._run(names, control)
         if run is not None and not run.forgotten.is_set():
             run.hub.set_control.remote(run.run_id, control)

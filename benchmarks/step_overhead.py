@@ -101,7 +101,7 @@ def _hand_written(steps: int) -> list[tuple[float, float]]:
 @contextlib.contextmanager
 def _speed_measured(measured: bool) -> Iterator[None]:
     """With ``measured`` False, the loader and the Accelerator see no step clock or counter,
-    as if the speed measurements did not exist."""
+    and a prepared model gets no gradient hook, as if the speed measurements did not exist."""
     if measured:
         yield
         return
@@ -110,6 +110,7 @@ def _speed_measured(measured: bool) -> Iterator[None]:
         (prepared_loader, "loader_counter"),
         (accelerator_module, "step_clock"),
         (accelerator_module, "speed_counter"),
+        (accelerator_module, "watch_gradients"),
     ]
     saved = [getattr(module, name) for module, name in patches]
     for module, name in patches:

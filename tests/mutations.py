@@ -2873,6 +2873,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_RAY + "test_a_ray_pool_keeps_its_ranks_between_cells_and_leaves_nothing",),
     ),
     Mutation(
+        "press-raised-on-a-line-less-instruction",
+        "a press is raised where IPython can format the traceback (a frame with a line)",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "        if frame is not None and frame.f_lineno is None and self.moved < _MOVES:",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/test_interrupt_latch.py::"
+            "test_a_press_on_an_instruction_without_a_line_is_raised_a_step_later",
+        ),
+    ),
+    Mutation(
         "ray-hub-keeps-forgotten-runs",
         "the kernel's hub drops a run's state when the run ends",
         (

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from notebook_kit.launch import interrupts
 from notebook_kit.launch.interrupts import (
     REPEAT_SECONDS,
     interrupt_latch,
@@ -75,3 +76,24 @@ def test_the_handler_is_the_kernels_again_after_the_block():
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert _press()
+
+
+def test_a_press_on_an_instruction_without_a_line_is_raised_a_step_later():
+    """IPython cannot format a traceback through a frame CPython gives no line: such a press
+    is handed on and raised at the next instruction that has one."""
+
+    class LineLess:  # a frame stopped on an instruction without a line (a loop's own jump)
+        f_lineno = None
+
+    returned = []
+    with interrupt_latch():
+        handler = signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt) as caught:
+            handler(signal.SIGINT, LineLess())  # type: ignore[operator]
+            returned.append(True)  # not raised there
+            for _ in range(100):
+                time.sleep(0.001)
+        latch = interrupts._active
+        assert latch is not None and latch.moved == 1
+    assert returned == [True]
+    assert all(isinstance(entry.lineno, int) for entry in caught.traceback)

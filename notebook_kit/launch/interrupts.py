@@ -15,6 +15,7 @@ while the cell shows its error) further presses are the same request, repeated, 
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -36,6 +37,8 @@ __all__ = [
 
 # A press this soon after the one delivered is taken as the same press, repeated.
 REPEAT_SECONDS = 1.0
+_MOVES = 100  # an interrupt is handed on at most this often before it is raised anyway
+_MOVE_SECONDS = 0.001  # ... and comes again this much later
 
 _forks_under_way = 0  # > 0 from the first before-fork hook to the last after-fork hook
 
@@ -73,12 +76,24 @@ class _Latch:
         self.pending = False  # a press arrived in such a section, not delivered yet
         self.delivered_at: float | None = None
         self.taken = False  # the launch caught the interrupt and is ending because of it
+        self.moved = 0  # presses handed on from an instruction without a line
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.repeated():
             return
         if self.holding or _forks_under_way:
             self.pending = True
+            return
+        if frame is not None and frame.f_lineno is None and self.moved < _MOVES:
+            # CPython stopped on an instruction it gives no line (a loop's own jump), and
+            # IPython cannot format a traceback through such a frame: it shows "Unexpected
+            # exception formatting exception" instead. The press comes again a moment later,
+            # once this frame has moved on (posted now, it would be raised in this handler,
+            # with that frame still below it).
+            self.moved += 1
+            again = threading.Timer(_MOVE_SECONDS, _thread.interrupt_main, (signal.SIGINT,))
+            again.daemon = True
+            again.start()
             return
         self.deliver(frame)
 

@@ -44,6 +44,7 @@ _CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
 _RAY = "tests/test_ray_integration.py::"
+_ZYGOTE = "tests/test_zygote.py::"
 _PARALLEL = "tests/test_parallelism_integration.py::"
 _PARALLEL_UNIT = "tests/test_parallelism.py::"
 _HSDP = _PARALLEL + "test_hsdp_trains_like_one_process_and_resumes_on_another_mesh"
@@ -689,13 +690,101 @@ MUTATIONS: tuple[Mutation, ...] = (
         "cluster-node-outlives-its-worker",
         "a node process dies with its Dask worker",
         (
+            Edit("node/zygote.py", "            _die_with(zygote)\n", ""),
             Edit(
-                "launch/cluster/node_process.py",
-                "    _die_with_parent(parent)\n",
-                "",
+                "node/zygote.py",
+                "            with contextlib.suppress(ProcessLookupError):\n"
+                "                os.kill(pid, signal.SIGKILL)\n"
+                "            return\n",
+                "            return\n",
+            ),
+            Edit(
+                "node/zygote.py",
+                "                os.kill(pid, signal.SIGKILL)\n        for pid in list(",
+                "                pass\n        for pid in list(",
             ),
         ),
         (f"{_CLUSTER}test_a_killed_dask_worker_is_node_lost_and_never_retrains",),
+    ),
+    Mutation(
+        "zygote-child-outlives-its-starter",
+        "a zygote's child is killed when its starter's connection closes",
+        (
+            Edit(
+                "node/zygote.py",
+                "            with contextlib.suppress(ProcessLookupError):\n"
+                "                os.kill(pid, signal.SIGKILL)\n"
+                "            return\n",
+                "            return\n",
+            ),
+        ),
+        (f"{_ZYGOTE}test_a_child_whose_starter_died_is_killed",),
+    ),
+    Mutation(
+        "zygote-outlives-its-owner",
+        "a zygote ends with its owner's process",
+        (
+            Edit(
+                "node/zygote.py",
+                '                elif key.data == "alive":\n                    self._end()\n'
+                "                    return\n",
+                '                elif key.data == "alive":\n'
+                "                    self.selector.unregister(self.alive)\n",
+            ),
+        ),
+        (f"{_ZYGOTE}test_the_zygote_ends_with_its_owner_and_takes_its_children",),
+    ),
+    Mutation(
+        "zygote-children-outlive-it",
+        "a zygote's children die with it",
+        (Edit("node/zygote.py", "            _die_with(zygote)\n", ""),),
+        (f"{_ZYGOTE}test_a_dead_zygote_is_a_clear_error_and_its_children_read_as_killed",),
+    ),
+    Mutation(
+        "zygote-dies-of-sigterm",
+        "a zygote ignores the SIGTERM a SLURM step or a process group sends every process",
+        (
+            Edit(
+                "node/zygote.py",
+                "    for signum in (signal.SIGINT, signal.SIGTERM):\n"
+                "        signal.signal(signum, signal.SIG_IGN)\n",
+                "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n",
+            ),
+        ),
+        (f"{_ZYGOTE}test_sigint_and_sigterm_to_the_zygote_leave_it_serving",),
+    ),
+    Mutation(
+        "zygote-child-keeps-the-zygotes-environment",
+        "a zygote's child takes the environment of its request",
+        (Edit("node/zygote.py", '            _take_environment(order["env"])\n', ""),),
+        (
+            f"{_ZYGOTE}test_a_child_runs_its_target_with_its_environment_streams_and_the_"
+            "preloaded_torch",
+        ),
+    ),
+    Mutation(
+        "zygote-made-per-launch",
+        "a Dask worker keeps its zygote for the next launch",
+        (
+            Edit(
+                "node/zygote.py",
+                "        if _local and _local[0].alive():\n            return _local[0]\n",
+                "",
+            ),
+        ),
+        (f"{_CLUSTER}test_the_next_launch_forks_its_nodes_from_each_workers_warm_zygote",),
+    ),
+    Mutation(
+        "ray-zygote-in-the-node-tasks-process",
+        "a Ray node's processes come from the kernel's keeper, which outlives Ray's workers",
+        (
+            Edit(
+                "node/ray_task.py",
+                "        return self._zygote\n",
+                "        return local_zygote(env).path\n",
+            ),
+        ),
+        (f"{_RAY}test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper",),
     ),
     Mutation(
         "cluster-lease-ignored",
@@ -2847,11 +2936,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/node_process.py",
-                """    _die_with_parent(parent)
-    _take_signals()
-""",
-                """    _die_with_parent(parent)
-""",
+                "    _take_signals()\n",
+                "",
             ),
         ),
         (_RAY + "test_a_killed_node_is_node_lost_and_max_restarts_trains_again",),

@@ -25,6 +25,7 @@ import notebook_kit
 from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
 from notebook_kit.node.protocol import LEASE_SECONDS
+from notebook_kit.node.task import NODE_PROCESS_NAME
 from tests.optional import needs
 
 pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
@@ -82,12 +83,20 @@ def client():
 
 
 def leftovers(client) -> dict[str, list[int]]:
-    """The processes below each Dask worker (a node process, its guardian or ranks)."""
+    """The processes below each Dask worker (a node process, its guardian or ranks), but the
+    worker's zygote, which stays warm for the next run."""
 
     def children() -> list[int]:
         import psutil
 
-        return [p.pid for p in psutil.Process().children(recursive=True)]
+        def name(process: psutil.Process) -> str:
+            try:
+                return process.name()
+            except psutil.Error:  # ended meanwhile
+                return ""
+
+        below = psutil.Process().children(recursive=True)
+        return [p.pid for p in below if name(p) != "nk-zygote"]
 
     return {w: pids for w, pids in client.run(children).items() if pids}
 
@@ -97,8 +106,8 @@ def node_processes() -> list[int]:
     import psutil
 
     found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        if "notebook_kit.launch.cluster.node_process" not in (process.info["cmdline"] or ()):
+    for process in psutil.process_iter(["pid", "name"]):
+        if process.info["name"] != NODE_PROCESS_NAME:  # forked by a zygote, as its own forks
             continue
         with contextlib.suppress(psutil.Error):
             if process.environ().get(_MARK) == _TOKEN:
@@ -305,6 +314,33 @@ def test_a_failing_rank_is_named_with_its_node_and_every_node_ends(
     if function is _raise_on_node_1:
         assert 'raise ValueError("bad batch on the second machine")' in error.failure.traceback
     assert elapsed < FAILURE_BOUND_S, f"the failure took {elapsed:.1f} s to end the run"
+    assert_nothing_left(client)
+
+
+def _node_zygotes() -> list[int]:
+    """Every rank's zygote (rank -> guardian -> node process -> zygote), gathered."""
+    import psutil
+
+    zygote = psutil.Process(os.getppid()).parent().ppid()
+    gathered: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, zygote)
+    return gathered
+
+
+def test_the_next_launch_forks_its_nodes_from_each_workers_warm_zygote(client):
+    """A Dask worker keeps the zygote its first node started: torch is imported once."""
+    options = {"cluster": client, "num_nodes": 2, "num_processes": 1, "live": False}
+    first = notebook_launcher(_node_zygotes, **options)
+    second = notebook_launcher(_node_zygotes, **options)
+    assert first == second and len(set(first)) == 2
+
+    def zygotes() -> list[int]:
+        import psutil
+
+        return [p.pid for p in psutil.Process().children() if p.name() == "nk-zygote"]
+
+    held = client.run(zygotes)
+    assert sorted(first) == sorted(pid for pids in held.values() for pid in pids), held
     assert_nothing_left(client)
 
 

@@ -61,9 +61,18 @@ except WorkerError as error:
 """
 
 
-def _below(pid: int) -> list[int]:
+def _name_of(process: psutil.Process) -> str:
     try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        return process.name()
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
+def _below(pid: int) -> list[int]:
+    """What runs below a Dask worker (not its zygote, kept for the next run)."""
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+        return [p.pid for p in below if _name_of(p) != "nk-zygote"]
     except psutil.NoSuchProcess:
         return []
 

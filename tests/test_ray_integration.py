@@ -24,6 +24,7 @@ import torch.distributed as dist
 import notebook_kit
 from notebook_kit import WorkerPool, notebook_launcher
 from notebook_kit.errors import WorkerError
+from notebook_kit.node.task import NODE_PROCESS_NAME
 from tests.optional import needs
 from tests.test_preemption_integration import _until_told
 
@@ -70,8 +71,8 @@ def node_processes() -> list[int]:
     import psutil
 
     found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        if "notebook_kit.launch.cluster.node_process" not in (process.info["cmdline"] or ()):
+    for process in psutil.process_iter(["pid", "name"]):
+        if process.info["name"] != NODE_PROCESS_NAME:  # forked by a zygote, as its own forks
             continue
         with contextlib.suppress(psutil.Error):
             if process.environ().get(_MARK) == _TOKEN:
@@ -80,8 +81,8 @@ def node_processes() -> list[int]:
 
 
 def _actors_left() -> list[str]:
-    """Every notebook_kit actor alive but the kernel's hub, every run the hub holds, and a
-    hub that ended (the kernel's hub is made once and serves every run)."""
+    """Every notebook_kit actor alive but the kernel's hub and keeper, every run the hub
+    holds, and a hub or keeper that ended (the kernel makes each once and keeps it)."""
     import ray
     from ray._private import state
 
@@ -100,7 +101,9 @@ def _actors_left() -> list[str]:
         if "notebook_kit" in str(actor.get("Name")) and actor.get("State") == "DEAD"
     ]
     runs = ray.get(_hubs[job].runs.remote(), timeout=30) if hub in alive else []
-    return [name for name in alive if name != hub] + [f"run {run}" for run in runs] + ended
+    keeper = f"notebook_kit-keeper-{job}-{ray.get_runtime_context().get_node_id()}"
+    kept = {hub, keeper}
+    return [name for name in alive if name not in kept] + [f"run {run}" for run in runs] + ended
 
 
 def _groups_left() -> list[str]:
@@ -192,6 +195,30 @@ def _train_until_stopped(limit: int = 100_000):
     return steps
 
 
+def _node_zygotes() -> list[int]:
+    """Every rank's zygote (rank -> guardian -> node process -> zygote), gathered."""
+    import psutil
+
+    zygote = psutil.Process(os.getppid()).parent().ppid()
+    gathered: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, zygote)
+    return gathered
+
+
+def test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper():
+    """The kernel's keeper actor holds its Ray node's zygote between runs, when Ray has
+    ended the node tasks' worker processes: torch is imported once."""
+    import psutil
+
+    options = {"cluster": "ray", "num_nodes": 2, "num_processes": 1, "live": False}
+    first = notebook_launcher(_node_zygotes, **options)
+    second = notebook_launcher(_node_zygotes, **options)
+    assert first == second and len(set(first)) == 1  # one Ray node: one keeper
+    keeper = psutil.Process(first[0]).parent()
+    assert " ".join(keeper.cmdline()).strip() == "ray::NodeKeeper"
+    assert_nothing_left()
+
+
 def test_stop_ends_every_node_at_the_same_step_and_the_banner_names_ray_workers():
     recorder = _Recorder()
     steps = notebook_launcher(
@@ -218,9 +245,21 @@ def _train_once_killed(starts: str) -> int:
     return int(total.item()) + 10 * attempt
 
 
+def _task_process(name: str) -> int:
+    """The pid of the Ray worker process running the task ``name`` now (Ray titles it so)."""
+    import psutil
+
+    running = [
+        process.info["pid"]
+        for process in psutil.process_iter(["pid", "cmdline"])
+        if " ".join(process.info["cmdline"] or ()).strip() == f"ray::{name}"
+    ]
+    assert len(running) == 1, running
+    return running[0]
+
+
 def _kill_node_1_once_started(starts: Path) -> dict[str, float]:
     """SIGKILL the Ray worker process running node 1's task once both ranks have started."""
-    import psutil
 
     killed: dict[str, float] = {}
 
@@ -230,14 +269,7 @@ def _kill_node_1_once_started(starts: Path) -> dict[str, float]:
             lines = starts.read_text().split("\n") if starts.exists() else []
             rank_1 = [line.split()[1] for line in lines if line.startswith("0-1 ")]
             if rank_1 and len([line for line in lines if line.startswith("0-")]) == 2:
-                # rank -> its guardian -> the node process -> the Ray worker running the task
-                # (the guardian is a fork of the node process: the same command line)
-                node_process = [
-                    p
-                    for p in psutil.Process(int(rank_1[0])).parents()
-                    if "notebook_kit.launch.cluster.node_process" in " ".join(p.cmdline())
-                ][-1]
-                os.kill(node_process.ppid(), signal.SIGKILL)
+                os.kill(_task_process("notebook_kit node 1"), signal.SIGKILL)
                 killed["at"] = time.monotonic()
                 return
             time.sleep(0.05)
@@ -345,9 +377,7 @@ def test_sigterm_to_a_ray_worker_lets_its_node_save_then_ends_the_worker(tmp_pat
                 return
             time.sleep(0.02)
         time.sleep(0.3)  # mid-run
-        guardian = int((marks / "rank-1").read_text().split()[1])  # rank 1's parent
-        node_process = psutil.Process(guardian).parent()  # the node process ...
-        sent["worker"] = node_process.ppid()  # ... is the child of the task's Ray worker
+        sent["worker"] = _task_process("notebook_kit node 1")
         os.kill(sent["worker"], signal.SIGTERM)
 
     sender = threading.Thread(target=preempt, daemon=True)

@@ -18,8 +18,8 @@ import importlib.util
 import ipaddress
 import os
 import pickle
+import select
 import socket
-import subprocess
 import sys
 import traceback
 from importlib import metadata
@@ -175,27 +175,48 @@ def _rebuild_error(payload: bytes) -> str | None:
 
 
 def _in_node_like_process(request: tuple) -> object:
-    """Ask a process started as the node task starts a node process (``python -m``, the
-    worker's working folder, the node environment) and return its answer."""
-    from notebook_kit.node.task import node_environment
+    """Ask a process started as the node task starts a node process (forked by this worker's
+    zygote, with the node environment) and return its answer."""
+    import tempfile
 
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "notebook_kit.node.probe"],
-            input=pickle.dumps(request),
-            capture_output=True,
-            env=node_environment(None),
-            timeout=_NODE_LIKE_SECONDS,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return f"a process started as a node's did not answer within {_NODE_LIKE_SECONDS:g} s"
-    if done.returncode != 0 or not done.stdout:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-        return f"a process started as a node's ended with code {done.returncode}: " + " / ".join(
-            tail
-        )
-    return pickle.loads(done.stdout)
+    from notebook_kit.node.task import node_environment
+    from notebook_kit.node.zygote import ZygoteChild, ZygoteError, local_zygote
+
+    env = node_environment(None)
+    requests, ask = os.pipe()
+    answers, answer = os.pipe()
+    with tempfile.TemporaryFile() as printed:  # what the user's code prints while rebuilt
+        try:
+            child = ZygoteChild(
+                local_zygote(env).path, "notebook_kit.node.probe:serve", [requests, answer],
+                env, name="nk-probe", streams=(printed.fileno(), printed.fileno()),
+                timeout=_NODE_LIKE_SECONDS,
+            )  # fmt: skip
+        except ZygoteError as error:
+            for fd in (ask, answers):
+                os.close(fd)
+            return f"a process started as a node's could not start: {error}"
+        finally:
+            os.close(requests)
+            os.close(answer)
+        try:
+            with os.fdopen(ask, "wb") as sending:
+                sending.write(pickle.dumps(request))
+        except OSError:
+            pass  # it ended early: its exit code says why
+        with os.fdopen(answers, "rb") as receiving:
+            ready = select.select([receiving], [], [], _NODE_LIKE_SECONDS)[0]
+            data = receiving.read() if ready else b""
+        if not ready:
+            child.kill()
+            child.wait()
+            return f"a process started as a node's did not answer within {_NODE_LIKE_SECONDS:g} s"
+        code = child.wait()
+        if code != 0 or not data:
+            printed.seek(0)
+            tail = printed.read().decode(errors="replace").strip().splitlines()[-3:]
+            return f"a process started as a node's ended with code {code}: " + " / ".join(tail)
+    return pickle.loads(data)
 
 
 def _answer(request: tuple) -> object:
@@ -220,18 +241,11 @@ def _importable(name: str) -> bool:
         return False
 
 
-def _serve() -> None:
-    """``python -m notebook_kit.node.probe``: a request on stdin, its answer on stdout.
-
-    What the user's code prints while it is rebuilt goes to stderr, so stdout carries only
-    the answer.
-    """
-    answer_to = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    request = pickle.loads(sys.stdin.buffer.read())
-    answer_to.write(pickle.dumps(_answer(request)))
-    answer_to.flush()
-
-
-if __name__ == "__main__":
-    _serve()
+def serve(argv: list[str]) -> int:
+    """In a zygote's child: a request on the first pipe, its answer on the second."""
+    with os.fdopen(int(argv[0]), "rb") as requests:
+        request = pickle.loads(requests.read())
+    answer = pickle.dumps(_answer(request))
+    with os.fdopen(int(argv[1]), "wb") as answers:
+        answers.write(answer)
+    return 0

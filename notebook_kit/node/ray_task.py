@@ -31,9 +31,10 @@ from typing import Any
 
 from notebook_kit.node.probe import probe_report
 from notebook_kit.node.protocol import Control, NodeOrder, NodeReport, ProbeReport, Rendezvous
-from notebook_kit.node.task import serve_node
+from notebook_kit.node.task import node_environment, serve_node
+from notebook_kit.node.zygote import local_zygote
 
-__all__ = ["RayNodeLink", "RunHub", "probe_ray_worker", "run_ray_node"]
+__all__ = ["NodeKeeper", "RayNodeLink", "RunHub", "probe_ray_worker", "run_ray_node"]
 
 _RPC_SECONDS = 2.0  # no hub call of a node task waits longer, but the first:
 _HUB_START_SECONDS = 60.0  # the hub's process starts with the node tasks'
@@ -153,11 +154,35 @@ class RunHub:
             state.commanded.set()
 
 
-class RayNodeLink:
-    """A node task's link on a Ray cluster: calls to the :class:`RunHub`, for its run."""
+class NodeKeeper:
+    """What a kernel keeps warm on one Ray node (made an actor by ``ray.remote``, pinned to
+    its Ray node, with no CPU): the zygote that forks the node processes of its runs there,
+    and a process that has imported what the probe imports.
 
-    def __init__(self, hub: Any, run: str, node_rank: int, worker: str) -> None:
+    Ray ends an idle worker process when its node holds more than it has CPUs, and a node
+    task's process with it, so a zygote in the node task's own process would not be there
+    for the next run; an actor lives until the kernel that made it leaves Ray.
+    """
+
+    def __init__(self) -> None:
+        self.zygote()  # it imports torch while the kernel probes
+
+    def zygote(self) -> str:
+        """The socket of this Ray node's zygote (started again if it died)."""
+        return local_zygote(node_environment(None)).path
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` here (a probe, a shipping check)."""
+        return function(*args)
+
+
+class RayNodeLink:
+    """A node task's link on a Ray cluster: calls to the :class:`RunHub`, for its run, and the
+    zygote of its Ray node's :class:`NodeKeeper`."""
+
+    def __init__(self, hub: Any, run: str, node_rank: int, worker: str, zygote: str) -> None:
         self._hub, self._run, self._node, self.worker = hub, run, node_rank, worker
+        self._zygote = zygote
         self._listening = threading.Event()
 
     def _call(self, method: Any, *args: Any, wait: float = _RPC_SECONDS) -> Any:
@@ -213,6 +238,9 @@ class RayNodeLink:
     def close(self) -> None:
         self._listening.clear()
 
+    def zygote(self, env: dict[str, str]) -> str:
+        return self._zygote
+
     def hold_sigterm(self, forward: Callable[[], None]) -> Callable[[], None]:
         """A Ray worker told SIGTERM (its Ray node draining, a pod deleted) exits at once, and
         its node with it. The task runs on the worker's main thread, which takes the signal
@@ -239,9 +267,9 @@ class RayNodeLink:
         return release
 
 
-def run_ray_node(order: NodeOrder, hub: Any, worker: str) -> NodeReport:
+def run_ray_node(order: NodeOrder, hub: Any, worker: str, zygote: str) -> NodeReport:
     """The Ray task of one node: run it, relay it, and report how it ended."""
-    return serve_node(order, RayNodeLink(hub, order.run_id, order.node_rank, worker))
+    return serve_node(order, RayNodeLink(hub, order.run_id, order.node_rank, worker, zygote))
 
 
 def probe_ray_worker(

@@ -1,11 +1,12 @@
-"""The node task: a Dask task that runs one node of a cluster run in a fresh process.
+"""The node task: a Dask task that runs one node of a cluster run in its own process.
 
-The task thread of the Dask worker starts ``python -m notebook_kit.launch.cluster.node_process``
-(a fresh interpreter: forking the multithreaded Dask worker would copy locks held by its other
-threads), hands it the order over a pipe, and then only relays: the node's events go to the
-scheduler as one Dask event a few times a second, and the kernel's control variable (Stop,
-abort, lease) goes to the node. The node process dies with this thread (``PR_SET_PDEATHSIG``),
-so a Dask worker that dies takes its node with it; its guardian then stops the ranks.
+The task thread of the Dask worker has its node process forked by the worker's zygote
+(:mod:`notebook_kit.node.zygote`: a fresh interpreter that imported torch once, as forking the
+multithreaded Dask worker itself would copy locks held by its other threads), hands it the
+order over a pipe, and then only relays: the node's events go to the scheduler as one Dask
+event a few times a second, and the kernel's control variable (Stop, abort, lease) goes to the
+node. The node process dies with this task's process, so a Dask worker that dies takes its node
+with it; its guardian then stops the ranks.
 
 A task whose worker died may be run again by Dask (``allowed-failures``). Each node marks
 itself started on the scheduler first, so a second run of the same node refuses to train.
@@ -23,8 +24,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,8 +45,13 @@ from notebook_kit.node.protocol import (
     decode,
     encode,
 )
+from notebook_kit.node.zygote import ZygoteChild, local_zygote
 
-__all__ = ["DaskNodeLink", "NodeLink", "node_environment", "run_node", "serve_node"]
+__all__ = [
+    "NODE_PROCESS_NAME", "DaskNodeLink", "NodeLink", "node_environment", "run_node", "serve_node",
+]  # fmt: skip
+
+NODE_PROCESS_NAME = "nk-node"  # a node process's name (/proc/PID/comm)
 
 _BATCH_SECONDS = 0.25  # events leave in one Dask event this often (and a heartbeat if idle)
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
@@ -83,6 +87,10 @@ class NodeLink(Protocol):
 
     def close(self) -> None:
         """Stop listening; nothing of the link stays."""
+
+    def zygote(self, env: dict[str, str]) -> str:
+        """The socket of the zygote that forks this node's process (``env``: the one it starts
+        with, if it must be started)."""
 
     def hold_sigterm(self, forward: Callable[[], None]) -> Callable[[], None]:
         """While the node runs, SIGTERM to the engine's worker process calls ``forward`` (to
@@ -133,6 +141,10 @@ class DaskNodeLink:
         if self._listening:
             with contextlib.suppress(Exception):
                 self._client.unsubscribe_topic(self._names.commands)
+
+    def zygote(self, env: dict[str, str]) -> str:
+        """The worker process's own zygote: it lives as long as the worker."""
+        return local_zygote(env).path
 
     def hold_sigterm(self, forward: Callable[[], None]) -> Callable[[], None]:
         """A Dask worker process told SIGTERM (Kubernetes deleting its pod, a VM shutting
@@ -230,7 +242,7 @@ class _Control(threading.Thread):
         return "lease" if self.lease_expired else ""
 
 
-def _signal(process: subprocess.Popen, signum: int) -> None:
+def _signal(process: ZygoteChild, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signum)
 
@@ -244,7 +256,7 @@ def serve_node(order: NodeOrder, link: NodeLink) -> NodeReport:
     """One node, on any engine: start its node process, relay until it ends, report."""
     control = _Control(link, order.lease_seconds, wants_master=order.node_rank != 0)
     relay = _Relay(order, control, link)
-    relay.start()  # the node process imports torch while the claim is asked
+    relay.start()
     try:
         claimed = link.claim()
     except BaseException:
@@ -292,15 +304,22 @@ class _Relay:
         """Start the node process; it waits for its order on the orders pipe."""
         orders_read, self.orders = multiprocessing.Pipe(duplex=False)
         self.events, events_write = multiprocessing.Pipe(duplex=False)
-        fds = (orders_read.fileno(), events_write.fileno())
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "notebook_kit.launch.cluster.node_process", *map(str, fds)],
-            pass_fds=fds,
-            env=node_environment(self.order.interface),
-            stdin=subprocess.DEVNULL,
-        )
-        orders_read.close()
-        events_write.close()
+        env = node_environment(self.order.interface)
+        try:
+            self.process = ZygoteChild(
+                self.link.zygote(env),
+                "notebook_kit.launch.cluster.node_process:main",
+                [orders_read.fileno(), events_write.fileno()],
+                env,
+                name=NODE_PROCESS_NAME,
+            )
+        except BaseException:
+            for end in (self.orders, self.events, self.wake, self._ring):
+                end.close()
+            raise
+        finally:
+            orders_read.close()
+            events_write.close()
 
     def abandon(self) -> None:
         """End the node process before it was given its order (the node was refused)."""
@@ -334,7 +353,7 @@ class _Relay:
             exit_code=process.returncode,
         )
 
-    def _relay(self, process: subprocess.Popen, events: Any, orders: Any) -> None:
+    def _relay(self, process: ZygoteChild, events: Any, orders: Any) -> None:
         last_sent = time.monotonic()
         open_pipe = True
         while open_pipe or process.poll() is None:
@@ -375,7 +394,7 @@ class _Relay:
             self.batch.append(data)
             self.urgent = self.urgent or tag == URGENT
 
-    def _obey(self, process: subprocess.Popen, orders: Any) -> None:
+    def _obey(self, process: ZygoteChild, orders: Any) -> None:
         if not self.master_sent and self.control.master is not None:
             self.master_sent = True
             with contextlib.suppress(OSError):

@@ -1,6 +1,6 @@
-"""The node process: one node of a cluster run, started fresh by its Dask task.
+"""The node process: one node of a cluster run, forked for its node task by a zygote.
 
-``python -m notebook_kit.launch.cluster.node_process ORDERS_FD EVENTS_FD`` reads its
+:func:`main` (``ORDERS_FD EVENTS_FD``; :mod:`notebook_kit.node.zygote` calls it) reads its
 :class:`~notebook_kit.node.protocol.NodeOrder` from the first pipe, runs today's launcher for
 this node's ranks (guardian, forked ranks, thread budget, fork-safety checks and GPU choice as
 on one machine), and writes its events and outcome to the second. Node 0 binds its rendezvous
@@ -10,11 +10,8 @@ no gap between choosing the port and listening on it.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import socket
-import sys
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,13 +41,9 @@ from notebook_kit.node.protocol import (
 
 __all__ = ["main", "node_options", "node_threads"]
 
-_PR_SET_PDEATHSIG = 1
-
 
 def main(argv: list[str]) -> int:
     """Run the node described on the orders pipe; the exit code is 0 unless the pipe broke."""
-    parent = os.getppid()
-    _die_with_parent(parent)
     _take_signals()
     orders, events = Connection(int(argv[0])), Connection(int(argv[1]), readable=False)
     order = decode(orders.recv_bytes(), NodeOrder)
@@ -160,18 +153,3 @@ def _take_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # inherited as ignored: Python
         signal.signal(signal.SIGINT, signal.default_int_handler)  # left it so at start-up
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when the task thread that started it ends (the worker died)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -38,9 +38,9 @@ from notebook_kit.launch.cluster.code_shipping import payload_asking
 from notebook_kit.launch.cluster.connect import choose_workers
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
 from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
-from notebook_kit.node.ray_task import RunHub, probe_ray_worker, run_ray_node
+from notebook_kit.node.ray_task import NodeKeeper, RunHub, probe_ray_worker, run_ray_node
 
-__all__ = ["INSTALL_HINT", "RayEngine", "kernel_hub", "ray_engine"]
+__all__ = ["INSTALL_HINT", "RayEngine", "keeper", "kernel_hub", "ray_engine"]
 
 INSTALL_HINT = "pip install 'notebook_kit[ray]'"
 _TAKE_SECONDS = 0.5  # the kernel's event thread waits this long in one call to the hub
@@ -233,27 +233,39 @@ class RayEngine:
     def _ask_each(
         self, workers: list[str], function: Callable, arguments: Callable[[str], tuple]
     ) -> list[Any]:
-        """``function(*arguments(worker))`` once on the Ray node of each worker, in order."""
+        """``function(*arguments(worker))`` once on the Ray node of each worker, in order: in
+        the kernel's keeper there (made by the first ask), which answers warm from the second
+        launch on; a keeper that died is made again."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [self._places[worker].node_id for worker in workers]
+        try:
+            return self._call_keepers(nodes, workers, function, arguments)
+        except ray.exceptions.RayActorError:
+            return self._call_keepers(nodes, workers, function, arguments)
+
+    def _call_keepers(
+        self,
+        nodes: list[str],
+        workers: list[str],
+        function: Callable,
+        arguments: Callable[[str], tuple],
+    ) -> list[Any]:
+        import ray
 
         refs = [
-            _remote(function)
-            .options(
-                num_cpus=0,
-                max_retries=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    self._places[worker].node_id, soft=False
-                ),
-            )
-            .remote(*arguments(worker))
-            for worker in workers
+            keeper(node).call.remote(function, *arguments(worker))
+            for node, worker in zip(nodes, workers, strict=True)
         ]
         try:
             return ray.get(refs, timeout=PROBE_TIMEOUT_SECONDS)
+        except ray.exceptions.RayActorError:
+            for node in nodes:  # the next ask makes another where one died
+                _forget_keeper_if_dead(node)
+            raise
         except ray.exceptions.GetTimeoutError as error:
             _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
-            for ref in waiting:  # never started: its Ray node has no worker process for it
+            for ref in waiting:  # never started: its Ray node has no process for the keeper
                 _cancel(ref)
             silent = [w for w, ref in zip(workers, refs, strict=True) if ref in waiting]
             raise ClusterSetupError(
@@ -336,6 +348,7 @@ class RayEngine:
                 f"rendezvous_timeout={bound:g} s: other work holds those resources. Wait for "
                 f"it to end (ray status shows it), or add Ray nodes."
             )
+        zygotes = ray.get([keeper(node).zygote.remote() for node in nodes], timeout=bound)
         node_task = _remote(run_ray_node)
         for index, (order, task) in enumerate(run.waiting):
             task.ref = node_task.options(
@@ -346,7 +359,7 @@ class RayEngine:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     run.group, placement_group_bundle_index=index
                 ),
-            ).remote(order, run.hub, task.worker)
+            ).remote(order, run.hub, task.worker, zygotes[index])
 
     def _bundle(self, order: NodeOrder, worker: str) -> dict[str, float]:
         """A node's resources: a CPU per rank, and a GPU per rank on a Ray node with enough
@@ -418,6 +431,50 @@ def kernel_hub() -> Any:
 
 
 _hubs: dict[str, Any] = {}  # a Ray job's id -> the kernel's hub, by the handle that made it
+
+
+def keeper(node_id: str) -> Any:
+    """This kernel's :class:`~notebook_kit.node.ray_task.NodeKeeper` on a Ray node: made by
+    the first probe there, kept as the hub is, and ended with the kernel's Ray connection.
+
+    Example::
+
+        ray.get(keeper(node_id).zygote.remote())  # the socket its node processes come from
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    job = ray.get_runtime_context().get_job_id()
+    made = _keepers.get((job, node_id))
+    if made is None:
+        made = _keepers[(job, node_id)] = (
+            _remote(NodeKeeper)
+            .options(
+                num_cpus=0,
+                max_restarts=0,
+                name=f"notebook_kit-keeper-{job}-{node_id}",
+                get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote()
+        )
+    return made
+
+
+def _forget_keeper_if_dead(node_id: str) -> None:
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    made = _keepers.get((job, node_id))
+    if made is None:
+        return
+    try:
+        ray.get(made.zygote.remote(), timeout=_HUB_SECONDS)
+    except Exception:
+        _keepers.pop((job, node_id), None)
+
+
+_keepers: dict[tuple[str, str], Any] = {}  # (Ray job, Ray node) -> the kernel's keeper there
 
 
 @functools.cache

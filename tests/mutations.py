@@ -775,6 +775,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{_CLUSTER}test_the_next_launch_forks_its_nodes_from_each_workers_warm_zygote",),
     ),
     Mutation(
+        "ray-dead-keeper-kept",
+        "a keeper that died is made again by the next launch",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "        _keepers.pop((job, node_id), None)\n",
+                "        pass\n",
+            ),
+        ),
+        (f"{_RAY}test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper",),
+    ),
+    Mutation(
         "ray-zygote-in-the-node-tasks-process",
         "a Ray node's processes come from the kernel's keeper, which outlives Ray's workers",
         (

@@ -80,6 +80,9 @@ def node_processes() -> list[int]:
     return found
 
 
+_KILLED_HERE: set[int] = set()  # processes of actors a test killed on purpose
+
+
 def _actors_left() -> list[str]:
     """Every notebook_kit actor alive but the kernel's hub and keeper, every run the hub
     holds, and a hub or keeper that ended (the kernel makes each once and keeps it)."""
@@ -98,11 +101,14 @@ def _actors_left() -> list[str]:
     ended = [
         f"an ended {actor['Name']}"
         for actor in state.actors().values()
-        if "notebook_kit" in str(actor.get("Name")) and actor.get("State") == "DEAD"
+        if "notebook_kit" in str(actor.get("Name"))
+        and actor.get("State") == "DEAD"
+        and actor.get("Pid") not in _KILLED_HERE
     ]
     runs = ray.get(_hubs[job].runs.remote(), timeout=30) if hub in alive else []
     keeper = f"notebook_kit-keeper-{job}-{ray.get_runtime_context().get_node_id()}"
-    kept = {hub, keeper}
+    keepers = [name for name in alive if name.startswith(keeper)]
+    kept = {hub, *keepers[:1]}  # one keeper at most: it is made again only once one died
     return [name for name in alive if name not in kept] + [f"run {run}" for run in runs] + ended
 
 
@@ -216,6 +222,12 @@ def test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper():
     assert first == second and len(set(first)) == 1  # one Ray node: one keeper
     keeper = psutil.Process(first[0]).parent()
     assert " ".join(keeper.cmdline()).strip() == "ray::NodeKeeper"
+    assert_nothing_left()
+    _KILLED_HERE.add(keeper.pid)
+    keeper.kill()  # its zygote ends with it; the next launch makes another keeper
+    assert psutil.wait_procs([psutil.Process(first[0])], timeout=10)[0]
+    third = notebook_launcher(_node_zygotes, **options)
+    assert len(set(third)) == 1 and third[0] != first[0]
     assert_nothing_left()
 
 

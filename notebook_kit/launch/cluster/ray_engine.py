@@ -447,12 +447,14 @@ def keeper(node_id: str) -> Any:
     job = ray.get_runtime_context().get_job_id()
     made = _keepers.get((job, node_id))
     if made is None:
+        # A keeper made again gets a name of its own: the dead one's may not be free yet.
+        again = _keepers_lost.get((job, node_id), 0)
         made = _keepers[(job, node_id)] = (
             _remote(NodeKeeper)
             .options(
                 num_cpus=0,
                 max_restarts=0,
-                name=f"notebook_kit-keeper-{job}-{node_id}",
+                name=f"notebook_kit-keeper-{job}-{node_id}" + (f"-{again}" if again else ""),
                 get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             )
@@ -472,9 +474,11 @@ def _forget_keeper_if_dead(node_id: str) -> None:
         ray.get(made.zygote.remote(), timeout=_HUB_SECONDS)
     except Exception:
         _keepers.pop((job, node_id), None)
+        _keepers_lost[(job, node_id)] = _keepers_lost.get((job, node_id), 0) + 1
 
 
 _keepers: dict[tuple[str, str], Any] = {}  # (Ray job, Ray node) -> the kernel's keeper there
+_keepers_lost: dict[tuple[str, str], int] = {}  # how many keepers died there
 
 
 @functools.cache

@@ -45,6 +45,15 @@ _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
 _RAY = "tests/test_ray_integration.py::"
 _ZYGOTE = "tests/test_zygote.py::"
+
+# The zygote no longer kills a child whose starter's connection closed.
+_STARTER_GONE_UNHEARD = Edit(
+    "node/zygote.py",
+    "            with contextlib.suppress(ProcessLookupError):\n"
+    "                os.kill(pid, signal.SIGKILL)\n"
+    "            return\n",
+    "            return\n",
+)
 _PARALLEL = "tests/test_parallelism_integration.py::"
 _PARALLEL_UNIT = "tests/test_parallelism.py::"
 _HSDP = _PARALLEL + "test_hsdp_trains_like_one_process_and_resumes_on_another_mesh"
@@ -691,13 +700,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a node process dies with its Dask worker",
         (
             Edit("node/zygote.py", "            _die_with(zygote)\n", ""),
-            Edit(
-                "node/zygote.py",
-                "            with contextlib.suppress(ProcessLookupError):\n"
-                "                os.kill(pid, signal.SIGKILL)\n"
-                "            return\n",
-                "            return\n",
-            ),
+            _STARTER_GONE_UNHEARD,
             Edit(
                 "node/zygote.py",
                 "                os.kill(pid, signal.SIGKILL)\n        for pid in list(",
@@ -709,15 +712,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "zygote-child-outlives-its-starter",
         "a zygote's child is killed when its starter's connection closes",
-        (
-            Edit(
-                "node/zygote.py",
-                "            with contextlib.suppress(ProcessLookupError):\n"
-                "                os.kill(pid, signal.SIGKILL)\n"
-                "            return\n",
-                "            return\n",
-            ),
-        ),
+        (_STARTER_GONE_UNHEARD,),
         (f"{_ZYGOTE}test_a_child_whose_starter_died_is_killed",),
     ),
     Mutation(

@@ -253,6 +253,7 @@ class _Server:
 
     def _accept(self) -> None:
         connection, _ = self.listener.accept()
+        fds: list[int] = []
         try:
             connection.settimeout(_REQUEST_SECONDS)
             header, fds, _, _ = socket.recv_fds(connection, _INT.size, _MAX_FDS)
@@ -266,8 +267,10 @@ class _Server:
                     raise EOFError("the starter left mid-request")
                 request += chunk
             order = pickle.loads(request)
-        except (OSError, EOFError, pickle.UnpicklingError, struct.error):
+        except Exception:  # a starter that left or sent nonsense: the zygote serves on
             connection.close()
+            for fd in fds:
+                os.close(fd)
             return
         zygote = os.getpid()
         try:

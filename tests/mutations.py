@@ -763,8 +763,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "node/zygote.py",
-                "        if _local and _local[0].alive():\n            return _local[0]\n",
-                "",
+                "        if _local is None or not _local.alive():\n",
+                "        if True:\n",
             ),
         ),
         (f"{_CLUSTER}test_the_next_launch_forks_its_nodes_from_each_workers_warm_zygote",),
@@ -775,8 +775,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/ray_engine.py",
-                "        _keepers.pop((job, node_id), None)\n",
-                "        pass\n",
+                "            _deaths[key] = _deaths.get(key, 0) + 1\n",
+                "            return made\n",
             ),
         ),
         (f"{_RAY}test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper",),
@@ -3025,7 +3025,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/ray_engine.py",
-                "    if hub is not None:\n        try:",
+                "    if made is not None:\n        try:",
                 "    if False:\n        try:",
             ),
         ),

@@ -89,8 +89,6 @@ def _actors_left() -> list[str]:
     import ray
     from ray._private import state
 
-    from notebook_kit.launch.cluster.ray_engine import _hubs
-
     job = ray.get_runtime_context().get_job_id()
     hub = f"notebook_kit-hub-{job}"
     alive = [
@@ -105,7 +103,7 @@ def _actors_left() -> list[str]:
         and actor.get("State") == "DEAD"
         and actor.get("Pid") not in _KILLED_HERE
     ]
-    runs = ray.get(_hubs[job].runs.remote(), timeout=30) if hub in alive else []
+    runs = ray.get(ray.get_actor(hub).runs.remote(), timeout=30) if hub in alive else []
     keeper = f"notebook_kit-keeper-{job}-{ray.get_runtime_context().get_node_id()}"
     keepers = [name for name in alive if name.startswith(keeper)]
     kept = {hub, *keepers[:1]}  # one keeper at most: it is made again only once one died

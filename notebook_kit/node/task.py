@@ -314,8 +314,7 @@ class _Relay:
                 name=NODE_PROCESS_NAME,
             )
         except BaseException:
-            for end in (self.orders, self.events, self.wake, self._ring):
-                end.close()
+            self._close_ends()
             raise
         finally:
             orders_read.close()
@@ -325,6 +324,9 @@ class _Relay:
         """End the node process before it was given its order (the node was refused)."""
         self.process.kill()
         self.process.wait()
+        self._close_ends()
+
+    def _close_ends(self) -> None:
         for end in (self.orders, self.events, self.wake, self._ring):
             end.close()
 

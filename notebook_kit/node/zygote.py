@@ -69,7 +69,6 @@ class Zygote:
     """
 
     def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD) -> None:
-        self.env = dict(env)
         self._folder = tempfile.mkdtemp(prefix="notebook_kit-zygote-")
         self.path = os.path.join(self._folder, "socket")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -81,7 +80,7 @@ class Zygote:
                 [sys.executable, "-m", "notebook_kit.node.zygote",
                  str(listener.fileno()), str(alive_read), ",".join(preload)],
                 pass_fds=(listener.fileno(), alive_read),
-                env=self.env,
+                env=env,
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:
@@ -190,7 +189,7 @@ class ZygoteChild:
         self.send_signal(signal.SIGTERM)
 
 
-_local: list[Zygote] = []
+_local: Zygote | None = None
 _local_lock = threading.Lock()
 
 
@@ -198,13 +197,13 @@ def local_zygote(env: dict[str, str]) -> Zygote:
     """This process's zygote, started with ``env`` by the first call (and again if it died).
 
     Kept for the life of this process: the next run's nodes start from it warm."""
+    global _local
     with _local_lock:
-        if _local and _local[0].alive():
-            return _local[0]
-        if _local:
-            _local.pop().close()
-        _local.append(Zygote(env))
-        return _local[0]
+        if _local is None or not _local.alive():
+            if _local is not None:
+                _local.close()
+            _local = Zygote(env)
+        return _local
 
 
 def _read_int(sock: socket.socket) -> int:

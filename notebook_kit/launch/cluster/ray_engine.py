@@ -235,34 +235,15 @@ class RayEngine:
     ) -> list[Any]:
         """``function(*arguments(worker))`` once on the Ray node of each worker, in order: in
         the kernel's keeper there (made by the first ask), which answers warm from the second
-        launch on; a keeper that died is made again."""
-        import ray
-
-        nodes = [self._places[worker].node_id for worker in workers]
-        try:
-            return self._call_keepers(nodes, workers, function, arguments)
-        except ray.exceptions.RayActorError:
-            return self._call_keepers(nodes, workers, function, arguments)
-
-    def _call_keepers(
-        self,
-        nodes: list[str],
-        workers: list[str],
-        function: Callable,
-        arguments: Callable[[str], tuple],
-    ) -> list[Any]:
+        launch on."""
         import ray
 
         refs = [
-            keeper(node).call.remote(function, *arguments(worker))
-            for node, worker in zip(nodes, workers, strict=True)
+            keeper(self._places[worker].node_id).call.remote(function, *arguments(worker))
+            for worker in workers
         ]
         try:
             return ray.get(refs, timeout=PROBE_TIMEOUT_SECONDS)
-        except ray.exceptions.RayActorError:
-            for node in nodes:  # the next ask makes another where one died
-                _forget_keeper_if_dead(node)
-            raise
         except ray.exceptions.GetTimeoutError as error:
             _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in waiting:  # never started: its Ray node has no process for the keeper
@@ -405,80 +386,57 @@ class RayEngine:
 
 def kernel_hub() -> Any:
     """This kernel's hub actor on the cluster it joined: made by the first run and kept by
-    the next ones (made again if it died). Its name holds the Ray job's id, so two kernels
-    sharing a Ray namespace each have their own.
+    the next ones (made again if it died).
 
     Example::
 
         ray.get(kernel_hub().runs.remote())  # the runs it holds: [] between runs
     """
-    import ray
-
-    job = ray.get_runtime_context().get_job_id()
-    hub = _hubs.get(job)
-    if hub is not None:
-        try:  # a warm actor answers in milliseconds
-            ray.get(hub.runs.remote(), timeout=_HUB_SECONDS)
-            return hub
-        except Exception:  # it died: make another
-            pass
-    hub = _hubs[job] = (  # the handle that made it is kept: Ray ends an actor once it is dropped
-        _remote(RunHub)
-        .options(num_cpus=0, max_restarts=0, name=f"notebook_kit-hub-{job}", get_if_exists=True)
-        .remote()
-    )
-    return hub
-
-
-_hubs: dict[str, Any] = {}  # a Ray job's id -> the kernel's hub, by the handle that made it
+    return _kept(RunHub, "hub", "", "runs")
 
 
 def keeper(node_id: str) -> Any:
     """This kernel's :class:`~notebook_kit.node.ray_task.NodeKeeper` on a Ray node: made by
-    the first probe there, kept as the hub is, and ended with the kernel's Ray connection.
+    the first probe there, kept as the hub is.
 
     Example::
 
         ray.get(keeper(node_id).zygote.remote())  # the socket its node processes come from
     """
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return _kept(NodeKeeper, "keeper", node_id, "zygote", scheduling_strategy=pinned)
+
+
+def _kept(actor: type, kind: str, place: str, ping: str, **options: Any) -> Any:
+    """This kernel's ``kind`` actor (at ``place``), with no CPU: made once, and kept while it
+    answers ``ping`` (a warm actor answers in milliseconds). It ends with the kernel's Ray
+    connection. Its name holds the Ray job's id, so two kernels sharing a Ray namespace each
+    have their own; one made again after a death gets a name of its own, as Ray may still
+    hold the dead one's."""
+    import ray
+
     job = ray.get_runtime_context().get_job_id()
-    made = _keepers.get((job, node_id))
-    if made is None:
-        # A keeper made again gets a name of its own: the dead one's may not be free yet.
-        again = _keepers_lost.get((job, node_id), 0)
-        made = _keepers[(job, node_id)] = (
-            _remote(NodeKeeper)
-            .options(
-                num_cpus=0,
-                max_restarts=0,
-                name=f"notebook_kit-keeper-{job}-{node_id}" + (f"-{again}" if again else ""),
-                get_if_exists=True,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            )
-            .remote()
-        )
+    key = (job, kind, place)
+    made = _actors.get(key)
+    if made is not None:
+        try:
+            ray.get(getattr(made, ping).remote(), timeout=_HUB_SECONDS)
+            return made
+        except Exception:  # it died: make another
+            _deaths[key] = _deaths.get(key, 0) + 1
+    name = "-".join(p for p in ("notebook_kit", kind, job, place, str(_deaths.get(key, ""))) if p)
+    made = _actors[key] = (  # the handle that made it is kept: Ray ends an actor once dropped
+        _remote(actor)
+        .options(num_cpus=0, max_restarts=0, name=name, get_if_exists=True, **options)
+        .remote()
+    )
     return made
 
 
-def _forget_keeper_if_dead(node_id: str) -> None:
-    import ray
-
-    job = ray.get_runtime_context().get_job_id()
-    made = _keepers.get((job, node_id))
-    if made is None:
-        return
-    try:
-        ray.get(made.zygote.remote(), timeout=_HUB_SECONDS)
-    except Exception:
-        _keepers.pop((job, node_id), None)
-        _keepers_lost[(job, node_id)] = _keepers_lost.get((job, node_id), 0) + 1
-
-
-_keepers: dict[tuple[str, str], Any] = {}  # (Ray job, Ray node) -> the kernel's keeper there
-_keepers_lost: dict[tuple[str, str], int] = {}  # how many keepers died there
+_actors: dict[tuple[str, str, str], Any] = {}  # (Ray job, kind, place) -> the kernel's actor
+_deaths: dict[tuple[str, str, str], int] = {}  # how many of those died
 
 
 @functools.cache

@@ -782,6 +782,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{_RAY}test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper",),
     ),
     Mutation(
+        "ray-control-asked-beside-every-batch",
+        "a node that sends batches reads the control value from their answers",
+        (
+            Edit(
+                "node/ray_task.py",
+                "        control = self._answered()\n",
+                "        control = _UNANSWERED\n",
+            ),
+        ),
+        (f"{_RAY}test_a_node_sending_batches_reads_the_control_value_from_their_answers",),
+    ),
+    Mutation(
         "ray-zygote-in-the-node-tasks-process",
         "a Ray node's processes come from the kernel's keeper, which outlives Ray's workers",
         (

@@ -62,7 +62,7 @@ def test_the_hub_serves_each_run_until_it_is_forgotten():
         hub.set_control("a", {"lease": 0, "stop": False, "abort": ""})
         hub.set_control("b", {"lease": 0, "stop": False, "abort": ""})
         assert hub.claim("a", 0, "w0") is True and hub.claim("a", 0, "w1") is False
-        hub.put("a", 0, [b"event"])
+        assert hub.put("a", 0, [b"event"]) == {"lease": 0, "stop": False, "abort": ""}
         hub.put("b", 1, [b"other"])
         taken = await hub.take("a", 1.0)
         assert [batch for _, batch in taken] == [{"node": 0, "events": [b"event"]}]
@@ -74,6 +74,7 @@ def test_the_hub_serves_each_run_until_it_is_forgotten():
         assert await asyncio.wait_for(commands, 1.0) == []
         assert hub.runs() == ["b"] and hub.control("a") is None
         assert hub.claim("a", 1, "w1") is False  # a late claim of a forgotten run
+        assert hub.put("a", 1, [b"late"]) is None  # a late batch: the node hears it is gone
         hub.set_control("a", {"lease": 1, "stop": False, "abort": ""})  # a late publish
         assert hub.runs() == ["b"]
 

@@ -229,6 +229,37 @@ def test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper():
     assert_nothing_left()
 
 
+def test_a_node_sending_batches_reads_the_control_value_from_their_answers(monkeypatch):
+    """While batches flow, a node's control thread reads the value the latest put answered
+    and does not call the hub itself; once the answer is old, it asks the hub."""
+    import ray
+
+    from notebook_kit.node import ray_task
+
+    def control(lease: int) -> dict:
+        return {"lease": lease, "stop": False, "abort": ""}
+
+    hub = ray.remote(ray_task.RunHub).options(num_cpus=0).remote()
+    try:
+        ray.get(hub.set_control.remote("run", control(1)))
+        link = ray_task.RayNodeLink(hub, "run", 0, "w0", zygote="")
+        monkeypatch.setattr(ray_task, "CONTROL_PERIOD_SECONDS", 3600.0)  # every answer fresh
+        link.send(0, [b"event"])
+        assert ray.get(link._answer[0], timeout=30) == control(1)
+        ray.get(hub.set_control.remote("run", control(2)))
+        assert link.control().lease == 1  # the put's answer, not a call
+        monkeypatch.setattr(ray_task, "CONTROL_PERIOD_SECONDS", 0.0)  # every answer old
+        assert link.control().lease == 2
+        ray.get(hub.forget.remote("run"))
+        link.send(0, [])
+        monkeypatch.setattr(ray_task, "CONTROL_PERIOD_SECONDS", 3600.0)
+        ray.get(link._answer[0], timeout=30)
+        with pytest.raises(LookupError, match="holds no run run"):  # forgotten: as unreachable
+            link.control()
+    finally:
+        ray.kill(hub)
+
+
 def test_stop_ends_every_node_at_the_same_step_and_the_banner_names_ray_workers():
     recorder = _Recorder()
     steps = notebook_launcher(

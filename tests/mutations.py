@@ -782,6 +782,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{_RAY}test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper",),
     ),
     Mutation(
+        "node-strips-the-nanny-settings-only-where-distributed-was-imported",
+        "a Ray node's process starts without the nanny's settings a LocalCluster left behind",
+        (
+            Edit(
+                "node/task.py",
+                "        if presets is None:\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            f"{_RAY}test_all_reduce_metrics_result_and_weights_come_home",
+            "tests/test_cluster_checks.py::"
+            "test_a_process_that_never_imported_distributed_strips_the_nannys_settings_too",
+        ),
+    ),
+    Mutation(
         "ray-control-asked-beside-every-batch",
         "a node that sends batches reads the control value from their answers",
         (

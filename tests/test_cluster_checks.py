@@ -188,3 +188,24 @@ def test_a_node_process_starts_without_what_the_nanny_tuned_for_its_worker(monke
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")  # the user's own value stays
     assert node_environment(None)["MALLOC_TRIM_THRESHOLD_"] == "1048576"
+
+
+def test_a_process_that_never_imported_distributed_strips_the_nannys_settings_too():
+    """A Ray worker's node: a kernel that made a ``LocalCluster`` before starting Ray passed
+    the nanny's settings to every Ray process, which has not imported ``distributed``."""
+    pytest.importorskip("distributed")
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from notebook_kit.node.task import node_environment\n"
+        "env = node_environment(None)\n"
+        "print(env.get('MALLOC_TRIM_THRESHOLD_'), env.get('OMP_NUM_THREADS'),"
+        " 'distributed' in sys.modules)\n"
+    )
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    shown = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.split() == ["None", "None", "False"]

@@ -26,6 +26,7 @@ Runs in the kernel.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -108,6 +109,7 @@ class _RayTask:
     def __init__(self, worker: str) -> None:
         self.worker = worker
         self.ref: Any = None
+        self._future: concurrent.futures.Future | None = None
         self._ended: tuple[NodeReport | None, str | None] | None = None
 
     def done(self) -> bool:
@@ -115,13 +117,12 @@ class _RayTask:
             return True
         if self.ref is None:
             return False
-        import ray
-
-        ready, _ = ray.wait([self.ref], timeout=0)
-        if not ready:
+        if self._future is None:  # Ray's own thread completes it: a look costs no Ray call
+            self._future = self.ref.future()
+        if not self._future.done():
             return False
         try:
-            self._ended = (ray.get(self.ref), None)
+            self._ended = (self._future.result(), None)
         except Exception as error:
             self._ended = (None, _why(error))
         return True

@@ -798,16 +798,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
-        "ray-control-asked-beside-every-batch",
-        "a node that sends batches reads the control value from their answers",
+        "ray-control-read-never-waits",
+        "a running node's control read waits in the hub for a change",
         (
             Edit(
                 "node/ray_task.py",
-                "        control = self._answered()\n",
-                "        control = _UNANSWERED\n",
+                "                await asyncio.wait_for(state.changed.wait(), wait)\n",
+                "                pass\n",
             ),
         ),
-        (f"{_RAY}test_a_node_sending_batches_reads_the_control_value_from_their_answers",),
+        (
+            f"{_RAY}test_a_nodes_control_read_waits_in_the_hub_actor_while_the_kernel_publishes",
+            "tests/test_ray_engine.py::"
+            "test_a_nodes_control_read_waits_in_the_hub_for_a_change_but_not_for_a_lease_tick",
+        ),
+    ),
+    Mutation(
+        "ray-lease-tick-wakes-waiting-nodes",
+        "a lease tick alone wakes no node's control read",
+        (
+            Edit(
+                "node/ray_task.py",
+                "        moved = _but_lease(control) != _but_lease(state.control)\n",
+                "        moved = True\n",
+            ),
+        ),
+        (
+            f"{_RAY}test_a_nodes_control_read_waits_in_the_hub_actor_while_the_kernel_publishes",
+            "tests/test_ray_engine.py::"
+            "test_a_nodes_control_read_waits_in_the_hub_for_a_change_but_not_for_a_lease_tick",
+        ),
     ),
     Mutation(
         "ray-zygote-in-the-node-tasks-process",

@@ -62,20 +62,47 @@ def test_the_hub_serves_each_run_until_it_is_forgotten():
         hub.set_control("a", {"lease": 0, "stop": False, "abort": ""})
         hub.set_control("b", {"lease": 0, "stop": False, "abort": ""})
         assert hub.claim("a", 0, "w0") is True and hub.claim("a", 0, "w1") is False
-        assert hub.put("a", 0, [b"event"]) == {"lease": 0, "stop": False, "abort": ""}
+        hub.put("a", 0, [b"event"])
         hub.put("b", 1, [b"other"])
         taken = await hub.take("a", 1.0)
         assert [batch for _, batch in taken] == [{"node": 0, "events": [b"event"]}]
         waiting = asyncio.ensure_future(hub.take("a", 30.0))
         commands = asyncio.ensure_future(hub.commands_after("a", 0, 30.0))
+        control = asyncio.ensure_future(hub.control("a", await hub.control("a"), 30.0))
         await asyncio.sleep(0.05)
         hub.forget("a")
         assert await asyncio.wait_for(waiting, 1.0) == []  # woken, not left waiting
         assert await asyncio.wait_for(commands, 1.0) == []
-        assert hub.runs() == ["b"] and hub.control("a") is None
+        assert await asyncio.wait_for(control, 1.0) is None
+        assert hub.runs() == ["b"] and await hub.control("a") is None
         assert hub.claim("a", 1, "w1") is False  # a late claim of a forgotten run
-        assert hub.put("a", 1, [b"late"]) is None  # a late batch: the node hears it is gone
         hub.set_control("a", {"lease": 1, "stop": False, "abort": ""})  # a late publish
         assert hub.runs() == ["b"]
+
+    asyncio.run(scenario())
+
+
+def test_a_nodes_control_read_waits_in_the_hub_for_a_change_but_not_for_a_lease_tick():
+    """A running node's control thread asks with the value it knows: the hub answers once
+    Stop or an abort arrives, and the kernel's lease ticks alone do not wake it."""
+    import asyncio
+
+    def value(lease: int, stop: bool = False, abort: str = "") -> dict:
+        return {"lease": lease, "stop": stop, "abort": abort}
+
+    async def scenario() -> None:
+        hub = RunHub()
+        hub.set_control("a", value(0))
+        known = await hub.control("a", None, 30.0)  # nothing known yet: at once
+        assert known == value(0)
+        assert await hub.control("a", value(0, stop=True), 30.0) == value(0)  # it differs
+        asking = asyncio.ensure_future(hub.control("a", known, 30.0))
+        hub.set_control("a", value(1))
+        hub.set_control("a", value(2))
+        await asyncio.sleep(0.2)
+        assert not asking.done()  # the lease moved, nothing else: still waiting
+        hub.set_control("a", value(3, stop=True))
+        assert await asyncio.wait_for(asking, 1.0) == value(3, stop=True)
+        assert await hub.control("a", value(3, stop=True), 0.05) == value(3, stop=True)
 
     asyncio.run(scenario())

@@ -240,33 +240,33 @@ def test_the_next_launch_forks_its_nodes_from_the_ray_nodes_keeper():
     assert_nothing_left()
 
 
-def test_a_node_sending_batches_reads_the_control_value_from_their_answers(monkeypatch):
-    """While batches flow, a node's control thread reads the value the latest put answered
-    and does not call the hub itself; once the answer is old, it asks the hub."""
+def test_a_nodes_control_read_waits_in_the_hub_actor_while_the_kernel_publishes():
+    """Through Ray: the hub serves the kernel's publishes while a node's control read waits
+    in it, and answers that read when Stop arrives, not at a lease tick."""
     import ray
 
     from notebook_kit.node import ray_task
 
-    def control(lease: int) -> dict:
-        return {"lease": lease, "stop": False, "abort": ""}
+    def control(lease: int, stop: bool = False) -> dict:
+        return {"lease": lease, "stop": stop, "abort": ""}
 
     hub = ray.remote(ray_task.RunHub).options(num_cpus=0).remote()
     try:
-        ray.get(hub.set_control.remote("run", control(1)))
+        ray.get(hub.set_control.remote("run", control(1)), timeout=30)
         link = ray_task.RayNodeLink(hub, "run", 0, "w0", zygote="")
-        monkeypatch.setattr(ray_task, "CONTROL_PERIOD_SECONDS", 3600.0)  # every answer fresh
-        link.send(0, [b"event"])
-        assert ray.get(link._answer[0], timeout=30) == control(1)
-        ray.get(hub.set_control.remote("run", control(2)))
-        assert link.control().lease == 1  # the put's answer, not a call
-        monkeypatch.setattr(ray_task, "CONTROL_PERIOD_SECONDS", 0.0)  # every answer old
-        assert link.control().lease == 2
-        ray.get(hub.forget.remote("run"))
-        link.send(0, [])
-        monkeypatch.setattr(ray_task, "CONTROL_PERIOD_SECONDS", 3600.0)
-        ray.get(link._answer[0], timeout=30)
+        assert link.control(patience=60.0).lease == 1  # nothing known yet: at once
+        read: list = []
+        asking = threading.Thread(target=lambda: read.append(link.control(patience=60.0)))
+        asking.start()
+        ray.get(hub.set_control.remote("run", control(2)), timeout=30)  # served meanwhile
+        asking.join(0.5)
+        assert asking.is_alive()  # a lease tick alone: still waiting
+        ray.get(hub.set_control.remote("run", control(3, stop=True)), timeout=30)
+        asking.join(30)
+        assert not asking.is_alive() and read[0].stop and read[0].lease == 3
+        ray.get(hub.forget.remote("run"), timeout=30)
         with pytest.raises(LookupError, match="holds no run run"):  # forgotten: as unreachable
-            link.control()
+            link.control(patience=60.0)
     finally:
         ray.kill(hub)
 

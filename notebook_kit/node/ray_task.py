@@ -10,11 +10,11 @@ is forgotten, as a Dask scheduler serves every run of a client. Starting an acto
 took about 4 s of a 7 s launch on 2 cores; the kernel's hub starts once.
 
 The hub is an asyncio actor with no CPU of its own. A node task's event batch is one ``put``
-call, answered with the run's control value, which the node's control thread reads instead of
-asking the hub while batches flow. The kernel's event thread and a pool node's command thread
-each wait in one long call (``take``, ``commands_after``) that returns as soon as something
-arrives. Calls from one caller run in the order made, so each node's batches, and the pool's
-commands, keep their order.
+call. The kernel's event thread, a node's control thread and a pool node's command thread each
+wait in one long call (``take``, ``control``, ``commands_after``) that returns as soon as
+something arrives: a node learns of Stop or an abort at once, and a running node's task calls
+the hub about twice a second. Calls from one caller run in the order made, so each node's
+batches, and the pool's commands, keep their order.
 
 Runs in a Ray worker process (the hub: in its own). Imports ray only when called.
 """
@@ -31,14 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_kit.node.probe import probe_report
-from notebook_kit.node.protocol import (
-    CONTROL_PERIOD_SECONDS,
-    Control,
-    NodeOrder,
-    NodeReport,
-    ProbeReport,
-    Rendezvous,
-)
+from notebook_kit.node.protocol import Control, NodeOrder, NodeReport, ProbeReport, Rendezvous
 from notebook_kit.node.task import node_environment, serve_node
 from notebook_kit.node.zygote import local_zygote
 
@@ -50,7 +43,6 @@ _CLAIM_AGAIN_SECONDS = 0.05  # a claim that came before the kernel's first call 
 _FORGOTTEN_KEPT = 10_000  # runs the hub remembers as forgotten (a late claim is refused)
 _COMMAND_WAIT_SECONDS = 0.5  # a pool node's command thread asks again this often
 _SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
-_UNANSWERED = object()  # no batch's answer fresh enough to stand for the control value
 
 
 class _RunState:
@@ -64,6 +56,11 @@ class _RunState:
         self.commands: list[bytes] = []
         self.arrived = asyncio.Event()
         self.commanded = asyncio.Event()
+        self.changed = asyncio.Event()  # set when the control value changes but for its lease
+
+
+def _but_lease(control: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in control.items() if name != "lease"}
 
 
 class RunHub:
@@ -88,10 +85,25 @@ class RunHub:
             if run in self._forgotten:  # a publish that crossed the run's end: nothing to hold
                 return
             self._runs[run] = _RunState(control)
-        else:
-            state.control = control
+            return
+        moved = _but_lease(control) != _but_lease(state.control)
+        state.control = control
+        if moved:  # its waiters are woken; later ones wait
+            state.changed.set()
+            state.changed = asyncio.Event()
 
-    def control(self, run: str) -> dict[str, Any] | None:
+    async def control(
+        self, run: str, known: dict[str, Any] | None = None, wait: float = 0.0
+    ) -> dict[str, Any] | None:
+        """The run's control value (None: forgotten). If it differs from ``known`` only in the
+        lease, the answer waits up to ``wait`` seconds for another change: the kernel renews
+        the lease twice a second, which alone wakes no node."""
+        state = self._runs.get(run)
+        if state is None:
+            return None
+        if known is not None and _but_lease(known) == _but_lease(state.control):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.changed.wait(), wait)
         state = self._runs.get(run)
         return None if state is None else state.control
 
@@ -115,15 +127,11 @@ class RunHub:
         state = self._runs.get(run)
         return None if state is None else state.master
 
-    def put(self, run: str, node: int, events: list[bytes]) -> dict[str, Any] | None:
-        """Hold a node's batch; the answer is the run's control value (None: forgotten), so
-        a node that sends batches need not also ask for it."""
+    def put(self, run: str, node: int, events: list[bytes]) -> None:
         state = self._runs.get(run)
-        if state is None:
-            return None
-        state.events.append((time.time(), {"node": node, "events": events}))
-        state.arrived.set()
-        return state.control
+        if state is not None:
+            state.events.append((time.time(), {"node": node, "events": events}))
+            state.arrived.set()
 
     async def take(self, run: str, wait: float) -> list[tuple[float, dict[str, Any]]]:
         """Every batch of ``run`` that has arrived, waiting up to ``wait`` seconds for the
@@ -165,6 +173,7 @@ class RunHub:
         if state is not None:
             state.arrived.set()
             state.commanded.set()
+            state.changed.set()
 
 
 class NodeKeeper:
@@ -197,7 +206,7 @@ class RayNodeLink:
         self._hub, self._run, self._node, self.worker = hub, run, node_rank, worker
         self._zygote = zygote
         self._listening = threading.Event()
-        self._answer: tuple[Any, float] | None = None  # the latest batch's put, and when sent
+        self._known: dict[str, Any] | None = None  # the control value the hub last gave
 
     def _call(self, method: Any, *args: Any, wait: float = _RPC_SECONDS) -> Any:
         import ray
@@ -215,14 +224,13 @@ class RayNodeLink:
                 return bool(claimed)
             time.sleep(_CLAIM_AGAIN_SECONDS)
 
-    def control(self) -> Control:
-        """The latest batch's answer while batches flow; the hub is asked only when none came
-        within half a control period, which halves a running node's calls to the hub."""
-        control = self._answered()
-        if control is _UNANSWERED:
-            control = self._call(self._hub.control)
+    def control(self, patience: float = 0.0) -> Control:
+        """Waits in the hub up to ``patience`` seconds for the value to change from the last
+        one it gave (but for the lease)."""
+        control = self._call(self._hub.control, self._known, patience, wait=patience + _RPC_SECONDS)
         if control is None:  # forgotten (or not opened yet): as an unreachable scheduler
             raise LookupError(f"the hub holds no run {self._run}")
+        self._known = control
         return Control.read(control)
 
     def master(self) -> Rendezvous | None:
@@ -232,20 +240,8 @@ class RayNodeLink:
     def publish_master(self, master: Rendezvous) -> None:
         self._call(self._hub.publish_master, master.host, master.port)
 
-    def _answered(self) -> Any:
-        """The control value the latest batch's put answered, if it was sent lately and its
-        answer is in; ``_UNANSWERED`` otherwise."""
-        import ray
-
-        answer = self._answer
-        if answer is None or time.monotonic() - answer[1] > CONTROL_PERIOD_SECONDS / 2:
-            return _UNANSWERED
-        ready, _ = ray.wait([answer[0]], timeout=0)
-        return ray.get(ready[0]) if ready else _UNANSWERED
-
     def send(self, node: int, events: list[bytes]) -> None:
-        # Not waited for: the relay never blocks. The control thread reads the answer.
-        self._answer = (self._hub.put.remote(self._run, node, events), time.monotonic())
+        self._hub.put.remote(self._run, node, events)  # not waited for: the relay never blocks
 
     def listen(self, commanded: Callable[[bytes], None]) -> None:
         self._listening.set()

@@ -53,7 +53,9 @@ __all__ = [
 
 NODE_PROCESS_NAME = "nk-node"  # a node process's name (/proc/PID/comm)
 
-_BATCH_SECONDS = 0.25  # events leave in one Dask event this often (and a heartbeat if idle)
+_BATCH_SECONDS = 0.25  # events leave in one batch this often
+_HEARTBEAT_SECONDS = 1.0  # an empty batch leaves this often when the node has nothing to say
+_CONTROL_PATIENCE_SECONDS = 1.0  # a control read waits this long for a change, where it can
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
 _RPC_SECONDS = 2.0  # no scheduler call of a watcher waits longer
 
@@ -70,8 +72,10 @@ class NodeLink(Protocol):
     def claim(self) -> bool:
         """Mark this node started; False if it was already (the engine ran the task again)."""
 
-    def control(self) -> Control:
-        """The kernel's control value now (raises when the cluster cannot be reached)."""
+    def control(self, patience: float = 0.0) -> Control:
+        """The kernel's control value (raises when the cluster cannot be reached). An engine
+        that can wait for a change may take up to ``patience`` seconds while only the lease
+        moves, and answers as soon as anything else does."""
 
     def master(self) -> Rendezvous | None:
         """Node 0's rendezvous address, once node 0 has published it."""
@@ -120,7 +124,8 @@ class DaskNodeLink:
         started.set(self.worker)
         return True
 
-    def control(self) -> Control:
+    def control(self, patience: float = 0.0) -> Control:
+        """At once: a Dask variable cannot be waited on for a change."""
         return Control.read(self._control.get(callback_timeout=_RPC_SECONDS))
 
     def master(self) -> Rendezvous | None:
@@ -217,15 +222,16 @@ class _Control(threading.Thread):
 
     def run(self) -> None:
         while not self.finished.is_set():
-            with contextlib.suppress(Exception):  # unreachable scheduler: the lease ages
-                self._read_control()
-                if self._wants_master and self.master is None:
-                    self.master = self._link.master()
             waiting = self._wants_master and self.master is None
+            with contextlib.suppress(Exception):  # unreachable scheduler: the lease ages
+                # While node 0's address is awaited, the control value must not hold it up.
+                self._read_control(0.0 if waiting else _CONTROL_PATIENCE_SECONDS)
+                if waiting:
+                    self.master = self._link.master()
             self.finished.wait(CONTROL_PERIOD_SECONDS / (5 if waiting else 2))
 
-    def _read_control(self) -> None:
-        control = self._link.control()
+    def _read_control(self, patience: float) -> None:
+        control = self._link.control(patience)
         if control.lease != self._lease:
             self._lease, self._renewed = control.lease, time.monotonic()
         self.stop_requested = self.stop_requested or control.stop
@@ -364,7 +370,8 @@ class _Relay:
             else:
                 time.sleep(0.05)
             self._obey(process, orders)
-            if self.urgent or time.monotonic() - last_sent >= _BATCH_SECONDS:
+            since = time.monotonic() - last_sent
+            if self.urgent or since >= (_BATCH_SECONDS if self.batch else _HEARTBEAT_SECONDS):
                 self._send_batch()
                 last_sent = time.monotonic()
 

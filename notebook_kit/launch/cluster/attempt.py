@@ -3,7 +3,7 @@
 The kernel never waits on a single node. Its loop drains the events the node tasks send
 through the cluster's :class:`~notebook_kit.launch.cluster.engine.Engine`, ticks the view,
 renews its lease, and checks that every node is still there: a node is lost when its worker
-leaves the cluster, or when no event (not even the heartbeat a node task sends four times a
+leaves the cluster, or when no event (not even the heartbeat a quiet node task sends each
 second) has come from it for ``NODE_SILENCE_SECONDS``. Any failure or loss sets ``abort`` on
 the control value, which every node task reads within a fraction of a second and turns into
 Ctrl-C for its node.

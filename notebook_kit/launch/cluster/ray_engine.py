@@ -110,29 +110,22 @@ class _RayTask:
         self.worker = worker
         self.ref: Any = None
         self._future: concurrent.futures.Future | None = None
-        self._ended: tuple[NodeReport | None, str | None] | None = None
 
     def done(self) -> bool:
-        if self._ended is not None:
-            return True
         if self.ref is None:
             return False
         if self._future is None:  # Ray's own thread completes it: a look costs no Ray call
             self._future = self.ref.future()
-        if not self._future.done():
-            return False
-        try:
-            self._ended = (self._future.result(), None)
-        except Exception as error:
-            self._ended = (None, _why(error))
-        return True
+        return self._future.done()
 
     def failure(self) -> str | None:
-        return self._ended[1] if self.done() and self._ended else None
+        if not self.done():
+            return None
+        error = self._future.exception()
+        return None if error is None else _why(error)
 
     def report(self) -> NodeReport:
-        assert self._ended is not None and self._ended[0] is not None
-        return self._ended[0]
+        return self._future.result()
 
 
 def _why(error: BaseException) -> str:

@@ -1197,6 +1197,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "next-launch-forgets-the-repeats",
+        "a launch that a cell starts right after catching an interrupt absorbs its repeats",
+        (
+            Edit(
+                "launch/interrupts.py",
+                'getattr(previous, "until", 0.0))',
+                "0.0)",
+            ),
+        ),
+        (
+            "tests/test_interrupt_presses_integration.py::"
+            "test_a_launch_right_after_a_caught_interrupt_absorbs_its_repeats_but_not_a_new_press",
+        ),
+    ),
+    Mutation(
         "stall-never-reported",
         "a run in which no rank makes progress shows where each rank waits",
         (
@@ -1526,8 +1541,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/interrupts.py",
-                "        if self.taken:\n            return True\n",
-                "",
+                "        return self.taken or time.monotonic() < self.repeats_until\n",
+                "        return time.monotonic() < self.repeats_until\n",
             ),
         ),
         (

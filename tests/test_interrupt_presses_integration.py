@@ -89,6 +89,37 @@ def test_two_or_three_quick_presses_end_a_launch_with_one_keyboard_interrupt() -
         assert results and results[0]["content"]["data"]["text/plain"] == "42", after
 
 
+SWEEP = """\
+import os, signal, threading
+def quick():
+    time.sleep(1.5)
+    return 'trained to the end'
+def press(after):  # the stop button: SIGINT to the kernel's process group
+    threading.Timer(after, os.killpg, (os.getpgid(0), signal.SIGINT)).start()
+def launch(function):
+    try:
+        return notebook_launcher(function, num_processes=2, live=False)
+    except KeyboardInterrupt:
+        return 'interrupted'
+press(0.8)
+first = launch(slow)
+press(0.3)  # a repeat of the press that ended it, landing in the launch that follows
+second = launch(quick)
+time.sleep(1.2)
+press(0.3)  # a new press
+third = launch(slow)
+print('OUTCOMES', first, second, third)"""
+
+
+def test_a_launch_right_after_a_caught_interrupt_absorbs_its_repeats_but_not_a_new_press():
+    """A sweep that catches the KeyboardInterrupt and goes on to its next setting: a repeat
+    of the press lands in the next launch, which trains to the end; a later press ends it."""
+    with real_kernel() as (_, client):
+        run_cell(client, SETUP, timeout=120)
+        stdout = _stdout(run_cell(client, SWEEP, timeout=120))
+        assert "OUTCOMES interrupted trained to the end interrupted" in stdout, stdout
+
+
 BACKGROUND = """\
 import threading, time
 pool = %distributed

@@ -11,6 +11,9 @@ printing the KeyboardInterrupt, and each would raise again there: two tracebacks
 IPython's own traceback printing) none at all, and "Run All" would go on. So a launch holds a
 :func:`interrupt_latch`: from the first press to the end of the launch (and for a moment after,
 while the cell shows its error) further presses are the same request, repeated, and absorbed.
+A cell that catches the KeyboardInterrupt and launches again at once (a sweep that skips to its
+next setting) is still within that moment: its new launch absorbs the repeats too, wherever
+they land, rather than ending because of a press that was meant for the one before.
 """
 
 from __future__ import annotations
@@ -70,11 +73,11 @@ Handler = Callable[[int, FrameType | None], Any]
 class _Latch:
     """The SIGINT handler of one launch: delivers the first press, absorbs its repeats."""
 
-    def __init__(self, previous: Handler) -> None:
+    def __init__(self, previous: Handler, repeats_until: float = 0.0) -> None:
         self.previous = previous
         self.holding = 0  # sections open that must not be cut (a fork, the clean-up)
         self.pending = False  # a press arrived in such a section, not delivered yet
-        self.delivered_at: float | None = None
+        self.repeats_until = repeats_until  # presses until then repeat one delivered
         self.taken = False  # the launch caught the interrupt and is ending because of it
         self.moved = 0  # presses handed on from an instruction without a line
 
@@ -99,16 +102,12 @@ class _Latch:
 
     def repeated(self) -> bool:
         """True while a press would only repeat one already delivered."""
-        if self.taken:
-            return True
-        return self.delivered_at is not None and time.monotonic() - self.delivered_at < (
-            REPEAT_SECONDS
-        )
+        return self.taken or time.monotonic() < self.repeats_until
 
     def deliver(self, frame: FrameType | None = None) -> None:
         """Hand the press to the kernel's handler (which raises KeyboardInterrupt)."""
         self.pending = False
-        self.delivered_at = time.monotonic()
+        self.repeats_until = time.monotonic() + REPEAT_SECONDS
         self.previous(signal.SIGINT, frame)
 
     def deliver_pending(self) -> None:
@@ -127,15 +126,17 @@ def interrupt_latch() -> Iterator[None]:
     The first press raises KeyboardInterrupt at once (or, inside a fork or a clean-up, when
     that ends); later ones are absorbed until the block ends. A KeyboardInterrupt leaving the
     block keeps absorbing presses for :data:`REPEAT_SECONDS` in IPython, while the cell shows
-    its error, then the kernel's handler is back. Nested blocks share the outermost latch.
+    its error, then the kernel's handler is back; a block entered meanwhile absorbs them too.
+    Nested blocks share the outermost latch.
     """
     global _active
     previous = _python_handler()
     if previous is None or _active is not None:
         yield
         return
-    previous = getattr(previous, "original", previous)  # an earlier launch's afterglow
-    latch = _Latch(previous)
+    # An earlier launch's afterglow, in the same cell: its repeats go on being absorbed.
+    latch = _Latch(getattr(previous, "original", previous), getattr(previous, "until", 0.0))
+    previous = latch.previous
     _active = latch
     signal.signal(signal.SIGINT, latch.handle)
     try:
@@ -184,6 +185,7 @@ def _afterglow(original: Handler) -> None:
             original(signum, frame)
 
     absorb.original = original  # type: ignore[attr-defined]
+    absorb.until = until  # type: ignore[attr-defined]
 
     def hand_back() -> None:
         with contextlib.suppress(ValueError):

@@ -59,10 +59,19 @@ notebook_launcher(train, args=(sys.argv[2],), num_processes=1, num_nodes=2, clus
 
 @contextlib.contextmanager
 def local_cluster():
-    """A LocalCluster of two worker processes and its client (one per test module)."""
+    """A LocalCluster of two worker processes and its client (one per test module).
+
+    Tests that kill a worker share it, and its nanny restarts the worker each time. Dask's
+    cluster object closes a lost worker's nanny ``lost-worker-timeout`` after the loss when no
+    worker of that name is connected then: it checks the name, not the loss. A second kill of
+    the same worker, while its nanny restarts it, just as an earlier loss's timeout ends, would
+    close that nanny for good, and the module would go on with one worker. The timeout is
+    longer than any module here."""
+    import dask
     from distributed import Client, LocalCluster
 
     with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
         LocalCluster(
             n_workers=2,
             threads_per_worker=1,

@@ -44,6 +44,7 @@ _CLUSTER_POOL = "tests/test_cluster_pool_integration.py::"
 _MP_OBJECTS = "tests/test_multiprocessing_objects_integration.py::"
 _GPU_PATHS = "tests/test_gpu_paths.py::"
 _RAY = "tests/test_ray_integration.py::"
+_RAY_CLIENT = "tests/test_ray_client_integration.py::"
 _ZYGOTE = "tests/test_zygote.py::"
 
 # The zygote no longer kills a child whose starter's connection closed.
@@ -811,6 +812,45 @@ MUTATIONS: tuple[Mutation, ...] = (
             f"{_RAY}test_a_nodes_control_read_waits_in_the_hub_actor_while_the_kernel_publishes",
             "tests/test_ray_engine.py::"
             "test_a_nodes_control_read_waits_in_the_hub_for_a_change_but_not_for_a_lease_tick",
+        ),
+    ),
+    Mutation(
+        "ray-client-address-asked-of-the-client-api",
+        "a kernel joined as a Ray client runs the cell again on that connection",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "getattr(client.get_context().client_worker, ",
+                "getattr(client.client_worker, ",
+            ),
+        ),
+        (f"{_RAY_CLIENT}test_a_ray_client_kernel_launches_runs_the_cell_again_and_keeps_a_pool",),
+    ),
+    Mutation(
+        "ray-client-handle-left-to-rays-retries",
+        "a ray:// handle that no head takes is refused at once, naming the fix",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "        socket.create_connection((host, port), timeout=_REACH_SECONDS).close()\n",
+                "        pass\n",
+            ),
+        ),
+        (f"{_RAY_CLIENT}test_a_ray_client_handle_that_no_head_takes_is_refused_at_once",),
+    ),
+    Mutation(
+        "ray-failed-client-connection-left-half-made",
+        "after a failed Ray client connection the kernel can join a cluster again",
+        (
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "    except BaseException as error:\n        ray.shutdown()\n",
+                "    except BaseException as error:\n",
+            ),
+        ),
+        (
+            f"{_RAY_CLIENT}"
+            "test_the_heads_gcs_port_is_named_and_the_kernel_can_join_the_right_one_after",
         ),
     ),
     Mutation(

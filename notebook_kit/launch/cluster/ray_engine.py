@@ -30,8 +30,10 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +48,7 @@ __all__ = ["INSTALL_HINT", "RayEngine", "keeper", "kernel_hub", "ray_engine"]
 INSTALL_HINT = "pip install 'notebook_kit[ray]'"
 _TAKE_SECONDS = 0.5  # the kernel's event thread waits this long in one call to the hub
 _HUB_SECONDS = 10.0  # no call of the kernel to the hub waits longer
+_REACH_SECONDS = 10.0  # a ray:// head that takes no connection in this long is unreachable
 
 
 def ray_engine(handle: str) -> RayEngine:
@@ -54,7 +57,9 @@ def ray_engine(handle: str) -> RayEngine:
     Raises:
         ImportError: ray is not installed (the message says how to install it).
         ValueError: ``handle`` is another string, or the kernel has not joined the cluster
-            ``"ray"`` names, or has joined another than the one ``"ray://..."`` names.
+            ``"ray"`` names, or has joined another than the one ``"ray://..."`` names, or
+            ``"ray://..."`` names no host and port.
+        ConnectionError: no Ray client server answers where ``"ray://..."`` points.
     """
     if handle != "ray" and not handle.startswith("ray://"):
         raise ValueError(
@@ -77,8 +82,8 @@ def ray_engine(handle: str) -> RayEngine:
                 "cluster='ray://head:10001' to connect to a cluster's head."
             )
     elif not ray.is_initialized():
-        ray.init(address=handle)
-    elif _client_address(ray) != handle.removeprefix("ray://"):
+        _connect(ray, handle)
+    elif _client_address() not in (handle.removeprefix("ray://"), ""):
         raise ValueError(
             f"cluster={handle!r}: this kernel has joined another Ray cluster already "
             f"(ray.init was called). Pass cluster='ray' to run there, or call ray.shutdown() "
@@ -87,13 +92,69 @@ def ray_engine(handle: str) -> RayEngine:
     return RayEngine()
 
 
-def _client_address(ray: Any) -> str | None:
-    """``host:port`` of the Ray client connection of this kernel (None: not a client)."""
+def _head_address(handle: str) -> tuple[str, int]:
+    """The host and port a ``ray://`` handle names (raises ValueError naming the fix)."""
+    try:
+        parts = urllib.parse.urlsplit(handle)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise ValueError(
+            f"cluster={handle!r} names no host and port: pass 'ray://HEAD:PORT', the Ray head's "
+            f"address and its Ray client server's port (10001 unless `ray start --head "
+            f"--ray-client-server-port` set another)."
+        )
+    return host, port
+
+
+def _connect(ray: Any, handle: str) -> None:
+    """Connect this kernel's Ray client to the head ``handle`` names.
+
+    A port that refuses the connection is told at once, not after Ray's client has retried
+    for 30 s. After a failed attempt Ray is shut down again: Ray's client leaves the process
+    unable to ``ray.init`` anything until then.
+
+    Raises:
+        ValueError: the handle names no host and port.
+        ConnectionError: nothing accepts connections there, or no Ray client server answered.
+    """
+    host, port = _head_address(handle)
+    try:
+        socket.create_connection((host, port), timeout=_REACH_SECONDS).close()
+    except OSError as error:
+        why = error.strerror or type(error).__name__
+        raise ConnectionError(
+            f"cluster={handle!r}: nothing accepts connections at {host}:{port} ({why}). "
+            f"Pass the address of a Ray head whose Ray client server this kernel can reach: "
+            f"`ray start --head` serves Ray clients on port 10001 "
+            f"(--ray-client-server-port sets another)."
+        ) from None
+    try:
+        ray.init(address=handle)
+    except BaseException as error:
+        ray.shutdown()
+        if not isinstance(error, ConnectionError):
+            raise
+        raise ConnectionError(
+            f"cluster={handle!r}: {host}:{port} accepts connections, but no Ray client server "
+            f"answered there ({error}). Pass the port of the head's Ray client server (10001 "
+            f"unless --ray-client-server-port set another), not its GCS port (6379), which "
+            f"ray.init(address='auto') joins from a Ray node. A head that requires token "
+            f"authentication (RAY_AUTH_MODE=token there) also answers no client without its "
+            f"token: set RAY_AUTH_MODE=token in this kernel's environment too, with the "
+            f"head's token in ~/.ray/auth_token or RAY_AUTH_TOKEN."
+        ) from error
+
+
+def _client_address() -> str | None:
+    """``host:port`` of this kernel's Ray client connection: None when the kernel is not a
+    Ray client, "" when Ray does not say."""
     from ray.util.client import ray as client
 
     if not client.is_connected():
         return None
-    return getattr(client.client_worker, "_conn_str", None)
+    return str(getattr(client.get_context().client_worker, "_conn_str", ""))
 
 
 class _Place:

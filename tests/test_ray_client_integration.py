@@ -13,10 +13,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -45,11 +47,14 @@ def head():
     if not ray_cli.exists():
         pytest.skip(f"no `ray` command beside {sys.executable} to start a head with")
     gcs_port, client_port = free_port(), free_port()
+    # Its own temporary folder (short: Ray's socket paths must fit 107 bytes) keeps its files,
+    # the file naming "the cluster on this machine" among them, from every later ray.init().
+    temp_dir = tempfile.mkdtemp(prefix="nk-ray-")
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     env[_MARK] = _TOKEN
     command = [
         str(ray_cli), "start", "--head", "--block", f"--port={gcs_port}",
-        f"--ray-client-server-port={client_port}", "--num-cpus=2",
+        f"--ray-client-server-port={client_port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
         "--include-dashboard=false", "--disable-usage-stats",
     ]  # fmt: skip
     process = subprocess.Popen(
@@ -77,6 +82,7 @@ def head():
                 os.killpg(process.pid, signal.SIGKILL)  # anything of the head's left after it
             process.wait()
             process.stdout.close()
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _accepts(port: int) -> bool:

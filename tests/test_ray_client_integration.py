@@ -5,6 +5,15 @@ Ray client server), and the test process joins it as a Ray client through the ha
 the cell run again, a pool, and what a handle that reaches no Ray client server gets. The head
 needs no token (``RAY_AUTH_MODE=disabled``), so the runs do not depend on a token file that an
 earlier ``ray.init`` of this process may have written.
+
+The head, and the fresh interpreter one test starts, run with gRPC's fork support off
+(``GRPC_ENABLE_FORK_SUPPORT=false``). With it on, which is grpcio's default, a process that
+holds gRPC threads and starts another (the head's client-server proxy starting a client's
+server, an interpreter starting a local Ray instance after a failed client connection) forks a
+child in which gRPC starts a thread of its own before the child execs; that thread sometimes
+crashes (a segfault in an ``event_engine`` thread), so the child never starts: "Starting Ray
+client server failed". Neither process uses gRPC in a forked child, which is all the setting
+is for.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ pytestmark = [pytest.mark.integration, needs("ray", what="runs through a Ray cli
 # check for leftovers counts only this module's.
 _MARK, _TOKEN = "NK_RAY_CLIENT_TEST_RUN", secrets.token_hex(8)
 _HEAD_START_S = 120.0  # `ray start --head` takes 15 s on 2 idle cores
+_NO_GRPC_FORK_SUPPORT = {"GRPC_ENABLE_FORK_SUPPORT": "false"}  # see the module's docstring
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +61,7 @@ def head():
     # the file naming "the cluster on this machine" among them, from every later ray.init().
     temp_dir = tempfile.mkdtemp(prefix="nk-ray-")
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    env[_MARK] = _TOKEN
+    env.update({_MARK: _TOKEN, **_NO_GRPC_FORK_SUPPORT})
     command = [
         str(ray_cli), "start", "--head", "--block", f"--port={gcs_port}",
         f"--ray-client-server-port={client_port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
@@ -148,6 +158,55 @@ def _rank():
     return dist.get_rank()
 
 
+_WRONG_PORT_THEN_RIGHT = """
+import json, sys
+import ray
+from notebook_kit import notebook_launcher
+
+def rank():
+    import torch.distributed as dist
+    return dist.get_rank()
+
+wrong, right = sys.argv[1:]
+try:
+    notebook_launcher(rank, cluster=wrong, num_nodes=2, num_processes=1, live=False)
+    said = None
+except ConnectionError as error:
+    said = str(error)
+joined_after_failure = ray.is_initialized()
+ray.init(address="local", num_cpus=1, include_dashboard=False)  # a next cell: a local instance
+local = ray.cluster_resources().get("CPU")
+ray.shutdown()
+value = notebook_launcher(rank, cluster=right, num_nodes=2, num_processes=1, live=False)
+print(json.dumps({"said": said, "joined": joined_after_failure, "local": local, "value": value}))
+"""
+
+
+def test_the_heads_gcs_port_is_named_and_the_kernel_can_join_the_right_one_after(head):
+    """A port that takes connections but is no Ray client server (the head's GCS port): the
+    message names the client server's port. In the same process, as a user's next cells do,
+    Ray then starts a local instance (Ray's failed client leaves it unable to, unless shut down)
+    and the kernel joins the right head. Ray's client retries for 30 s by default; its own
+    settings shorten that here. It runs first in the module: the interpreter is started before
+    this process holds a Ray client's gRPC threads (see the module's docstring)."""
+    env = dict(os.environ, RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S="1", **_NO_GRPC_FORK_SUPPORT)
+    env["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = "1"
+    wrong = f"ray://127.0.0.1:{head['gcs_port']}"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_WRONG_PORT_THEN_RIGHT), wrong, head["client"]],
+        env=env, capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    said = outcome["said"]
+    assert said is not None and said.startswith(f"cluster={wrong!r}: "), said
+    assert "accepts connections, but no Ray client server answered" in said
+    assert "not its GCS port" in said and "RAY_AUTH_MODE=token" in said
+    assert outcome["joined"] is False
+    assert outcome["local"] == 1.0  # a failed connection leaves Ray able to start again
+    assert outcome["value"] == 0
+
+
 def test_a_ray_client_kernel_launches_runs_the_cell_again_and_keeps_a_pool(head):
     import ray
 
@@ -191,51 +250,3 @@ def test_a_ray_client_handle_that_no_head_takes_is_refused_at_once(head):
     assert message.startswith(f"cluster='ray://127.0.0.1:{closed}': nothing accepts connections")
     assert "ray start --head" in message and "10001" in message
     assert not ray.is_initialized()
-
-
-_WRONG_PORT_THEN_RIGHT = """
-import json, sys
-import ray
-from notebook_kit import notebook_launcher
-
-def rank():
-    import torch.distributed as dist
-    return dist.get_rank()
-
-wrong, right = sys.argv[1:]
-try:
-    notebook_launcher(rank, cluster=wrong, num_nodes=2, num_processes=1, live=False)
-    said = None
-except ConnectionError as error:
-    said = str(error)
-joined_after_failure = ray.is_initialized()
-ray.init(address="local", num_cpus=1, include_dashboard=False)  # a next cell: a local instance
-local = ray.cluster_resources().get("CPU")
-ray.shutdown()
-value = notebook_launcher(rank, cluster=right, num_nodes=2, num_processes=1, live=False)
-print(json.dumps({"said": said, "joined": joined_after_failure, "local": local, "value": value}))
-"""
-
-
-def test_the_heads_gcs_port_is_named_and_the_kernel_can_join_the_right_one_after(head):
-    """A port that takes connections but is no Ray client server (the head's GCS port): the
-    message names the client server's port. In the same process, as a user's next cells do,
-    Ray then starts a local instance (Ray's failed client leaves it unable to, unless shut down)
-    and the kernel joins the right head. Ray's client retries for 30 s by default; its own
-    settings shorten that here."""
-    env = dict(os.environ, RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S="1")
-    env["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = "1"
-    wrong = f"ray://127.0.0.1:{head['gcs_port']}"
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_WRONG_PORT_THEN_RIGHT), wrong, head["client"]],
-        env=env, capture_output=True, text=True, timeout=150,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
-    said = outcome["said"]
-    assert said is not None and said.startswith(f"cluster={wrong!r}: "), said
-    assert "accepts connections, but no Ray client server answered" in said
-    assert "not its GCS port" in said and "RAY_AUTH_MODE=token" in said
-    assert outcome["joined"] is False
-    assert outcome["local"] == 1.0  # a failed connection leaves Ray able to start again
-    assert outcome["value"] == 0

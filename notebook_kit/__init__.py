@@ -10,14 +10,21 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-# The one change importing the package makes to the process, on purpose: the launcher forks
-# workers from the kernel, and a process that has initialised the CUDA driver cannot fork
-# children that use the GPU. torch.cuda.is_available() initialises the driver unless this
-# variable (read at each call) makes it ask NVML instead, and notebook code calls it freely
-# between `import notebook_kit` and the launch, so the launch itself would be too late to set
-# it. A value the user set is kept. tests/test_import.py checks that importing changes nothing
+# The two changes importing the package makes to the process, on purpose: the launcher forks
+# workers from the kernel, and each keeps a fork safe. Notebook code runs between
+# `import notebook_kit` and the launch, so the launch itself would be too late to set either.
+# A value the user set is kept. tests/test_import.py checks that importing changes nothing
 # else in os.environ or sys.meta_path.
+# - A process that has initialised the CUDA driver cannot fork children that use the GPU.
+#   torch.cuda.is_available() initialises the driver unless this variable (read at each call)
+#   makes it ask NVML instead.
+# - gRPC (a Ray client's connection, among others) starts threads of its own in every child
+#   that a process holding gRPC threads forks, unless its fork support is off; they sometimes
+#   crash the child, a worker, before it runs a line. gRPC reads the variable when it starts,
+#   at its first connection, so it holds for a Ray connection made after this import. No
+#   forked worker uses the kernel's gRPC, which is all the support is for.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from notebook_kit.config.environment import environment
 

@@ -854,6 +854,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "grpc-fork-support-left-on",
+        "a kernel holding a Ray client's gRPC threads forks workers that start none of gRPC's",
+        (
+            Edit(
+                "__init__.py",
+                'os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")\n',
+                "",
+            ),
+        ),
+        (f"{_RAY_CLIENT}test_a_ray_client_kernel_launches_runs_the_cell_again_and_keeps_a_pool",),
+    ),
+    Mutation(
         "ray-lease-tick-wakes-waiting-nodes",
         "a lease tick alone wakes no node's control read",
         (

@@ -18,13 +18,17 @@ print(dist.is_initialized())
 """
 
 
+_SET_ON_IMPORT = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "GRPC_ENABLE_FORK_SUPPORT": "false"}
+
+
 def test_import_initialises_neither_cuda_nor_a_process_group():
-    environment = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    environment = {k: v for k, v in os.environ.items() if k not in _SET_ON_IMPORT}
     command = [sys.executable, "-c", PROBE]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
     assert done.returncode == 0, done.stderr
-    # The one variable set makes torch.cuda.is_available() ask NVML instead of the driver.
-    assert done.stdout.split("\n")[:3] == ["False", "['PYTORCH_NVML_BASED_CUDA_CHECK']", "False"]
+    # The variables set keep forks safe: torch.cuda.is_available() asks NVML instead of the
+    # driver, and gRPC starts no threads in a forked child.
+    assert done.stdout.split("\n")[:3] == ["False", repr(sorted(_SET_ON_IMPORT)), "False"]
 
 
 def test_the_documented_module_paths_import_and_the_script_entry_runs(tmp_path):
@@ -59,16 +63,17 @@ print(repr((changed, gone, [type(f).__qualname__ for f in sys.meta_path if f not
 """
 
 
-def test_importing_the_package_changes_only_the_documented_environment_variable():
-    """The NVML guard (its reason is in ``notebook_kit/__init__.py``) and nothing else."""
-    environment = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+def test_importing_the_package_changes_only_the_documented_environment_variables():
+    """The NVML guard and gRPC's fork support (their reasons are in
+    ``notebook_kit/__init__.py``), and nothing else."""
+    environment = {k: v for k, v in os.environ.items() if k not in _SET_ON_IMPORT}
     command = [sys.executable, "-c", SIDE_EFFECTS_PROBE]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == repr(({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, [], []))
-    environment["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"  # the user's own choice is kept
+    assert done.stdout.strip() == repr((_SET_ON_IMPORT, [], []))
+    environment.update(PYTORCH_NVML_BASED_CUDA_CHECK="0", GRPC_ENABLE_FORK_SUPPORT="true")
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
-    assert done.stdout.strip() == repr(({}, [], [])), done.stderr
+    assert done.stdout.strip() == repr(({}, [], [])), done.stderr  # the user's choices are kept
 
 
 HEAVY = """

@@ -6,14 +6,12 @@ the cell run again, a pool, and what a handle that reaches no Ray client server 
 needs no token (``RAY_AUTH_MODE=disabled``), so the runs do not depend on a token file that an
 earlier ``ray.init`` of this process may have written.
 
-The head, and the fresh interpreter one test starts, run with gRPC's fork support off
-(``GRPC_ENABLE_FORK_SUPPORT=false``). With it on, which is grpcio's default, a process that
-holds gRPC threads and starts another (the head's client-server proxy starting a client's
-server, an interpreter starting a local Ray instance after a failed client connection) forks a
-child in which gRPC starts a thread of its own before the child execs; that thread sometimes
-crashes (a segfault in an ``event_engine`` thread), so the child never starts: "Starting Ray
-client server failed". Neither process uses gRPC in a forked child, which is all the setting
-is for.
+The head runs with gRPC's fork support off (``GRPC_ENABLE_FORK_SUPPORT=false``), as importing
+notebook_kit sets it for the kernel. With it on, which is grpcio's default, a process that holds
+gRPC threads and forks a child to exec another has gRPC start threads in that child first, and
+they sometimes crash it: the head's client-server proxy then answers "Starting Ray client
+server failed". A head is the user's to start; the kernel's forks are ours, and the launch test
+checks that a Ray client kernel's forked workers start no gRPC thread.
 """
 
 from __future__ import annotations
@@ -152,6 +150,11 @@ def _train(model):
     return total.item()
 
 
+def _thread_names():
+    tasks = Path("/proc/self/task")
+    return sorted((tasks / task / "comm").read_text().strip() for task in os.listdir(tasks))
+
+
 def _rank():
     import torch.distributed as dist
 
@@ -187,9 +190,8 @@ def test_the_heads_gcs_port_is_named_and_the_kernel_can_join_the_right_one_after
     message names the client server's port. In the same process, as a user's next cells do,
     Ray then starts a local instance (Ray's failed client leaves it unable to, unless shut down)
     and the kernel joins the right head. Ray's client retries for 30 s by default; its own
-    settings shorten that here. It runs first in the module: the interpreter is started before
-    this process holds a Ray client's gRPC threads (see the module's docstring)."""
-    env = dict(os.environ, RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S="1", **_NO_GRPC_FORK_SUPPORT)
+    settings shorten that here."""
+    env = dict(os.environ, RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S="1")
     env["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"] = "1"
     wrong = f"ray://127.0.0.1:{head['gcs_port']}"
     done = subprocess.run(
@@ -220,6 +222,10 @@ def test_a_ray_client_kernel_launches_runs_the_cell_again_and_keeps_a_pool(head)
             )
             assert result == 3.0
             assert torch.equal(model.weight, torch.full_like(model.weight, 7.0))  # came home
+        # A local launch from this kernel, which now holds a Ray client's gRPC threads: its
+        # forked workers start none of gRPC's (they sometimes crashed a worker at its start).
+        names = notebook_launcher(_thread_names, num_processes=2, live=False)
+        assert "event_engine" not in names, names
         other = f"ray://127.0.0.1:{head['gcs_port']}"
         with pytest.raises(ValueError, match=r"has joined another Ray cluster already"):
             notebook_launcher(_rank, cluster=other, num_nodes=2, live=False)

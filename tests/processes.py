@@ -71,3 +71,18 @@ def kill_and_reap(processes: Iterable[psutil.Process]) -> None:
         with contextlib.suppress(ChildProcessError, psutil.Error):
             if process.ppid() == os.getpid():
                 os.waitpid(process.pid, 0)
+
+
+def marked_node_processes(mark: str, token: str) -> list[int]:
+    """The node processes whose environment holds ``mark=token``: one test module's, also one
+    its engine's worker no longer holds (an orphan), whatever else runs on the machine."""
+    from notebook_kit.node.task import NODE_PROCESS_NAME
+
+    found = []
+    for process in psutil.process_iter(["pid", "name"]):
+        if process.info["name"] != NODE_PROCESS_NAME:  # forked by a zygote, as its own forks
+            continue
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(mark) == token:
+                found.append(process.info["pid"])
+    return found

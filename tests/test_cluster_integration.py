@@ -25,8 +25,8 @@ import notebook_kit
 from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
 from notebook_kit.node.protocol import LEASE_SECONDS
-from notebook_kit.node.task import NODE_PROCESS_NAME
 from tests.optional import needs
+from tests.processes import marked_node_processes
 
 pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
 
@@ -112,16 +112,7 @@ def leftovers(client) -> dict[str, list[int]]:
 
 def node_processes() -> list[int]:
     """This module's node processes, also one its Dask worker no longer holds (an orphan)."""
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid", "name"]):
-        if process.info["name"] != NODE_PROCESS_NAME:  # forked by a zygote, as its own forks
-            continue
-        with contextlib.suppress(psutil.Error):
-            if process.environ().get(_MARK) == _TOKEN:
-                found.append(process.info["pid"])
-    return found
+    return marked_node_processes(_MARK, _TOKEN)
 
 
 def assert_nothing_left(client, within: float = 10.0) -> None:

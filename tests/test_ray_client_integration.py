@@ -35,9 +35,8 @@ import torch
 import torch.distributed as dist
 
 from notebook_kit import WorkerPool, notebook_launcher
-from notebook_kit.node.task import NODE_PROCESS_NAME
 from tests.optional import needs
-from tests.processes import free_port
+from tests.processes import free_port, marked_node_processes
 
 pytestmark = [pytest.mark.integration, needs("ray", what="runs through a Ray client")]
 
@@ -45,7 +44,6 @@ pytestmark = [pytest.mark.integration, needs("ray", what="runs through a Ray cli
 # check for leftovers counts only this module's.
 _MARK, _TOKEN = "NK_RAY_CLIENT_TEST_RUN", secrets.token_hex(8)
 _HEAD_START_S = 120.0  # `ray start --head` takes 15 s on 2 idle cores
-_NO_GRPC_FORK_SUPPORT = {"GRPC_ENABLE_FORK_SUPPORT": "false"}  # see the module's docstring
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +57,7 @@ def head():
     # the file naming "the cluster on this machine" among them, from every later ray.init().
     temp_dir = tempfile.mkdtemp(prefix="nk-ray-")
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    env.update({_MARK: _TOKEN, **_NO_GRPC_FORK_SUPPORT})
+    env.update({_MARK: _TOKEN, "GRPC_ENABLE_FORK_SUPPORT": "false"})  # see the docstring
     command = [
         str(ray_cli), "start", "--head", "--block", f"--port={gcs_port}",
         f"--ray-client-server-port={client_port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
@@ -102,16 +100,7 @@ def _accepts(port: int) -> bool:
 
 
 def _node_processes() -> list[int]:
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid", "name"]):
-        if process.info["name"] != NODE_PROCESS_NAME:
-            continue
-        with contextlib.suppress(psutil.Error):
-            if process.environ().get(_MARK) == _TOKEN:
-                found.append(process.info["pid"])
-    return found
+    return marked_node_processes(_MARK, _TOKEN)
 
 
 def _left_on_the_head() -> dict[str, list]:

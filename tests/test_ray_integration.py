@@ -24,8 +24,8 @@ import torch.distributed as dist
 import notebook_kit
 from notebook_kit import WorkerPool, notebook_launcher
 from notebook_kit.errors import WorkerError
-from notebook_kit.node.task import NODE_PROCESS_NAME
 from tests.optional import needs
+from tests.processes import marked_node_processes
 from tests.test_preemption_integration import _until_told
 
 pytestmark = [pytest.mark.integration, needs("ray", what="runs on a Ray cluster")]
@@ -71,16 +71,7 @@ def ray_runtime():
 
 def node_processes() -> list[int]:
     """This module's node processes."""
-    import psutil
-
-    found = []
-    for process in psutil.process_iter(["pid", "name"]):
-        if process.info["name"] != NODE_PROCESS_NAME:  # forked by a zygote, as its own forks
-            continue
-        with contextlib.suppress(psutil.Error):
-            if process.environ().get(_MARK) == _TOKEN:
-                found.append(process.info["pid"])
-    return found
+    return marked_node_processes(_MARK, _TOKEN)
 
 
 _KILLED_HERE: set[int] = set()  # processes of actors a test killed on purpose

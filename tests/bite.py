@@ -12,6 +12,7 @@ NAME ...`` runs some of them.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -73,6 +74,28 @@ def stale(mutations: Iterable[Mutation]) -> list[str]:
             problem = apply(mutation, package)
         if problem is not None:
             problems.append(f"{mutation.name}: {problem}")
+    return problems
+
+
+def missing_tests(mutations: Iterable[Mutation]) -> list[str]:
+    """Guarding test ids whose file or test function does not exist (a renamed test), as text.
+
+    Read from the files' syntax, so a rename shows at once, where running the breakage would
+    only show it as an error on the run whose share of breakages includes it."""
+    functions: dict[Path, set[str]] = {}
+    problems = []
+    for mutation in mutations:
+        for test_id in mutation.tests:
+            path, _, name = test_id.partition("::")
+            file = ROOT / path
+            if not file.is_file():
+                problems.append(f"{mutation.name}: no file {path}")
+                continue
+            if file not in functions:
+                tree = ast.parse(file.read_text())
+                functions[file] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            if name and name.split("[", 1)[0] not in functions[file]:
+                problems.append(f"{mutation.name}: no test {test_id}")
     return problems
 
 

@@ -645,7 +645,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "import-adds-a-meta-path-finder",
-        "importing notebook_kit changes only the documented environment variable",
+        "importing notebook_kit changes only the documented environment variables",
         (
             Edit(
                 "__init__.py",
@@ -656,7 +656,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (
             "tests/test_import.py::"
-            "test_importing_the_package_changes_only_the_documented_environment_variable",
+            "test_importing_the_package_changes_only_the_documented_environment_variables",
         ),
     ),
     Mutation(

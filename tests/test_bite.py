@@ -58,6 +58,10 @@ def test_every_breakage_still_applies_to_the_code():
     assert len({m.name for m in MUTATIONS}) == len(MUTATIONS) >= 17
 
 
+def test_every_guarding_test_exists():
+    assert bite.missing_tests(MUTATIONS) == []
+
+
 @pytest.mark.bite
 @pytest.mark.integration
 @pytest.mark.slow

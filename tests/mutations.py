@@ -3159,3 +3159,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_RAY + "test_sigterm_to_a_ray_worker_lets_its_node_save_then_ends_the_worker",),
     ),
 )
+
+# Breakages kept in files beside this one, one per subject; each holds a tuple MUTATIONS.
+from tests import (  # noqa: E402  (they import Edit and Mutation from here)
+    mutations_events,
+    mutations_export,
+    mutations_live,
+    mutations_parallel,
+    mutations_pool,
+    mutations_storage,
+)
+
+MUTATIONS = (
+    MUTATIONS
+    + mutations_events.MUTATIONS
+    + mutations_storage.MUTATIONS
+    + mutations_pool.MUTATIONS
+    + mutations_live.MUTATIONS
+    + mutations_export.MUTATIONS
+    + mutations_parallel.MUTATIONS
+)

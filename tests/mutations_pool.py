@@ -1,0 +1,7 @@
+"""Deliberate breakages of pools on a cluster and the default %%distributed pool (wired into ``tests.mutations.MUTATIONS``)."""
+
+from __future__ import annotations
+
+from tests.mutations import Edit, Mutation  # noqa: F401
+
+MUTATIONS: tuple[Mutation, ...] = ()

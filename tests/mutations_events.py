@@ -1,4 +1,7 @@
-"""Deliberate breakages of a cluster's event channel and pool commands (wired into ``tests.mutations.MUTATIONS``)."""
+"""Deliberate breakages of a cluster's event channel and pool commands.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
 
 from __future__ import annotations
 

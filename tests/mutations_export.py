@@ -1,4 +1,7 @@
-"""Deliberate breakages of exported scripts (wired into ``tests.mutations.MUTATIONS``)."""
+"""Deliberate breakages of exported scripts.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Deliberate breakages of the live view, the speed line and the warm-up (wired into ``tests.mutations.MUTATIONS``)."""
+"""Deliberate breakages of the live view, the speed line and the warm-up.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
 
 from __future__ import annotations
 

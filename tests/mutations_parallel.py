@@ -1,4 +1,7 @@
-"""Deliberate breakages of parallelism checks, resumes and weights (wired into ``tests.mutations.MUTATIONS``)."""
+"""Deliberate breakages of parallelism checks, resumes and weights.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
 
 from __future__ import annotations
 

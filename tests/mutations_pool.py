@@ -1,4 +1,7 @@
-"""Deliberate breakages of pools on a cluster and the default %%distributed pool (wired into ``tests.mutations.MUTATIONS``)."""
+"""Deliberate breakages of pools on a cluster and the default %%distributed pool.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
 
 from __future__ import annotations
 

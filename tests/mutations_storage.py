@@ -1,4 +1,7 @@
-"""Deliberate breakages of checkpoints on object storage (wired into ``tests.mutations.MUTATIONS``)."""
+"""Deliberate breakages of checkpoints on object storage.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
 
 from __future__ import annotations
 

@@ -211,6 +211,14 @@ def _even_reference() -> list[float]:
 
 
 def _train_tp_plain(model, out):
+    misspelt = {"blocks.*.upp": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+    try:  # torch's parallelize_module only warns, and the layer would stay whole
+        layers = EvenLM()
+        wrong = Accelerator(parallelism_config=ParallelismConfig(tp_plan=misspelt))
+        wrong.prepare(layers, torch.optim.SGD(layers.parameters(), lr=0.1))
+        refused = "no error"
+    except ValueError as error:
+        refused = str(error)
     accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_plan=PLAN))  # tp_size: launch
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -226,7 +234,8 @@ def _train_tp_plain(model, out):
         mesh = accelerator.torch_device_mesh.mesh_dim_names
         kind = accelerator.distributed_type.value
         with open(out, "w") as file:
-            json.dump({"losses": losses, "split": split, "mesh": mesh, "kind": kind}, file)
+            got = {"losses": losses, "split": split, "mesh": mesh, "kind": kind}
+            json.dump({**got, "refused": refused}, file)
     accelerator.wait_for_everyone()
     if accelerator.process_index == 1:
         raise ValueError("rank 1 stops here")
@@ -250,14 +259,34 @@ def test_a_plain_model_splits_by_the_users_plan_from_launch_settings_and_failure
     assert max(abs(a - b) for a, b in zip(got["losses"], losses, strict=True)) < 1e-6
     assert got["split"] == ["(Replicate(),)", "(Shard(dim=0),)", "(Shard(dim=1),)"]
     assert (got["mesh"], got["kind"]) == (["tp"], "MULTI_CPU")
+    assert "tp_plan names ['blocks.*.upp'], which EvenLM does not have" in got["refused"]
 
 
-def test_launch_settings_that_cannot_be_laid_out_are_refused_before_anything_starts():
+def _touch(path):
+    open(path, "w").close()  # a rank started
+
+
+def test_launch_settings_that_cannot_be_laid_out_are_refused_before_anything_starts(tmp_path):
+    started = str(tmp_path / "started")
     with pytest.raises(ValueError, match="world size 2") as caught:
         notebook_launcher(
-            print, num_processes=2, fsdp=True, parallelism_config_dp_shard_size=4, live=False
-        )
+            _touch, (started,), num_processes=2, fsdp=True, parallelism_config_dp_shard_size=4,
+            live=False,
+        )  # fmt: skip
     assert "dp_shard_size=4" in str(caught.value)
+    with pytest.raises(ValueError, match="plain data parallel") as caught:
+        notebook_launcher(
+            _touch, (started,), num_processes=2, parallelism_config_dp_replicate_size=2,
+            live=False,
+        )  # fmt: skip
+    assert "parallelism_config_dp_shard_size > 1" in str(caught.value)
+    with pytest.raises(ValueError, match="cp_size=2 needs CUDA GPUs") as caught:
+        notebook_launcher(
+            _touch, (started,), num_processes=2, backend="gloo", fsdp=True,
+            parallelism_config_cp_size=2, live=False,
+        )  # fmt: skip
+    assert "parallelism_config_cp_size=1" in str(caught.value)
+    assert not os.path.exists(started), "a rank started before the refusal"
 
 
 def _hsdp_on_nodes():
@@ -280,11 +309,11 @@ def _hsdp_on_nodes():
     return {"losses": losses, "every": every}
 
 
-@needs("distributed", what="a cluster run")
-def test_hsdp_on_two_cluster_nodes_replicates_across_them_and_shards_within_each():
+@pytest.fixture(scope="module")
+def cluster_client():
+    """A LocalCluster of two worker processes (two nodes), shared by this module's runs."""
     from distributed import Client, LocalCluster
 
-    losses, _, _ = reference_run(STEPS, 1, NO_CLIP)
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
@@ -292,19 +321,46 @@ def test_hsdp_on_two_cluster_nodes_replicates_across_them_and_shards_within_each
         Client(cluster) as client,
     ):
         client.wait_for_workers(2)
-        got = notebook_launcher(
-            _hsdp_on_nodes,
-            cluster=client,
-            num_nodes=2,
-            num_processes=2,
-            fsdp=True,
-            parallelism_config_dp_replicate_size=2,
-            parallelism_config_dp_shard_size=2,
-            live=False,
-        )
+        yield client
+
+
+@needs("distributed", what="a cluster run")
+def test_hsdp_on_two_cluster_nodes_replicates_across_them_and_shards_within_each(cluster_client):
+    losses, _, _ = reference_run(STEPS, 1, NO_CLIP)
+    got = notebook_launcher(
+        _hsdp_on_nodes,
+        cluster=cluster_client,
+        num_nodes=2,
+        num_processes=2,
+        fsdp=True,
+        parallelism_config_dp_replicate_size=2,
+        parallelism_config_dp_shard_size=2,
+        live=False,
+    )
     assert max(abs(a - b) for a, b in zip(got["losses"], losses, strict=True)) < 1e-6
     nodes = [node for node, _ in got["every"]]
     assert nodes == [0, 0, 1, 1]
     for _, groups in got["every"]:
         assert len({nodes[rank] for rank in groups["dp_shard"]}) == 1  # shards within a node
         assert {nodes[rank] for rank in groups["dp_replicate"]} == {0, 1}  # replicas span
+
+
+@needs("distributed", what="a cluster run")
+def test_a_mesh_the_probed_nodes_cannot_hold_is_refused_before_any_node_starts(
+    cluster_client, tmp_path
+):
+    started = str(tmp_path / "started")
+    hsdp = {"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 2}
+    with pytest.raises(ValueError, match=r"world size 2 \(2 node\(s\) × 1 process") as caught:
+        notebook_launcher(
+            _touch, (started,), cluster=cluster_client, num_nodes=2, fsdp=True, live=False, **hsdp
+        )  # the probe counts one rank on each node (no GPU): 2 ranks for a mesh of 4
+    assert "dp_replicate_size=2" in str(caught.value)
+    with pytest.raises(ValueError, match="would span nodes") as caught:
+        notebook_launcher(
+            _touch, (started,), cluster=cluster_client, num_nodes=2, num_processes=3, fsdp=True,
+            parallelism_config_dp_replicate_size=3, parallelism_config_dp_shard_size=2,
+            live=False,
+        )  # fmt: skip
+    assert "dp_shard_size=3, dp_replicate_size=2" in str(caught.value)
+    assert not os.path.exists(started), "a rank started before the refusal"

@@ -78,7 +78,7 @@ def make_plan(
         check_fork_safety(kernel)  # a tainted kernel sees no GPU: name that cause, not the count
     backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
     device = "cuda" if gpus and (in_kernel or backend == "nccl") else "cpu"
-    parallelism = parallelism_sizes(config, num_processes)
+    parallelism = parallelism_sizes(config, num_processes, device=device)
     port = config.master_port
     if config.num_nodes > 1 and port is None:
         port = DEFAULT_MASTER_PORT
@@ -107,16 +107,24 @@ def make_plan(
         kernel=kernel,
         cores=usable_cpu_count(),
         stall_seconds=stall_seconds,
+        storage_timeout=config.storage_timeout,
     )
 
 
-def parallelism_sizes(config: LaunchConfig, num_processes: int) -> tuple[tuple[str, int], ...]:
-    """The launch's ``parallelism_config_*`` sizes by mesh dimension, checked against its nodes.
+def parallelism_sizes(
+    config: LaunchConfig,
+    num_processes: int,
+    *,
+    num_nodes: int | None = None,
+    device: str | None = None,
+) -> tuple[tuple[str, int], ...]:
+    """The launch's ``parallelism_config_*`` sizes by mesh dimension, checked before any start.
 
-    All 1 (the default) means none: ``()``. Otherwise the sizes must multiply to the world
-    size and fit the nodes (:func:`~notebook_kit.config.mesh_layout.check_mesh_fits`), and
-    sharding dimensions need ``fsdp=True``; the Accelerator checks the rest of
-    Accelerate's rules when it builds the config.
+    All 1 (the default) means none: ``()``. Otherwise Accelerate's rule that replicas alone
+    are DDP, the world size and the nodes
+    (:func:`~notebook_kit.config.mesh_layout.check_mesh_fits`, on ``num_nodes`` nodes,
+    else ``config.num_nodes``), that sharding dimensions need ``fsdp=True``, and, when the
+    ``device`` the ranks will train on is known, that context parallel needs ``"cuda"``.
 
     Example:
         >>> parallelism_sizes(LaunchConfig(), 2)
@@ -125,7 +133,8 @@ def parallelism_sizes(config: LaunchConfig, num_processes: int) -> tuple[tuple[s
     sizes = {name: getattr(config, f"parallelism_config_{name}_size") for name in MESH_ORDER}
     if all(size == 1 for size in sizes.values()):
         return ()
-    check_mesh_fits(MeshLayout.of(sizes), num_processes, config.num_nodes)
+    _refuse_replicas_alone(sizes)
+    check_mesh_fits(MeshLayout.of(sizes), num_processes, num_nodes or config.num_nodes)
     shards = sizes["dp_shard"] > 1 or sizes["cp"] > 1
     if shards and not config.use_fsdp:
         raise ValueError(
@@ -133,7 +142,30 @@ def parallelism_sizes(config: LaunchConfig, num_processes: int) -> tuple[tuple[s
             f"parallelism_config_cp_size={sizes['cp']} shard the model with FSDP2, which this "
             "launch does not turn on: add fsdp=True (--use-fsdp), or set both to 1."
         )
+    if sizes["cp"] > 1 and device is not None and device != "cuda":
+        raise ValueError(
+            f"parallelism_config_cp_size={sizes['cp']} needs CUDA GPUs, but this launch's "
+            f"ranks run on the {device.upper()}: context parallel passes keys and values around "
+            "a ring inside torch's flash/efficient attention kernels, which CPU processes do "
+            "not have. Launch one process per GPU, or set parallelism_config_cp_size=1."
+        )
     return tuple(sizes.items())
+
+
+def _refuse_replicas_alone(sizes: Mapping[str, int]) -> None:
+    """Accelerate's rule, in the launch's words: replicas without shards are DDP."""
+    if sizes["dp_replicate"] == 1 or sizes["dp_shard"] > 1:
+        return
+    others = [f"parallelism_config_{dim}_size" for dim in ("tp", "cp") if sizes[dim] > 1]
+    what = (
+        f" with {' and '.join(others)} (DDP composed with TP/CP, not supported)" if others else ""
+    )
+    raise ValueError(
+        f"parallelism_config_dp_replicate_size={sizes['dp_replicate']} with "
+        f"parallelism_config_dp_shard_size=1{what} is plain data parallel: leave "
+        "parallelism_config_dp_replicate_size at 1 (every launch of several processes is DDP "
+        "already), or add parallelism_config_dp_shard_size > 1 and fsdp=True for HSDP."
+    )
 
 
 def _gpus_for(kernel: KernelState, in_kernel: bool) -> int:

@@ -26,14 +26,15 @@ from notebook_kit.config.schema import (
     settings_from_environ,
 )
 from notebook_kit.launch.cluster.engine import Engine, engine_for
-from notebook_kit.launch.plan import check_explicit_settings
-from notebook_kit.node.protocol import NodeSettings
+from notebook_kit.launch.plan import check_explicit_settings, parallelism_sizes
+from notebook_kit.node.protocol import NodeSettings, ProbeReport
 
 __all__ = [
     "CLUSTER_REFUSES",
     "KERNEL_KEEPS",
     "NODE_SETTINGS",
     "ClusterPlan",
+    "check_cluster_mesh",
     "resolve_cluster_plan",
 ]
 
@@ -77,6 +78,23 @@ def resolve_cluster_plan(cluster: Any, options: Mapping[str, Any]) -> ClusterPla
     """
     settings, extra = _settings(options)
     return ClusterPlan(engine_for(cluster), settings, **extra)
+
+
+def check_cluster_mesh(settings: NodeSettings, reports: list[ProbeReport]) -> None:
+    """Refuse the launch's mesh for the nodes the probe found, before any node starts.
+
+    Only now are the nodes counted and, without ``num_processes``, their ranks (one per GPU
+    of node 0): a mesh that needs another world size, a shard group that would span nodes,
+    replicas alone, or context parallel on nodes whose ranks would train on the CPU.
+
+    Raises:
+        ValueError: Naming the setting and the fix, as a local launch does.
+    """
+    config = settings.config
+    ranks = config.num_processes or 1  # filled from the probe by with_processes
+    gpus = min(report.gpus for report in reports)
+    cuda = config.backend != "gloo" and 0 < ranks <= gpus  # as each node's plan decides
+    parallelism_sizes(config, ranks, num_nodes=len(reports), device="cuda" if cuda else "cpu")
 
 
 def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]:

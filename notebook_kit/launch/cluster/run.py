@@ -23,7 +23,7 @@ import cloudpickle
 
 from notebook_kit.launch.cluster.attempt import END_GRACE_SECONDS as _END_GRACE_SECONDS
 from notebook_kit.launch.cluster.attempt import AttemptResult, ClusterAttempt
-from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, check_cluster_mesh
 from notebook_kit.launch.cluster.engine import Engine
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports
@@ -75,6 +75,7 @@ def cluster_steps(call: Call, plan: ClusterPlan, observer: LaunchObserver | None
                 raise error from failures[-1]
             nodes.use(chosen)
         reports = nodes.reports
+        check_cluster_mesh(settings, reports)  # the nodes are counted: before any starts
         result, error = yield from _attempt(
             engine, reports, nodes.payload, settings, observer, plan.timeout, restart
         )

@@ -3,7 +3,8 @@
 A page moved or a heading renamed leaves links that GitHub shows as working text and that lead
 nowhere; read as the README's reader would follow them, every relative link must reach a file
 of the repository, every ``#anchor`` a heading of the page it names, and every page under
-``docs/`` must be reachable from the README.
+``docs/`` must be reachable from the README. The names the porting guide lists as still
+missing from Accelerate's API must be missing indeed.
 """
 
 from __future__ import annotations
@@ -105,3 +106,42 @@ def test_the_readme_links_every_notebook_and_each_has_its_own_number() -> None:
     assert not [p.name for p in notebooks if p.resolve() not in linked], "README lacks a notebook"
     numbers = [p.name.partition("_")[0] for p in notebooks]
     assert len(set(numbers)) == len(numbers), f"two notebooks share a number: {numbers}"
+
+
+_MISSING_HEADING = "## Still missing from Accelerate's public API"
+_BULLET = re.compile(r"^- (.*(?:\n  .*)*)", re.MULTILINE)  # an item and its indented lines
+_NAME = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def missing_names(text: str) -> list[list[str]]:
+    """The names in each item of the page's "still missing" list, one list per item."""
+    _, found, rest = text.partition(_MISSING_HEADING + "\n")
+    assert found, f"no heading {_MISSING_HEADING!r}"
+    section = re.split(r"^#{1,6} ", rest, maxsplit=1, flags=re.MULTILINE)[0]
+    return [_NAME.findall(item) for item in _BULLET.findall(section)]
+
+
+def test_what_the_porting_guide_calls_missing_is_missing() -> None:
+    import notebook_kit
+    import notebook_kit.accelerator
+    from notebook_kit import Accelerator
+
+    items = missing_names((ROOT / "docs" / "porting_from_accelerate.md").read_text())
+    assert len(items) >= 4 and all(items), f"every item names something: {items}"
+    present = [
+        name
+        for names in items
+        for name in names
+        if hasattr(notebook_kit, name)
+        or hasattr(notebook_kit.accelerator, name)
+        or hasattr(Accelerator, name)
+    ]
+    assert not present, f"listed as missing from Accelerate's API, but they exist: {present}"
+
+
+def test_the_missing_list_is_read_item_by_item() -> None:
+    page = (
+        "# P\n\n" + _MISSING_HEADING + "\n\nprose `not_read`\n\n- a: `one`, `two`\n"
+        "  `three`\n- b: `four`\n\n## Next\n\n- `after`\n"
+    )
+    assert missing_names(page) == [["one", "two", "three"], ["four"]]

@@ -2,8 +2,10 @@
 
 A worker's ``log`` call only appends to a bounded in-memory buffer; a background thread sends
 the buffer to the kernel in batches a few times a second. When the kernel reads too slowly the
-buffer fills, new records are dropped and counted, and the count travels with the next batch,
-so the kernel can say how many records it never saw. The kernel half is
+buffer fills: the newest record then waits beside it, in place of the one that waited there,
+which is dropped and counted. So the records in between are lost under pressure, never the
+newest (the final loss arrives exactly), and the count travels with the next batch, so the
+kernel can say how many records it never saw. The kernel half is
 :class:`notebook_kit.live.metrics.MetricsAggregator`.
 """
 
@@ -65,6 +67,7 @@ class WorkerChannel:
         self.context = context
         self.capacity = capacity
         self.buffer: collections.deque[Record] = collections.deque()
+        self.newest: Record | None = None  # the newest record, kept while the buffer is full
         self.dropped = 0
         self.steps = 0  # progress count (advanced by ``progress.advance``)
         self.total: int | None = None
@@ -72,17 +75,29 @@ class WorkerChannel:
         self.progress_source: int | None = None  # id of the loader whose batches count
         self._sent_state: tuple[int, int, int | None, int | None] = (0, 0, None, None)
         self._lock = threading.Lock()  # one batch at a time: the thread or ``flush``
+        self._newest_lock = threading.Lock()  # ``newest`` changes hands: never held in a send
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self.direct = context.world_size == 1  # a world of one runs inside the kernel
         self.speed = SpeedCounter(context.device, context.local_rank)
 
     def log(self, step: int | None, values: dict[str, Any]) -> None:
-        if len(self.buffer) >= self.capacity:
-            self.dropped += 1
-            return
-        self.buffer.append((self.context.rank, step, values))
+        if self.newest is None and len(self.buffer) < self.capacity:
+            self.buffer.append((self.context.rank, step, values))
+        else:
+            self._keep_newest((self.context.rank, step, values))
         self.state_changed()
+
+    def _keep_newest(self, record: Record) -> None:
+        """The buffer is full (or was, and its newest record is not sent yet): ``record``
+        waits beside it in place of the one waiting there, which is dropped and counted."""
+        with self._newest_lock:
+            if self.newest is None and len(self.buffer) < self.capacity:
+                self.buffer.append(record)  # the sender took the newest meanwhile: in order
+                return
+            if self.newest is not None:
+                self.dropped += 1
+            self.newest = record
 
     def state_changed(self) -> None:
         """Progress or total changed: send now in-kernel, else with the next batch."""
@@ -111,6 +126,8 @@ class WorkerChannel:
             if not wait:  # the first record still on its way, and those after it, wait
                 ready = next((i for i in range(ready) if not _ready(self.buffer[i][2])), ready)
             records = [self.buffer.popleft() for _ in range(ready)]
+            if not self.buffer:
+                self._take_newest(records, wait)
             state = (self.dropped, self.steps, self.total, self.epoch_length)
             if send is None:
                 return
@@ -131,6 +148,15 @@ class WorkerChannel:
             self._sent_state = state
             if speed is not None:
                 self.speed.sent, self.speed.sent_at = speed, now
+
+    def _take_newest(self, records: list[Record], wait: bool) -> None:
+        """Add the newest record kept beside the buffer, once everything before it is taken
+        (and its GPU values have arrived, unless ``wait``)."""
+        with self._newest_lock:
+            newest = self.newest
+            if newest is not None and (wait or _ready(newest[2])):
+                records.append(newest)
+                self.newest = None
 
     def counted(self) -> None:
         """Batches or samples are counted: start the sender (the first time only)."""

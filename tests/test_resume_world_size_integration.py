@@ -104,3 +104,25 @@ def test_a_sharded_fsdp2_checkpoint_reshards_onto_another_world_size(tmp_path, s
     for name, value in saved["weights"].items():
         assert torch.equal(loaded["weights"][name], value), name
         assert torch.equal(loaded["moments"][name], saved["moments"][name]), name
+
+
+def _rng_phase(directory: str, save: bool) -> list[list[float]]:
+    """Each rank seeded apart, then a save (what it draws next), or a load (what it draws)."""
+    accelerator = Accelerator()
+    model = nn.Linear(1, 1)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if save:
+        torch.manual_seed(100 + accelerator.process_index)
+        accelerator.save_state(directory)
+    else:
+        accelerator.load_state(directory)
+    drawn = torch.rand(1, 3)
+    return accelerator.gather(drawn).tolist()  # one row per rank
+
+
+def test_on_another_world_size_each_rank_gets_its_own_rng_states_back(tmp_path):
+    directory = str(tmp_path / "rng")
+    saved = notebook_launcher(_rng_phase, args=(directory, True), num_processes=3)
+    loaded = notebook_launcher(_rng_phase, args=(directory, False), num_processes=2)
+    assert len({tuple(row) for row in saved}) == 3  # the ranks' generators differ
+    assert loaded == saved[:2], "a rank resumed with another rank's RNG states"

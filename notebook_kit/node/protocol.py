@@ -11,8 +11,10 @@ Three parties talk:
   and sends its :data:`NodeEvent` and, last, its :data:`NodeOutcome`.
 
 Every message is a frozen dataclass of this module, turned into bytes by :func:`encode` and
-back by :func:`decode`, which checks that what arrived is one of the kinds expected there.
-Every party runs the same notebook_kit (the pre-flight probe checks the versions).
+back by :func:`decode`, which checks the run's seal first and then that what arrived is one of
+the kinds expected there (:mod:`notebook_kit.node.codec`: plain data, never a pickle from
+whoever can post on the scheduler). Every party runs the same notebook_kit (the pre-flight
+probe checks the versions).
 
 Names on the scheduler (event topic, variables) all derive from the run's random id, so two
 runs, or two kernels sharing a cluster, never read each other's state.
@@ -20,15 +22,20 @@ runs, or two kernels sharing a cluster, never read each other's state.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-import cloudpickle
-
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.runtime.messages import MetricsBatch, OutputLine, PoolAnswer
+from notebook_kit.node.codec import ProtocolError, Seal, pack, unpack
+from notebook_kit.runtime.messages import (
+    Failure,
+    MetricsBatch,
+    OutputLine,
+    PoolAnswer,
+    Progress,
+    RankSpeed,
+)
 
 __all__ = [
     "ADDRESS",
@@ -61,6 +68,7 @@ __all__ = [
     "Rendezvous",
     "RunCommand",
     "RunNames",
+    "Seal",
     "StopCommand",
     "control_value",
     "decode",
@@ -78,21 +86,21 @@ LEASE_SECONDS = 15.0
 ADDRESS, EVENT, URGENT, OUTCOME = b"A", b"E", b"U", b"O"
 
 
-class ProtocolError(RuntimeError):
-    """A message of a kind not expected where it arrived (mismatched versions, a bug)."""
-
-
 T = TypeVar("T")
 
 
-def encode(message: Any) -> bytes:
-    """A message of this module as bytes (functions and values inside by cloudpickle)."""
-    return cloudpickle.dumps(message)
+def encode(message: Any, seal: Seal) -> bytes:
+    """A message of this module as one frame: plain data, sealed with the run's secret."""
+    return seal.close(pack(message, _KINDS))
 
 
-def decode(data: bytes, *kinds: type[T]) -> T:
-    """The message ``data`` holds, which must be one of ``kinds``."""
-    message = pickle.loads(data)
+def decode(data: bytes, *kinds: type[T], seal: Seal) -> T:
+    """The message ``data`` holds, which must be sealed by ``seal`` and one of ``kinds``.
+
+    Raises:
+        ProtocolError: anything else (a forgery, another run's frame, damaged bytes).
+    """
+    message = unpack(seal.open(data), _KINDS)
     if not isinstance(message, kinds):
         names = ", ".join(kind.__name__ for kind in kinds)
         raise ProtocolError(f"expected {names}, got {type(message).__name__}")
@@ -217,10 +225,11 @@ class NodeAnswer:
 
 @dataclass(frozen=True)
 class NodeFinished:
-    """A launch's node ended; ``failures``: its ranks' (the kernel ends the others at once)."""
+    """A launch's node ended; ``ranks``: its global ranks; ``failures``: its ranks' (the
+    kernel ends the others at once)."""
 
     node: int
-    ranks: tuple[Any, ...]
+    ranks: tuple[int, ...]
     failures: tuple[WorkerFailure, ...]
     stopped: bool
 
@@ -370,3 +379,13 @@ class NodeReport:
     ended_by: str = ""  # "", "lease", "abort", "refused", "died"
     exit_code: int | None = None
     notes: tuple[str, ...] = field(default=())
+
+
+# Every dataclass a frame may hold, by name: :func:`decode` rebuilds none but these.
+_KINDS: dict[str, type] = {
+    kind.__name__: kind
+    for kind in (
+        *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder,
+        NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
+    )
+}  # fmt: skip

@@ -293,9 +293,14 @@ class RayNodeLink:
         return release
 
 
-def run_ray_node(order: NodeOrder, hub: Any, worker: str, zygote: str) -> NodeReport:
-    """The Ray task of one node: run it, relay it, and report how it ended."""
-    return serve_node(order, RayNodeLink(hub, order.run_id, order.node_rank, worker, zygote))
+def run_ray_node(order: NodeOrder, hub: Any, worker: str, zygote: str, secret: bytes) -> NodeReport:
+    """The Ray task of one node: run it, relay it, and report how it ended.
+
+    ``secret`` is the run's: a task's argument, which Ray sends from the kernel to the worker
+    that runs the task, never to the hub or Ray's control store.
+    """
+    link = RayNodeLink(hub, order.run_id, order.node_rank, worker, zygote)
+    return serve_node(order, link, secret)
 
 
 def probe_ray_worker(

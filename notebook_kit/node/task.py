@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -40,8 +41,10 @@ from notebook_kit.node.protocol import (
     LaunchStop,
     NodeOrder,
     NodeReport,
+    ProtocolError,
     Rendezvous,
     RunNames,
+    Seal,
     decode,
     encode,
 )
@@ -58,6 +61,7 @@ _HEARTBEAT_SECONDS = 1.0  # an empty batch leaves this often when the node has n
 _CONTROL_PATIENCE_SECONDS = 1.0  # a control read waits this long for a change, where it can
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
 _RPC_SECONDS = 2.0  # no scheduler call of a watcher waits longer
+_log = logging.getLogger(__name__)
 
 
 class NodeLink(Protocol):
@@ -253,15 +257,19 @@ def _signal(process: ZygoteChild, signum: int) -> None:
         process.send_signal(signum)
 
 
-def run_node(order: NodeOrder) -> NodeReport:
-    """The Dask task of one node: run it, relay it, and report how it ended."""
-    return serve_node(order, DaskNodeLink(RunNames(order.run_id), order.node_rank))
+def run_node(order: NodeOrder, secret: bytes) -> NodeReport:
+    """The Dask task of one node: run it, relay it, and report how it ended.
+
+    ``secret`` is the run's (the kernel scattered it to this worker directly: the scheduler
+    holds its key, never its bytes).
+    """
+    return serve_node(order, DaskNodeLink(RunNames(order.run_id), order.node_rank), secret)
 
 
-def serve_node(order: NodeOrder, link: NodeLink) -> NodeReport:
+def serve_node(order: NodeOrder, link: NodeLink, secret: bytes) -> NodeReport:
     """One node, on any engine: start its node process, relay until it ends, report."""
     control = _Control(link, order.lease_seconds, wants_master=order.node_rank != 0)
-    relay = _Relay(order, control, link)
+    relay = _Relay(order, control, link, Seal(secret))
     relay.start()
     try:
         claimed = link.claim()
@@ -284,8 +292,8 @@ def serve_node(order: NodeOrder, link: NodeLink) -> NodeReport:
 class _Relay:
     """Starts the node process and passes messages both ways until it has ended."""
 
-    def __init__(self, order: NodeOrder, control: _Control, link: NodeLink) -> None:
-        self.order = order
+    def __init__(self, order: NodeOrder, control: _Control, link: NodeLink, seal: Seal) -> None:
+        self.order, self.seal = order, seal
         self.master_sent = order.node_rank == 0  # node 0 binds the rendezvous itself
         self.control, self.link = control, link
         self.batch: list[bytes] = []
@@ -294,6 +302,7 @@ class _Relay:
         self.stop_sent = False
         self.interrupted_at: float | None = None
         self.urgent = False  # an event the kernel waits for is in the batch: send it now
+        self.forged = False  # a command that was not the kernel's came (and was dropped)
         self.commands: collections.deque[bytes] = collections.deque()
         # Readable once a command has arrived: the relay's wait ends for it at once.
         self.wake, self._ring = socket.socketpair()
@@ -301,7 +310,16 @@ class _Relay:
         self._ring.setblocking(False)
 
     def commanded(self, command: bytes) -> None:
-        """On the engine's thread: a pool command for the node process, in order."""
+        """On the engine's thread: a pool command for the node process, in order; one the
+        kernel did not seal (anyone who reaches the scheduler can post there) is dropped."""
+        try:
+            self.seal.open(command)
+        except ProtocolError as error:
+            if not self.forged:
+                self.forged = True
+                _log.warning("notebook_kit: dropped a pool command not sealed by the kernel "
+                             "of run %s (%s)", self.order.run_id, error)  # fmt: skip
+            return
         self.commands.append(bytes(command))
         with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
             self._ring.send(b"!")
@@ -341,7 +359,8 @@ class _Relay:
         process, orders, events = self.process, self.orders, self.events
         release = self.link.hold_sigterm(lambda: _signal(process, signal.SIGTERM))
         try:
-            orders.send_bytes(encode(self.order))
+            orders.send_bytes(self.seal.secret)  # a private pipe: the run's secret, then
+            orders.send_bytes(encode(self.order, self.seal))  # the order it seals
             self._relay(process, events, orders)
         finally:
             if process.poll() is None:  # only if the relay itself failed
@@ -396,7 +415,7 @@ class _Relay:
         """Route one frame by its tag; events go on to the kernel still pickled."""
         tag, data = frame[:1], frame[1:]
         if tag == ADDRESS:
-            self.link.publish_master(decode(data, Rendezvous))
+            self.link.publish_master(decode(data, Rendezvous, seal=self.seal))
         elif tag == OUTCOME:
             self.outcome = data
         else:
@@ -407,11 +426,11 @@ class _Relay:
         if not self.master_sent and self.control.master is not None:
             self.master_sent = True
             with contextlib.suppress(OSError):
-                orders.send_bytes(encode(self.control.master))
+                orders.send_bytes(encode(self.control.master, self.seal))
         if self.control.stop_requested and self.master_sent and not self.stop_sent:
             self.stop_sent = True
             with contextlib.suppress(OSError):
-                orders.send_bytes(encode(LaunchStop()))
+                orders.send_bytes(encode(LaunchStop(), self.seal))
         while self.master_sent and self.commands:
             with contextlib.suppress(OSError):
                 orders.send_bytes(self.commands.popleft())

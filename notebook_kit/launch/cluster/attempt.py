@@ -10,6 +10,11 @@ Ctrl-C for its node.
 
 The kernel's loop never blocks here: the events arrive on the engine's thread, which queues
 them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on.
+
+Whoever can reach the cluster can post on the run's event topic too. Every frame a node sends
+is sealed with the attempt's secret (:mod:`notebook_kit.node.codec`), which only the kernel
+and the run's node tasks hold: a batch that is not the nodes' is dropped, with one warning per
+attempt, and the run goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +51,9 @@ from notebook_kit.node.protocol import (
     NodeSettings,
     NodeValue,
     ProbeReport,
+    ProtocolError,
     RunNames,
+    Seal,
     control_value,
     decode,
     encode,
@@ -100,6 +108,8 @@ class ClusterAttempt:
         self.answers: dict[int, NodeAnswer] = {}  # a pool's nodes: the last answer of each
         self.settings, self.observer, self.stop_flag = settings, observer, stop_flag
         self.names = RunNames(uuid.uuid4().hex)
+        self.seal = Seal.new()  # the nodes' frames are sealed with it: nobody else's are
+        self.forged = 0  # batches or frames dropped as not the nodes' (one warning for all)
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.tasks: list[NodeTask] = []
         self.heard = [time.monotonic()] * len(reports)
@@ -155,7 +165,7 @@ class ClusterAttempt:
                 pool=self.pool,
                 restart_count=self.restart_count,
             )
-            self.tasks.append(self.engine.submit(order, report.worker))
+            self.tasks.append(self.engine.submit(order, report.worker, self.seal.secret))
         self.heard = [time.monotonic()] * self.num_nodes
         self._lease_thread.start()
 
@@ -186,7 +196,7 @@ class ClusterAttempt:
 
     def command(self, order: NodeCommand) -> None:
         """A pool's order to every node (each node relays it to its node process, in order)."""
-        self.engine.command(self.names, encode(order))
+        self.engine.command(self.names, encode(order, self.seal))
 
     def end_all(self, why: str) -> None:
         """Ask every node to end now (Ctrl-C for each node's launcher)."""
@@ -211,12 +221,30 @@ class ClusterAttempt:
         with contextlib.suppress(OSError):  # full (it is awake anyway) or closed (ended)
             self._ring.send(b"!")
 
-    def _deliver(self, event: tuple[float, dict[str, Any]]) -> None:
-        message = event[1]
-        node = int(message["node"])
+    def _deliver(self, event: Any) -> None:
+        """Show one batch; one that is not the nodes' (forged, damaged) is dropped."""
+        try:
+            node, frames = _batch(event, self.num_nodes)
+            decoded = [decode(data, *NODE_EVENTS, seal=self.seal) for data in frames]
+        except ProtocolError as error:
+            self._forgery(error)
+            return
         self.heard[node] = time.monotonic()
-        for data in message["events"]:
-            self._show(decode(data, *NODE_EVENTS))
+        for message in decoded:
+            self._show(message)
+
+    def _forgery(self, error: ProtocolError) -> None:
+        """One warning per attempt: the run goes on without what was dropped."""
+        self.forged += 1
+        if self.forged == 1:
+            warnings.warn(
+                f"Dropped a message on {self.names.events} that this run's nodes did not send "
+                f"({error}): someone who can reach the cluster posted it, or it was damaged. "
+                f"It was not read, and the run goes on; docs/cluster.md says who can post "
+                f"there and how to close the cluster to others (TLS).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _show(self, event: NodeEvent) -> None:
         if isinstance(event, OutputLine):
@@ -261,7 +289,12 @@ class ClusterAttempt:
         if report.outcome is None:
             self._lose(node, f"its node process exited with code {report.exit_code}")
             return
-        outcome = decode(report.outcome, *NODE_OUTCOMES)
+        try:
+            outcome = decode(report.outcome, *NODE_OUTCOMES, seal=self.seal)
+        except ProtocolError as error:
+            self._forgery(error)
+            self._lose(node, "its report was not sealed by this run's node")
+            return
         if isinstance(outcome, NodeValue):
             if node == 0:
                 self.result.value, self.result.weights = outcome.value, outcome.weights
@@ -331,6 +364,19 @@ class ClusterAttempt:
         finally:
             self.wake.close()
             self._ring.close()
+
+
+def _batch(event: Any, num_nodes: int) -> tuple[int, list[bytes]]:
+    """A node's batch as the engine delivers it, ``(time, {"node": n, "events": [...]})``,
+    checked for its shape (anyone can post anything on the topic)."""
+    try:
+        message = event[1]
+        node, frames = message["node"], message["events"]
+    except (TypeError, KeyError, IndexError) as error:
+        raise ProtocolError(f"not a batch of events ({type(error).__name__})") from None
+    if type(node) is not int or not 0 <= node < num_nodes or not isinstance(frames, list | tuple):
+        raise ProtocolError("not a batch of this run's nodes")
+    return node, list(frames)
 
 
 def nodes_per_host(reports: list[ProbeReport]) -> list[int]:

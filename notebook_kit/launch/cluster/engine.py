@@ -71,8 +71,9 @@ class Engine(Protocol):
     def publish(self, names: RunNames, control: dict[str, Any]) -> None:
         """The control value every node task reads."""
 
-    def submit(self, order: NodeOrder, worker: str) -> NodeTask:
-        """Start one node task on ``worker``."""
+    def submit(self, order: NodeOrder, worker: str, secret: bytes) -> NodeTask:
+        """Start one node task on ``worker``, handing it the run's ``secret`` by a way that
+        never leaves it with the cluster's shared state (the scheduler, the hub)."""
 
     def command(self, names: RunNames, data: bytes) -> None:
         """One encoded pool command to every node task, in order."""
@@ -82,8 +83,9 @@ class Engine(Protocol):
 
 
 class _DaskTask:
-    def __init__(self, future: Any) -> None:
+    def __init__(self, future: Any, secret: Any = None) -> None:
         self.future = future
+        self.secret = secret  # the scattered secret's future: kept while the task runs
 
     def done(self) -> bool:
         return bool(self.future.done())
@@ -140,18 +142,29 @@ class DaskEngine:
 
         Variable(names.control, client=self.client).set(control)
 
-    def submit(self, order: NodeOrder, worker: str) -> NodeTask:
+    def submit(self, order: NodeOrder, worker: str, secret: bytes) -> NodeTask:
+        """The secret goes to ``worker`` itself (``direct``: the client sends the bytes to the
+        worker, and tells the scheduler only the key and where it lies); the node task,
+        pinned there, reads it there."""
+        held = self.client.scatter(secret, workers=[worker], direct=True, hash=False)
         future = self.client.submit(
-            run_node, order, workers=[worker], allow_other_workers=False, pure=False, retries=0
-        )
-        return _DaskTask(future)
+            run_node, order, held, workers=[worker], allow_other_workers=False, pure=False,
+            retries=0,
+        )  # fmt: skip
+        return _DaskTask(future, held)
 
     def command(self, names: RunNames, data: bytes) -> None:
         self.client.log_event(names.commands, data)
 
     def forget(self, names: RunNames, num_nodes: int, tasks: list[NodeTask]) -> None:
         self.client.unsubscribe_topic(names.events)
-        futures = [task.future for task in tasks if isinstance(task, _DaskTask)]
+        futures = [
+            future
+            for task in tasks
+            if isinstance(task, _DaskTask)
+            for future in (task.future, task.secret)
+            if future is not None
+        ]
         self.client.cancel(futures, force=True)
         variables = names.all_variables(num_nodes)
         topics = [names.events, names.commands, *(f"variable-{name}" for name in variables)]

@@ -85,11 +85,13 @@ class _NodeView:
             if isinstance(order, StopCommand | Interrupt) or order is None:
                 continue  # late: their command has ended
             if isinstance(order, RunCommand | CheckGroup):
+                if order.seq <= self.current:  # a replay of one served already: not again
+                    continue
                 self.current = order.seq
             return order
 
     def _read(self) -> NodeCommand | None:
-        order = decode(self.orders.recv_bytes(), *NODE_COMMANDS, LaunchStop)
+        order = decode(self.orders.recv_bytes(), *NODE_COMMANDS, LaunchStop, seal=self.relay.seal)
         return None if isinstance(order, LaunchStop) else order  # a launch's: not a pool's
 
 

@@ -35,6 +35,7 @@ from notebook_kit.node.protocol import (
     NodeOutcome,
     NodeValue,
     Rendezvous,
+    Seal,
     decode,
     encode,
 )
@@ -46,13 +47,14 @@ def main(argv: list[str]) -> int:
     """Run the node described on the orders pipe; the exit code is 0 unless the pipe broke."""
     _take_signals()
     orders, events = Connection(int(argv[0])), Connection(int(argv[1]), readable=False)
-    order = decode(orders.recv_bytes(), NodeOrder)
-    outcome = _run(order, orders, events)
-    events.send_bytes(OUTCOME + encode(outcome))
+    seal = Seal(orders.recv_bytes())  # the run's secret, then the order it seals
+    order = decode(orders.recv_bytes(), NodeOrder, seal=seal)
+    outcome = _run(order, orders, events, seal)
+    events.send_bytes(OUTCOME + encode(outcome, seal))
     return 0
 
 
-def _run(order: NodeOrder, orders: Connection, events: Connection) -> NodeOutcome:
+def _run(order: NodeOrder, orders: Connection, events: Connection, seal: Seal) -> NodeOutcome:
     """This node's launch, and how it ended.
 
     Every node process starts at once; the others import and unpickle while node 0 binds,
@@ -64,11 +66,11 @@ def _run(order: NodeOrder, orders: Connection, events: Connection) -> NodeOutcom
         if order.node_rank == 0:
             seat.listener = _rendezvous_listener(order.host)
             master = Rendezvous(order.host, seat.listener.getsockname()[1])
-            events.send_bytes(ADDRESS + encode(master))
+            events.send_bytes(ADDRESS + encode(master, seal))
         else:
-            master = decode(orders.recv_bytes(), Rendezvous)
+            master = decode(orders.recv_bytes(), Rendezvous, seal=seal)
         plan = resolve_plan(node_options(order, master), "notebook_launcher")
-        relay = RelayObserver(order.node_rank, orders, events)
+        relay = RelayObserver(order.node_rank, orders, events, seal)
         # A preempted VM or a SLURM job at its limit is told with SIGTERM: the ranks get to
         # save (should_stop() turns True everywhere) before the machine goes.
         signal.signal(signal.SIGTERM, lambda signum, frame: relay.preempt())

@@ -21,6 +21,7 @@ from notebook_kit.node.protocol import (
     NodeEvent,
     NodeFinished,
     NodePrint,
+    Seal,
     decode,
     encode,
 )
@@ -39,8 +40,9 @@ _PREEMPTED = (
 class RelayObserver:
     """A ``LaunchObserver`` whose view is the kernel on the other end of the cluster."""
 
-    def __init__(self, node_rank: int, orders: Connection, events: Connection) -> None:
+    def __init__(self, node_rank: int, orders: Connection, events: Connection, seal: Seal) -> None:
         self.node_rank = node_rank
+        self.seal = seal  # the run's: every frame either way is sealed with it
         self._orders = orders
         self._events = events
         self._stop_flag: StopFlag | None = None
@@ -49,7 +51,7 @@ class RelayObserver:
 
     def send(self, event: NodeEvent) -> None:
         tag = URGENT if isinstance(event, URGENT_EVENTS) else EVENT
-        self._events.send_bytes(tag + encode(event))
+        self._events.send_bytes(tag + encode(event, self.seal))
 
     def on_start(self, info: LaunchInfo) -> None:
         """The kernel showed the run's start itself; only the stop flag is kept."""
@@ -78,7 +80,7 @@ class RelayObserver:
             self.send(NodePrint(_PREEMPTED.format(node=self.node_rank)))
         try:
             while self._orders.poll(0):
-                decode(self._orders.recv_bytes(), LaunchStop)
+                decode(self._orders.recv_bytes(), LaunchStop, seal=self.seal)
                 if self._stop_flag is not None:
                     self._stop_flag.set()
         except (EOFError, OSError):
@@ -86,4 +88,5 @@ class RelayObserver:
 
     def on_finish(self, summary: LaunchSummary) -> None:
         failures = tuple(summary.failures)
-        self.send(NodeFinished(self.node_rank, tuple(summary.ranks), failures, summary.stopped))
+        ranks = tuple(rank.rank for rank in summary.ranks)
+        self.send(NodeFinished(self.node_rank, ranks, failures, summary.stopped))

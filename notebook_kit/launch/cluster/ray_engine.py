@@ -210,6 +210,7 @@ class _Run:
     def __init__(self, hub: Any, run_id: str) -> None:
         self.hub, self.run_id = hub, run_id
         self.group: Any = None
+        self.secret = b""  # the run's, for its node tasks' arguments
         self.waiting: list[tuple[NodeOrder, _RayTask]] = []
         self.pump: threading.Thread | None = None
         self.forgotten = threading.Event()
@@ -350,12 +351,13 @@ class RayEngine:
         if run is not None and not run.forgotten.is_set():
             run.hub.set_control.remote(run.run_id, control)
 
-    def submit(self, order: NodeOrder, worker: str) -> _RayTask:
+    def submit(self, order: NodeOrder, worker: str, secret: bytes) -> _RayTask:
         """Queue the node; with the last node of the run, reserve every node's bundle
         together, then start every node task in its bundle."""
         run = self._run(RunNames(order.run_id))
         assert run is not None, "open_run first"
         task = _RayTask(worker)
+        run.secret = secret
         run.waiting.append((order, task))
         if len(run.waiting) == order.num_nodes:
             self._start(run)
@@ -395,7 +397,7 @@ class RayEngine:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     run.group, placement_group_bundle_index=index
                 ),
-            ).remote(order, run.hub, task.worker, zygotes[index])
+            ).remote(order, run.hub, task.worker, zygotes[index], run.secret)
 
     def _bundle(self, order: NodeOrder, worker: str) -> dict[str, float]:
         """A node's resources: a CPU per rank, and a GPU per rank on a Ray node with enough

@@ -54,22 +54,44 @@ def test_rank_speed_travels_in_a_metrics_batch_and_old_senders_still_decode() ->
 
 def test_the_global_rate_is_every_ranks_samples_over_the_longest_window() -> None:
     tracker = SpeedTracker()
-    tracker.take(0, RankSpeed(samples=40, batches=5, seconds=2.0, peak_memory_bytes=300 * _MIB))
-    tracker.take(1, RankSpeed(samples=40, batches=5, seconds=2.5, peak_memory_bytes=500 * _MIB))
+    counted = RankSpeed(samples=40, batches=5, seconds=2.0, timed_steps=4, step_seconds=1.6)
+    tracker.take(0, dataclasses.replace(counted, peak_memory_bytes=300 * _MIB))
+    tracker.take(1, dataclasses.replace(counted, seconds=2.5, peak_memory_bytes=500 * _MIB))
     tracker.take(1, None)  # a batch that says nothing new keeps the last figures
     speed = tracker.speed()
     assert speed is not None
     assert (speed.samples, speed.steps, speed.seconds) == (80, 5, 2.5)
     assert speed.samples_per_second == 32.0 and speed.steps_per_second == 2.0
     assert speed_line(speed) == (
-        "speed: 32.0 samples/s · 2.00 steps/s · peak memory 500 MiB CPU on the largest rank"
+        "speed: 32.0 samples/s · 2.00 steps/s · step 400.0 ms · peak memory 500 MiB CPU on the "
+        "largest rank"
     )
+
+
+def test_no_rate_until_every_rank_that_counted_has_timed_a_step() -> None:
+    tracker = SpeedTracker()  # a resumed run that broke out at its first batch, 48 us in
+    first_batch = RankSpeed(samples=8, batches=1, seconds=48e-6, peak_memory_bytes=_MIB)
+    tracker.take(0, first_batch)
+    tracker.take(1, dataclasses.replace(first_batch, timed_steps=3, step_seconds=0.1))
+    speed = tracker.speed()
+    assert speed is not None and speed.samples == 16
+    assert speed.samples_per_second is speed.steps_per_second is speed.mfu is None
+    assert "/s" not in speed_line(speed)  # no samples/s, steps/s or tokens/s: shown as absent
+    tracker.take(0, dataclasses.replace(first_batch, timed_steps=1, step_seconds=0.1))
+    assert tracker.speed().samples_per_second == pytest.approx(16 / 48e-6)  # type: ignore[union-attr]
 
 
 def test_gpu_memory_and_tokens_join_the_line() -> None:
     ranks = {
         0: RankSpeed(
-            64, 8, 30_000, 2.0, 2**30, cuda_max_allocated=3 * 2**30, cuda_max_reserved=4 * 2**30
+            64,
+            8,
+            30_000,
+            2.0,
+            2**30,
+            cuda_max_allocated=3 * 2**30,
+            cuda_max_reserved=4 * 2**30,
+            timed_steps=7,
         )
     }
     tracker = SpeedTracker()
@@ -101,7 +123,7 @@ def test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary(
     observer = LiveObserver()
     observer.on_start(LaunchInfo("Launching 2 processes", 2, 2, (0, 1), flag))
     assert observer.speed is None  # nothing counted yet: no line, no model
-    speed = RankSpeed(samples=32, batches=4, seconds=2.0, peak_memory_bytes=300 * _MIB)
+    speed = RankSpeed(32, 4, None, 2.0, 300 * _MIB, timed_steps=3, step_seconds=1.5)
     observer.on_message(0, BATCH_KIND, _batch(0, speed))
     observer.on_tick()
     assert observer.speed is not None and "16.0 samples/s" in observer.speed.value
@@ -111,7 +133,8 @@ def test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary(
     text = shown[1]["text/plain"].splitlines()
     assert (
         text[1]
-        == "speed: 16.0 samples/s · 2.00 steps/s · peak memory 300 MiB CPU on the largest rank"
+        == "speed: 16.0 samples/s · 2.00 steps/s · step 500.0 ms · peak memory 300 MiB CPU on "
+        "the largest rank"
     )
     assert 'class="nk-speed"' in shown[1]["text/html"]
     assert [line.get_text() for line in observer.figure.texts] == [text[1]]  # and in the PNG
@@ -245,11 +268,11 @@ def test_mfu_is_the_model_flops_per_second_over_the_gpus_peak() -> None:
     tracker = SpeedTracker()
     for rank in range(2):
         tracker.take(rank, RankSpeed(samples=8, batches=4, seconds=2.0, flops=0.4 * peak * 2.0,
-                                     peak_flops=peak))  # fmt: skip
+                                     peak_flops=peak, timed_steps=3))  # fmt: skip
     speed = tracker.speed()
     assert speed is not None and speed.mfu == pytest.approx(0.4)
     assert "MFU 40.0%" in speed_line(speed)
-    tracker.take(1, RankSpeed(samples=8, batches=4, seconds=2.0, flops=1.0, peak_flops=None))
+    tracker.take(1, RankSpeed(8, 4, None, 2.0, flops=1.0, peak_flops=None, timed_steps=3))
     assert tracker.speed().mfu is None  # type: ignore[union-attr]  # a rank with no peak
 
 

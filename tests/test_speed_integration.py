@@ -126,6 +126,23 @@ def test_the_peak_resident_memory_of_each_rank_shows_a_big_allocation() -> None:
     assert "peak memory" in speed_line(speed) and "samples/s" not in speed_line(speed)
 
 
+def _done_at_once() -> None:
+    """A resumed run with nothing left to do: it breaks out at its first batch."""
+    accelerator = Accelerator()
+    data = TensorDataset(torch.randn(_SAMPLES, 3))
+    for _ in accelerator.prepare(DataLoader(data, batch_size=_BATCH)):
+        break
+
+
+def test_a_run_that_times_no_step_shows_no_rate() -> None:
+    notebook_launcher(_done_at_once, num_processes=2)
+    speed = last_run().speed
+    assert speed is not None and speed.samples == 2 * _BATCH  # counted, over microseconds
+    assert all(ranked.timed_steps == 0 for ranked in speed.ranks.values())
+    assert speed.samples_per_second is None and speed.steps_per_second is None
+    assert "/s" not in speed_line(speed)
+
+
 def _silent() -> int:
     return 1
 

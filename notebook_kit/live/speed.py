@@ -38,7 +38,8 @@ class Speed:
         tokens: Non-padding tokens, all ranks together; None when no batch carried tokens.
         seconds: The counting window: from a rank's first counted batch to the end of its
             function (or its latest count while running), the longest over ranks.
-        samples_per_second: ``samples / seconds``.
+        samples_per_second: ``samples / seconds``; None (like every rate and the MFU) until
+            each rank that counted a batch has timed a whole step.
         steps_per_second: ``steps / seconds``.
         tokens_per_second: ``tokens / seconds``, or None without tokens.
         ranks: Each rank's own counts and memory peaks, and where its steps go: ``data``,
@@ -107,7 +108,11 @@ class SpeedTracker:
         counted = [speed.tokens for speed in ranks.values() if speed.tokens is not None]
         tokens = sum(counted) if counted else None
         seconds = max(speed.seconds for speed in ranks.values())
-        timed = seconds > 0 and steps > 0
+        # A rate needs a timed step on every rank that counted: a resumed run that breaks out
+        # at its first batch counted one batch over microseconds, which is no rate at all.
+        timed = (
+            seconds > 0 and steps > 0 and all(r.timed_steps for r in ranks.values() if r.batches)
+        )
         straggler, cause = self._straggler(ranks)
         return Speed(
             samples=samples,
@@ -118,7 +123,7 @@ class SpeedTracker:
             steps_per_second=steps / seconds if timed else None,
             tokens_per_second=tokens / seconds if timed and tokens is not None else None,
             ranks=ranks,
-            mfu=_mfu(ranks, seconds),
+            mfu=_mfu(ranks, seconds) if timed else None,
             straggler=straggler,
             straggler_cause=cause,
         )

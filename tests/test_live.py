@@ -181,18 +181,59 @@ def test_live_observer_reports_a_failed_rank(shown: list[dict[str, Any]]) -> Non
     flag.close()
 
 
-def test_a_restarted_launch_gets_a_fresh_live_view(shown: list[dict[str, Any]]) -> None:
+class _Cell:
+    """A cell's outputs as a front end keeps them: a display with an id is updated in place."""
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, Any]] = []
+
+    def display(self, bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> Any:
+        self.outputs.append(bundle)
+        return _Handle(self.outputs, len(self.outputs) - 1) if display_id else None
+
+    def shown(self) -> list[dict[str, Any]]:
+        return [bundle for bundle in self.outputs if any(bundle.values())]
+
+
+class _Handle:
+    def __init__(self, outputs: list[dict[str, Any]], index: int) -> None:
+        self.outputs, self.index = outputs, index
+
+    def update(self, bundle: dict[str, Any], raw: bool = False) -> None:
+        self.outputs[self.index] = bundle
+
+
+def test_a_restarted_launch_shows_one_view_in_place_of_the_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each attempt's widgets take the place of the last attempt's summary, whose plot and
+    output go: the cell ends with one summary, counting every step once, and one plot."""
+    cell = _Cell()
+    monkeypatch.setattr(notebook_view, "display", cell.display)
     flag = StopFlag()
     observer = LiveObserver()
-    for attempt in range(2):  # max_restarts: on_start and on_finish once per attempt
+    lost = WorkerFailure(1, None, None, "node 1 lost: its Dask worker left the cluster", "", 0.0)
+    for attempt, steps in enumerate((range(0, 12), range(10, 20))):  # resumed at step 10
         observer.on_start(_info(flag))
         assert observer.box is not None and observer.box.comm is not None
-        observer.on_message(0, BATCH_KIND, _batch(10 * (attempt + 1), total=20))
+        assert [next(iter(b)) for b in cell.shown()] == [notebook_view._WIDGET_VIEW]
+        counted = len(steps)  # rank 0's count starts again at every attempt
+        records = [(0, step, {"loss": 1.0 / (step + 1)}) for step in steps]
+        batch = {"records": records, "dropped": 0, "steps": counted, "total": None}
+        observer.on_message(0, BATCH_KIND, batch)
+        observer.on_output(0, "stdout", f"attempt {attempt}")
         observer.on_tick()
-        summary = LaunchSummary((RankSummary(0, 0, 1.0), RankSummary(1, 0, 1.0)), 1.0)
-        observer.on_finish(summary)
-    endings = [b["text/plain"] for b in shown if b.get("text/plain", "").startswith("Finished")]
-    assert len(endings) == 2 and endings[-1].startswith("Finished in 1.0 s · 20 steps")
+        failures = (lost,) if attempt == 0 else ()
+        observer.on_finish(LaunchSummary((), 1.0, failures))
+        if attempt == 0:
+            assert cell.shown()[0]["text/plain"].startswith(
+                "Failed after 1.0 s: rank 1 (node 1 lost) · 12 steps"
+            )
+    summary, figure, details = cell.shown()
+    assert summary["text/plain"].startswith("Finished in ")
+    assert " · 20 steps · loss 0.05 · after 1 restart\n" in summary["text/plain"]
+    assert figure["image/png"].startswith(b"\x89PNG") and "attempt 1" in details["text/plain"]
+    assert last_run().steps == 20
     flag.close()
 
 

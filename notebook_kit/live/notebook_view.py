@@ -19,6 +19,7 @@ rate: workers only write to pipes, and the Stop button's click handler only sets
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import time
 import warnings
@@ -52,6 +53,7 @@ ROUTE_AFTER = 0.25
 # its height when the line appears), tabs, and their margins
 BOX_HEIGHT = "602px"
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_EMPTY = {"text/plain": ""}  # what a restart leaves of the last attempt's plot and details
 _NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
 
@@ -80,13 +82,16 @@ class LiveObserver:
         self._line_layout: widgets.Layout | None = None
         self.figure: Any = None
         self._handle: Any = None
+        self._extras: list[Any] = []  # the plot's PNG and the details under the summary
+        self._first_shown: float | None = None  # when the launch's first attempt was shown
         self._keeper: BusyKeeper | None = None
         self._new_view()
 
     def _new_view(self) -> None:
         """Fresh widgets: each attempt of a launch (a restart after a failure) gets its own,
-        since the previous attempt's were closed when its summary replaced them. The plot goes
-        on from the earlier attempts' points, with a mark where each restart resumed."""
+        since the previous attempt's were closed when its summary replaced them; they are
+        shown in the same place, so a launch leaves one view however often it restarted. The
+        plot goes on from the earlier attempts' points, with a mark where each restart resumed."""
         self.shared = SharedModels()
         earlier = getattr(self, "plot", None)
         self.plot = LivePlot(
@@ -125,8 +130,16 @@ class LiveObserver:
         fallback = f"{info.banner} (live view; a summary replaces it when the run ends)"
         view = {"version_major": 2, "version_minor": 0, "model_id": self.box.model_id}
         bundle = {_WIDGET_VIEW: view, "text/plain": fallback}
-        self._handle = display(bundle, raw=True, display_id=True)
+        if self._handle is not None:  # a restart: in place of the last attempt's summary
+            self._handle.update(bundle, raw=True)
+            for extra in self._extras:
+                extra.update(_EMPTY, raw=True)
+            self._extras = []
+        else:
+            self._handle = display(bundle, raw=True, display_id=True)
         self._shown_at = time.monotonic()
+        if self._first_shown is None:
+            self._first_shown = self._shown_at
         self._keeper = BusyKeeper.start()
 
     def _route_due(self, shown_at: float) -> bool:
@@ -268,8 +281,16 @@ class LiveObserver:
         metrics, progress = self.recorder.metrics, self.recorder.progress
         if self.output is not None:
             self.output.finish(summary.ranks)
+        restarts = len(self.recorder.attempts) - 1
+        if restarts and self._first_shown is not None:  # the launch's time, not the attempt's
+            summary = dataclasses.replace(summary, duration=time.monotonic() - self._first_shown)
         line = summary_line(
-            summary, progress.count, progress.expected, metrics.latest(), metrics.total_dropped
+            summary,
+            progress.count,
+            progress.expected,
+            metrics.latest(),
+            metrics.total_dropped,
+            restarts,
         )
         banner = self.info.banner if self.info is not None else ""
         bundle = summary_bundle(line, summary.outcome, banner, self.recorder.speed_line())
@@ -279,14 +300,21 @@ class LiveObserver:
             display(bundle, raw=True)
         if self.figure is not None:
             names = list(metrics.histories())
-            display(figure_bundle(figure_png(self.figure), names, self.plot.x_label), raw=True)
+            png = figure_bundle(figure_png(self.figure), names, self.plot.x_label)
+            self._show_extra(png)
         evals = self.plot.evals
         table = self._table(evals) if evals else build_table({}, {})
         ranks_html = self.output.static_html() if self.output is not None else ""
         ranks_text = self.output.text() if self.output is not None else ""
         details = details_bundle(table, ranks_html, ranks_text)
         if details is not None:
-            display(details, raw=True)
+            self._show_extra(details)
+
+    def _show_extra(self, bundle: dict[str, Any]) -> None:
+        """Show ``bundle`` under the summary; a restart blanks it (its handle is kept)."""
+        handle = display(bundle, raw=True, display_id=True)
+        if handle is not None:
+            self._extras.append(handle)
 
     def _close_widgets(self) -> None:
         """The static outputs replaced them: free the models (and the saved widget state)."""

@@ -16,7 +16,7 @@ from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.speed import Speed, SpeedTracker, speed_line
 from notebook_kit.runtime.messages import MetricsBatch, decode
 
-__all__ = ["Attempt", "RunRecord", "RunRecorder", "last_run"]
+__all__ = ["Attempt", "RunProgress", "RunRecord", "RunRecorder", "last_run"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,42 @@ class RunRecord:
         return {summary.rank: summary.duration for summary in self.ranks}
 
 
+class RunProgress(ProgressState):
+    """Rank 0's progress over every attempt of a launch: the steps taken, counted once.
+
+    A restarted attempt counts from zero again, yet resumes part-way (its first logged step).
+    The steps before that point count as taken, once: the count is those plus the
+    attempt's own, unless its counter already starts there (the Trainer reports its global
+    step). Logged steps are counted from the first one the launch logged (0 or 1).
+
+    Example:
+        >>> state = RunProgress(); state.first_logged = 0; state.resume_at(30, 32, 3)
+        >>> state.steps = 30; state.count
+        60
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_logged: int | None = None  # the launch's first logged step: 0 or 1, say
+        self.before = 0  # steps taken before the running attempt resumed
+
+    def resume_at(self, step: int, logged: int, counted: int) -> None:
+        """A restarted attempt logged from ``step`` to ``logged`` in its first batch, in which
+        rank 0 had counted ``counted`` steps."""
+        before = max(step - (self.first_logged if self.first_logged is not None else step), 0)
+        # A counter that starts where the checkpoint left it (the Trainer's global step)
+        # already holds the steps before it: more than this attempt has logged.
+        self.before = 0 if before and counted >= before + logged - step + 1 else before
+
+    @property
+    def count(self) -> int:
+        if self.steps:
+            return self.before + self.steps
+        if self.last_logged_step is None or self.first_logged is None:
+            return self.steps
+        return self.last_logged_step - self.first_logged + 1
+
+
 _last: RunRecord | None = None
 
 
@@ -115,17 +151,21 @@ class RunRecorder:
 
     def __init__(self) -> None:
         self.metrics = MetricsAggregator()
-        self.progress = ProgressState()
+        self.progress = RunProgress()
         self.speed = SpeedTracker()
         self.attempts: list[Attempt] = []
         self.restarts: list[tuple[int, str]] = []  # (step it resumed at, label) per restart
         self._info: LaunchInfo | None = None
         self._started = time.monotonic()
         self._first_step: int | None = None
+        self._counted = 0
 
     def start(self, info: LaunchInfo) -> None:
         """An attempt starts: the first, or a restart after a failure."""
         self._info, self._started, self._first_step = info, time.monotonic(), None
+        self._counted = 0  # the attempt's first count from rank 0, once one is seen
+        if self.attempts:  # a restart counts from zero: its steps are added once it resumes
+            self.progress.steps = 0
 
     def on_message(self, rank: int, kind: str, payload: Any) -> bool:
         """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
@@ -142,12 +182,17 @@ class RunRecorder:
         there on (it resumed from a checkpoint): returns that step, once, else None.
         """
         resumed = None
+        if not self._counted and batch.rank == 0 and batch.progress is not None:
+            self._counted = batch.progress.steps or 0
         if self._first_step is None:
             steps = [step for _, step, _ in batch.records if step is not None]
             if steps:
                 self._first_step = min(steps)
+                if self.progress.first_logged is None:
+                    self.progress.first_logged = self._first_step
                 if self.attempts:
                     resumed = self._first_step
+                    self.progress.resume_at(resumed, max(steps), self._counted)
                     self.metrics.drop_from(resumed)
                     world = self._info.world_size if self._info is not None else 0
                     self.restarts.append((resumed, f"restart {len(self.attempts)} · {world} ranks"))

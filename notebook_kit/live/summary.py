@@ -11,6 +11,7 @@ import html
 import math
 from typing import Any
 
+from notebook_kit.errors import WorkerFailure, choose_root_cause
 from notebook_kit.live.eval_table import EvalTable
 from notebook_kit.live.metric_names import joined, named_values
 from notebook_kit.live.observer import LaunchSummary
@@ -28,8 +29,10 @@ def summary_line(
     total: int | None = None,
     latest: dict[str, float] | None = None,
     dropped: int = 0,
+    restarts: int = 0,
 ) -> str:
-    """One line: how it ended, how long, how many steps, the newest metric values.
+    """One line: how it ended, how long, how many steps, the newest metric values, and how
+    often it restarted.
 
     Example:
         >>> from notebook_kit.live.observer import RankSummary
@@ -43,6 +46,8 @@ def summary_line(
     parts += named_values(latest or {}, _SHOWN_METRICS, _number)
     if dropped:
         parts.append(f"{dropped} metric records dropped (log less often)")
+    if restarts:
+        parts.append(f"after {restarts} restart{'s' if restarts > 1 else ''}")
     if summary.outcome == "stopped":
         parts.append("stopped by you")
     return " · ".join(parts)
@@ -57,12 +62,30 @@ def _ending(summary: LaunchSummary) -> str:
         return f"Timed out after {seconds}, {workers}"
     if summary.interrupted:
         return f"Interrupted after {seconds}, {workers}"
-    failed = sorted({failure.rank for failure in summary.failures})
-    if failed:
-        first = summary.failures[0]
-        what = first.exception_type or "exited"
-        return f"Failed after {seconds}: rank {', '.join(map(str, failed))} ({what})"
+    if summary.failures:
+        root = choose_root_cause(list(summary.failures))  # the rank the WorkerError names
+        others = sorted({failure.rank for failure in summary.failures} - {root.rank})
+        line = f"Failed after {seconds}: rank {root.rank} ({_cause(root)})"
+        if others:
+            line += f", then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+        return line
     return f"Failed after {seconds}"
+
+
+def _cause(failure: WorkerFailure) -> str:
+    """A few words for what ended a rank: its exception, a lost node, or how it exited.
+
+    Example:
+        >>> _cause(WorkerFailure(1, None, None, "node 1 lost: its Dask worker left", "", 0.0))
+        'node 1 lost'
+    """
+    if failure.exception_type is not None:
+        return failure.exception_type
+    if failure.exit_code is None:  # no exit seen: a lost node, a fork that failed
+        return failure.message.partition(":")[0]
+    if failure.exit_code < 0:  # "died from SIGKILL (9) without a Python exception ..."
+        return failure.message.partition(" (")[0]
+    return "exited"
 
 
 def _number(value: float) -> str:

@@ -4,9 +4,11 @@
 breakage at a time by exact-snippet replacement, and runs the few tests that guard it against
 that copy (``-x``; subprocesses and Jupyter kernels use the copy too, through ``PYTHONPATH``
 and the working directory). A breakage the tests do not catch is a *survivor*; a snippet
-that no longer exists in the code is *stale* (the breakage must be rewritten); either makes
-the run fail. ``python -m tests.bite --list`` lists the breakages, ``python -m tests.bite
-NAME ...`` runs some of them.
+that no longer exists in the code is *stale* (the breakage must be rewritten); a breakage
+noticed only because pytest-timeout ended a hung test is a *timeout* (the guarding test needs
+its own bound, so that it fails saying what took too long); each makes the run fail.
+``python -m tests.bite --list`` lists the breakages, ``python -m tests.bite NAME ...`` runs
+some of them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,11 @@ _LINKED = ("tests", "notebooks", "docs", "benchmarks", "pyproject.toml", "README
 # The slowest guarding test takes 25 s on an idle 2-core machine. A breakage that makes a test
 # hang ends it here: pytest-timeout's thread method ends the whole run, teardown included.
 _PER_TEST_TIMEOUT_S = 90
+# What pytest-timeout writes when it ends a test: the thread method's banner around the stacks
+# before it exits the run, and the signal method's failure message.
+_TIMED_OUT = re.compile(
+    r"^\++ Timeout \++$|^Failed: Timeout \(>[\d.]+s\) from pytest-timeout", re.M
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class Verdict:
     """What became of one breakage."""
 
     name: str
-    outcome: str  # "caught", "survived", "stale" or "error"
+    outcome: str  # "caught", "survived", "timeout", "stale" or "error"
     detail: str
     seconds: float
 
@@ -108,8 +116,11 @@ def _scratch(folder: Path) -> Path:
     return folder
 
 
-def run_tests(folder: Path, test_ids: Sequence[str], stop_early: bool = True) -> tuple[int, str]:
-    """Run ``test_ids`` against the package in ``folder``; (pytest's status, output tail)."""
+def run_tests(
+    folder: Path, test_ids: Sequence[str], stop_early: bool = True
+) -> tuple[int, str, bool]:
+    """Run ``test_ids`` against the package in ``folder``; (pytest's status, output tail,
+    whether pytest-timeout ended a test)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env["PYTHONPATH"] = str(folder)  # forked workers, subprocesses and kernels: the copy
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -118,7 +129,8 @@ def run_tests(folder: Path, test_ids: Sequence[str], stop_early: bool = True) ->
     command += ["--no-header", "-rN"]
     command += ["-x", *test_ids] if stop_early else list(test_ids)
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
-    return done.returncode, (done.stdout + done.stderr)[-2500:]
+    output = done.stdout + done.stderr
+    return done.returncode, output[-2500:], _TIMED_OUT.search(output) is not None
 
 
 def judge(mutation: Mutation) -> Verdict:
@@ -129,8 +141,14 @@ def judge(mutation: Mutation) -> Verdict:
         problem = apply(mutation, folder / PACKAGE)
         if problem is not None:
             return Verdict(mutation.name, "stale", problem, time.monotonic() - started)
-        status, output = run_tests(folder, mutation.tests)
+        status, output, timed_out = run_tests(folder, mutation.tests)
     seconds = time.monotonic() - started
+    if timed_out:  # a hang, not a failure the test states: it would hang the suite as well
+        detail = (
+            f"a guarding test was ended by pytest-timeout ({_PER_TEST_TIMEOUT_S} s here), not "
+            "by a failure of its own: bound the wait inside the test"
+        )
+        return Verdict(mutation.name, "timeout", detail, seconds)
     if status == 1:  # a test failed: the breakage was noticed
         return Verdict(mutation.name, "caught", "", seconds)
     if status == 0:
@@ -142,7 +160,8 @@ def baseline(mutations: Iterable[Mutation]) -> tuple[int, str]:
     """Run every guarding test once on the unbroken package: a catch only counts if they pass."""
     ids = sorted({test for mutation in mutations for test in mutation.tests})
     with tempfile.TemporaryDirectory(prefix="bite-") as scratch:
-        return run_tests(_scratch(Path(scratch)), ids, stop_early=False)
+        status, output, _ = run_tests(_scratch(Path(scratch)), ids, stop_early=False)
+    return status, output
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,6 +62,28 @@ def test_every_guarding_test_exists():
     assert bite.missing_tests(MUTATIONS) == []
 
 
+_HANGS = """
+import time
+import pytest
+
+@pytest.mark.timeout(1)
+def test_hangs():
+    time.sleep(30)
+
+def test_fails():
+    assert False
+"""
+
+
+@pytest.mark.integration
+def test_a_test_ended_by_pytest_timeout_is_told_apart_from_a_failure(tmp_path):
+    (tmp_path / "test_hangs.py").write_text(_HANGS)
+    status, output, timed_out = bite.run_tests(tmp_path, ["test_hangs.py::test_hangs"])
+    assert (status, timed_out) == (1, True), output  # exit status 1, as a failure's
+    status, output, timed_out = bite.run_tests(tmp_path, ["test_hangs.py::test_fails"])
+    assert (status, timed_out) == (1, False), output
+
+
 @pytest.mark.bite
 @pytest.mark.integration
 @pytest.mark.slow
@@ -74,6 +96,6 @@ def test_every_breakage_is_caught_by_its_guarding_tests(capsys):
     survivors = [
         line.strip()
         for line in report.splitlines()
-        if line.lstrip().startswith(("survived", "stale", "error"))
+        if line.lstrip().startswith(("survived", "timeout", "stale", "error"))
     ]
     assert status == 0, "breakages the suite does not catch:\n" + "\n".join(survivors or [report])

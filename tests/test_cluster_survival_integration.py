@@ -11,6 +11,7 @@ The module shares one LocalCluster; the test that retires a worker has its own.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -180,6 +181,25 @@ def test_sigterm_to_a_dask_worker_lets_its_node_save_then_ends_the_worker(client
     assert_nothing_left(client)
 
 
+# The restart's wait is 3 s; this bounds it with room for a loaded machine, so that a wait
+# without bound fails here saying so, rather than hanging until pytest-timeout ends the run.
+_AFTER_THE_LOSS_BOUND_S = 60.0
+
+
+async def _launch_bounded_after(retire: threading.Thread, **options) -> None:
+    launch = asyncio.ensure_future(notebook_kit.notebook_launcher_async(_train, **options))
+    await asyncio.get_running_loop().run_in_executor(None, retire.join)
+    try:
+        await asyncio.wait_for(launch, timeout=_AFTER_THE_LOSS_BOUND_S)
+    except TimeoutError as error:
+        if not launch.cancelled():
+            raise  # the launch's own TimeoutError
+        raise AssertionError(
+            f"the restart still waited {_AFTER_THE_LOSS_BOUND_S:g} s after the worker left"
+        ) from error
+
+
+@pytest.mark.timeout(240)  # its own bound above, past the breakage check's shorter default
 def test_a_restart_with_fewer_workers_than_min_nodes_ends_at_the_bound(tmp_path):
     with local_cluster() as client:  # its own: a retired worker does not come back
         leaving = sorted(client.run(os.getpid))[1]
@@ -188,12 +208,12 @@ def test_a_restart_with_fewer_workers_than_min_nodes_ends_at_the_bound(tmp_path)
         retire = _when(marks / "saved-4", lambda: client.retire_workers([leaving]))
         started = time.monotonic()
         with pytest.raises(TimeoutError, match=r"min_nodes=2 .*1 was there .*=3 s") as caught:
-            notebook_launcher(
-                _train, args=(str(tmp_path / "project"), str(marks), 0.15), num_processes=1,
+            launch = _launch_bounded_after(
+                retire, args=(str(tmp_path / "project"), str(marks), 0.15), num_processes=1,
                 num_nodes=2, min_nodes=2, max_restarts=1, rendezvous_timeout=3, cluster=client,
                 live=False,
             )  # fmt: skip
-        retire.join()
+            asyncio.run(launch)
         assert isinstance(caught.value.__cause__, WorkerError)
         assert "node 1 lost" in str(caught.value.__cause__)
         assert time.monotonic() - started < 120

@@ -155,3 +155,21 @@ def test_bad_arguments_are_refused_before_anything_starts():
         local_cluster(threads_per_worker=0)
     with pytest.raises(TypeError, match="JSON values"):
         local_cluster(env={"A": object()})
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """The addresses the process ``pid`` listens on (the cluster's own: its scheduler)."""
+    sockets = psutil.Process(pid).net_connections(kind="inet")
+    return {(s.laddr.ip, s.laddr.port) for s in sockets if s.status == psutil.CONN_LISTEN}
+
+
+def test_the_dashboard_listens_on_loopback_only_and_none_means_no_http_at_all():
+    with local_cluster(n_workers=0) as cluster:
+        listening = _listening(cluster.pid)
+        port = int(cluster.dashboard_link.split(":")[2].split("/")[0])
+        assert ("127.0.0.1", port) in listening
+        assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+    with local_cluster(n_workers=0, dashboard_address=None) as cluster:
+        scheduler_port = int(cluster.scheduler_address.rsplit(":", 1)[1])
+        assert _listening(cluster.pid) == {("127.0.0.1", scheduler_port)}
+        assert cluster.dashboard_link == ""

@@ -97,13 +97,15 @@ def local_cluster(
     n_workers: int = 2,
     threads_per_worker: int = 1,
     *,
-    dashboard_address: str | None = ":0",
+    dashboard_address: str | None = "127.0.0.1:0",
     **options: Any,
 ) -> LocalDaskCluster:
     """Start a Dask ``LocalCluster`` of worker processes that an interrupt does not end.
 
     ``options`` go to ``distributed.LocalCluster`` (``memory_limit``, ``env``, ``host``, ...;
-    JSON values); ``processes`` is always True.
+    JSON values); ``processes`` is always True. The dashboard listens on a free port of the
+    loopback address only (``dashboard_address=":8787"`` opens it on every interface);
+    ``dashboard_address=None`` starts none, and the scheduler then serves no HTTP at all.
 
     Example::
 
@@ -178,15 +180,22 @@ def _serve(encoded: str) -> None:
     """In the cluster's own process: start the cluster, say where it is, obey the pipe."""
     from distributed import LocalCluster
 
+    options = json.loads(encoded)
+    dashboard = options["dashboard_address"] is not None
+    if not dashboard:
+        # Without a dashboard Dask's scheduler still serves its other pages (health, metrics,
+        # an info page) on port 8787 of its host: bound to a loopback port, closed at start.
+        extra = {**(options.get("scheduler_kwargs") or {}), "dashboard": False}
+        options.update(dashboard_address="127.0.0.1:0", scheduler_kwargs=extra)
     try:
-        cluster = LocalCluster(processes=True, **json.loads(encoded))
+        cluster = LocalCluster(processes=True, **options)
+        if not dashboard:
+            cluster.sync(_stop_http, cluster.scheduler)
     except Exception as error:
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
         return
-    print(
-        json.dumps({"address": cluster.scheduler_address, "dashboard": cluster.dashboard_link}),
-        flush=True,
-    )
+    link = cluster.dashboard_link if dashboard else ""
+    print(json.dumps({"address": cluster.scheduler_address, "dashboard": link}), flush=True)
     try:
         for line in sys.stdin:
             command = line.split()
@@ -195,6 +204,11 @@ def _serve(encoded: str) -> None:
     finally:  # the kernel closed the cluster or died
         with contextlib.suppress(Exception):
             cluster.close(timeout=_CLOSE_SECONDS / 2)
+
+
+async def _stop_http(scheduler: Any) -> None:
+    """Close the scheduler's HTTP server (on its event loop, which owns the socket)."""
+    scheduler.http_server.stop()
 
 
 if __name__ == "__main__":

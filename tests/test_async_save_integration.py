@@ -304,3 +304,38 @@ def test_an_async_save_to_s3_holds_the_state_at_the_call_and_keeps_total_limit()
         assert torch.equal(optimizer.optimizer.state[model.weight]["exp_avg"], expected["exp_avg"])
         listing = s3.filesystem().ls(f"{bucket}/run/checkpoints")
         assert [path.rsplit("/", 1)[1] for path in listing] == ["checkpoint_1"]
+
+
+def test_a_save_pending_when_every_rank_raises_is_never_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rank, in this process (it lives on after the function, as a pool's workers do):
+    the function raises while its save's last file is held; the write then ends and must
+    not be committed."""
+    reached, released = threading.Event(), threading.Event()
+    original, written = checkpointing.write_file, []
+
+    def hold_the_last_file(state, path) -> None:
+        if path.name.startswith("process_"):  # this rank's own file, written last
+            reached.set()
+            released.wait()
+        original(state, path)
+        written.append(path.name)
+
+    monkeypatch.setattr(checkpointing, "write_file", hold_the_last_file)
+
+    def fails_with_its_save_pending() -> None:
+        accelerator = Accelerator(project_dir=tmp_path)
+        _prepared(accelerator)
+        accelerator.save_state(async_save=True)
+        reached.wait(timeout=60)  # the other files are written
+        raise RuntimeError("the training failed")
+
+    with pytest.raises(RuntimeError, match="the training failed"):
+        notebook_launcher(fails_with_its_save_pending, num_processes=1)
+    released.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith("save_state"):
+            thread.join(timeout=60)
+    assert "process_0.pt" in written, "the held write did not go on"
+    assert not (tmp_path / "checkpoints" / "checkpoint_0" / MANIFEST).exists()

@@ -1,5 +1,5 @@
 """Checkpoints against real faults: a process SIGKILLed mid-save, a filesystem that is full, a
-sharded checkpoint with a shard gone.
+sharded checkpoint with a shard gone, a second run saving into the same project_dir.
 
 All use real processes and real files, nothing patched: a child process is killed while it
 writes a large state, a real, tiny tmpfs runs out of space (skipped where mounting is not
@@ -8,9 +8,11 @@ permitted), and a real FSDP2 launch saves the sharded checkpoint whose shard is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,9 +25,10 @@ import pytest
 import torch
 from torch import nn
 
-from notebook_kit import Accelerator, notebook_launcher
+from notebook_kit import Accelerator, CheckpointError, notebook_launcher
 from notebook_kit.accelerator.checkpointing import MANIFEST
 from notebook_kit.accelerator.configuration import ProjectConfiguration
+from notebook_kit.accelerator.writer_lease import LAPSE, LEASE
 from tests.fsdp_models import TinyLM
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
@@ -226,3 +229,52 @@ def test_merge_weights_of_a_checkpoint_missing_a_shard_says_so_in_one_line(
     lines = merged.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{shard} is missing" in lines[0], merged.stderr
     assert not out.exists()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from notebook_kit import Accelerator
+
+    accelerator = Accelerator(project_dir=sys.argv[1])
+    accelerator.prepare(torch.nn.Linear(2, 1))
+    accelerator.save_state()
+    print("saved", flush=True)
+    sys.stdin.readline()  # alive until the test closes its input
+    """
+)
+
+
+def test_a_second_run_saving_into_the_same_project_dir_is_refused_until_the_first_is_gone(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(project)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "saved\n"
+        second = Accelerator(project_dir=project)
+        second.prepare(nn.Linear(2, 1))
+        with pytest.raises(CheckpointError, match=rf"pid {first.pid} on {socket.gethostname()}"):
+            second.save_state()
+        assert sorted(p.name for p in (project / "checkpoints").iterdir()) == ["checkpoint_0"]
+    finally:
+        first.communicate("\n", timeout=60)  # the first run ends; its lease is not given back
+    assert second.save_state().name == "checkpoint_1"  # its pid is gone: taken over
+    assert json.loads((project / LEASE).read_text())["pid"] == os.getpid()
+
+
+def test_a_lease_from_another_machine_holds_until_it_lapses(tmp_path: Path) -> None:
+    accelerator = Accelerator(project_dir=tmp_path)
+    accelerator.prepare(nn.Linear(2, 1))
+    elsewhere = {"host": "node-7", "pid": 1, "since": time.time(), "token": "another run"}
+    (tmp_path / LEASE).write_text(json.dumps({**elsewhere, "renewed": time.time() - 60}))
+    with pytest.raises(CheckpointError, match=r"pid 1 on node-7, since .* UTC"):
+        accelerator.save_state()
+    (tmp_path / LEASE).write_text(json.dumps({**elsewhere, "renewed": time.time() - LAPSE - 1}))
+    assert accelerator.save_state().name == "checkpoint_0"

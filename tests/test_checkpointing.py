@@ -303,3 +303,26 @@ def test_a_state_folder_that_links_outside_is_refused(tmp_path):
     state.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(CheckpointError, match="never reads outside the checkpoint"):
         accelerator.load_state(tmp_path / "ckpt")
+
+
+def test_a_missing_state_folder_is_named_and_load_state_falls_back_to_the_newest_whole_one(
+    tmp_path,
+):
+    accelerator = Accelerator(project_dir=tmp_path)
+    model, *_ = _setup(accelerator)
+    accelerator.save_state()
+    expected = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    second = accelerator.save_state()
+    for state in second.glob("state-*"):  # removed by hand, or by another run
+        for path in state.iterdir():
+            path.unlink()
+        state.rmdir()
+    with pytest.raises(
+        CheckpointError, match=r"names the state folder state-\w+, which is missing"
+    ):
+        accelerator.load_state(second)
+    with pytest.warns(UserWarning, match=r"checkpoint_0, the newest complete .*checkpoint_1 \("):
+        loaded = accelerator.load_state()
+    assert loaded.name == "checkpoint_0" and torch.equal(model.weight, expected)

@@ -44,6 +44,7 @@ _ON_A_CLUSTER = {
     "parallelism_config_dp_shard_size": ("node", "parallelism_config_dp_shard_size", 2),
     "parallelism_config_tp_size": ("node", "parallelism_config_tp_size", 2),
     "parallelism_config_cp_size": ("node", "parallelism_config_cp_size", 2),
+    "storage_timeout": ("node", "storage_timeout", 5),
 }
 # What a setting needs beside it to be valid: sharding sizes need FSDP.
 _ALONGSIDE = {

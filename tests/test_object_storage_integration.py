@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 import uuid
 import warnings
 
@@ -21,7 +22,9 @@ from notebook_kit import (
     WorkerError,
     notebook_launcher,
 )
+from notebook_kit.accelerator.checkpoint_files import CheckpointSaveError
 from tests.s3_server import ACCESS_KEY, SECRET_KEY, S3Server, s3_server
+from tests.silent_storage import Relay, silent_endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -248,3 +251,114 @@ def test_a_folder_that_is_not_shared_by_every_rank_is_refused_at_the_first_save(
     assert not list(tmp_path.rglob("checkpoint.json"))  # nothing was committed anywhere
     assert not list(tmp_path.rglob("model_0.pt"))  # refused before the large files
     assert CheckpointError.__name__ in str(failed.value)
+    left = [path.relative_to(tmp_path) for path in tmp_path.rglob("*")]
+    assert sorted(map(str, left)) == ["machine_0", "machine_1"]  # no folder, no marker
+
+
+# A bound that proves "fails, does not hang": storage_timeout is 5 s in these tests, the
+# default 60 s, and before it a silent S3 blocked one save for 408 s.
+_BOUNDED = 30
+
+
+def test_storage_that_stops_answering_fails_each_save_in_bounded_time_keeping_the_last(
+    s3, bucket, monkeypatch
+):
+    monkeypatch.setenv("NOTEBOOK_KIT_STORAGE_TIMEOUT", "5")
+    relay = Relay(s3.endpoint)
+    options = {"client_kwargs": {"endpoint_url": relay.endpoint}}
+    config = ProjectConfiguration(project_dir=f"{bucket}/run", storage_options=options)
+    accelerator = Accelerator(project_config=config)
+    model, _, _ = _prepared(accelerator)
+    accelerator.save_state()
+    saved = model.weight.detach().clone()
+    relay.fall_silent()
+    for target, async_save in ((None, False), (f"{bucket}/named", False), (None, True)):
+        started = time.monotonic()
+        with pytest.raises(CheckpointSaveError) as failed:
+            where = accelerator.save_state(
+                target, storage_options=target and options, async_save=async_save
+            )
+            accelerator.wait_for_everyone()
+            accelerator.save_state(where)  # an async save's failure is raised at the next
+        assert time.monotonic() - started < _BOUNDED
+        assert f"{bucket}/" in str(failed.value) and "gave no answer for 5 s" in str(failed.value)
+    relay.close()
+    direct = ProjectConfiguration(project_dir=f"{bucket}/run", storage_options=s3.options)
+    again = Accelerator(project_config=direct)
+    model, _, _ = _prepared(again)
+    with torch.no_grad():
+        model.weight.zero_()
+    assert str(again.load_state()).endswith("checkpoint_0")
+    assert torch.equal(model.weight, saved)
+
+
+def _save_and_report(url: str, endpoint: str) -> list[str]:
+    """Every rank's outcome of one save to ``url``, gathered on rank 0."""
+    from notebook_kit.accelerator.operations import gather_object
+
+    accelerator = Accelerator()
+    _prepared(accelerator)
+    options = {"client_kwargs": {"endpoint_url": endpoint}}
+    try:
+        accelerator.save_state(url, storage_options=options)
+        outcome = "saved"
+    except CheckpointSaveError as error:
+        outcome = f"{type(error).__name__}: {error}"
+    return gather_object([outcome])
+
+
+def test_two_ranks_saving_to_storage_that_never_answers_both_raise_within_the_bound(s3):
+    with silent_endpoint() as endpoint:
+        started = time.monotonic()
+        outcomes = notebook_launcher(
+            _save_and_report, args=("s3://quiet/run", endpoint), num_processes=2, storage_timeout=5
+        )
+    assert time.monotonic() - started < _BOUNDED + 20  # two processes start, too
+    assert len(outcomes) == 2
+    for outcome in outcomes:
+        assert outcome.startswith("CheckpointSaveError") and "s3://quiet/run" in outcome
+        assert "gave no answer for 5 s" in outcome
+
+
+def test_a_missing_bucket_is_named_and_never_created(s3):
+    accelerator = Accelerator()
+    _prepared(accelerator)
+    missing = f"nbk-missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(CheckpointError, match=f"bucket .*'{missing}' does not exist"):
+        accelerator.save_state(f"s3://{missing}/run", storage_options=s3.options)
+    assert not s3.filesystem().exists(missing)
+
+
+def test_credentials_set_after_a_failed_save_are_used_by_the_next_one(s3, bucket, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    config = ProjectConfiguration(project_dir=f"{bucket}/run", storage_options=s3.options)
+    accelerator = Accelerator(project_config=config)
+    _prepared(accelerator)
+    for target in (None, f"{bucket}/named"):
+        with pytest.raises(CheckpointSaveError, match="NoCredentialsError"):
+            accelerator.save_state(target, storage_options=target and s3.options)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)  # as a user sets them in the kernel
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    assert str(accelerator.save_state()).endswith("checkpoint_0")
+    assert str(accelerator.save_state(f"{bucket}/named", storage_options=s3.options))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_sharded_checkpoint_on_s3_goes_where_storage_options_say(s3, bucket, monkeypatch):
+    """torch's sharded writer and reader get the options; the environment names no endpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    from notebook_kit.accelerator.storage import dcp_options, storage_path
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    where = storage_path(f"{bucket}/sharded", s3.options)
+    state = {"weight": torch.arange(6.0).view(2, 3)}
+    dcp.save(state, **dcp_options(where, writing=True))
+    loaded = {"weight": torch.zeros(2, 3)}
+    dcp.load(loaded, **dcp_options(where, writing=False))
+    assert torch.equal(loaded["weight"], state["weight"])

@@ -37,6 +37,7 @@ __all__ = [
     "read_manifest",
     "sharded_load_error",
     "space_errno",
+    "state_folder",
     "tensor_bytes",
     "write_file",
 ]
@@ -121,6 +122,22 @@ def read_manifest(directory: str | os.PathLike[str] | StoragePath) -> dict[str, 
         raise CheckpointError(f"{path} cannot be read ({error}); {_DAMAGED}.") from error
     _check_manifest(manifest, path)
     return manifest
+
+
+def state_folder(directory: StoragePath, manifest: dict[str, Any]) -> StoragePath:
+    """The state folder ``manifest`` names, checked to be there.
+
+    Raises:
+        CheckpointError: It is missing (removed by hand, or by another run's save).
+    """
+    staging = directory / manifest["folder"]
+    if not staging.is_dir():
+        raise CheckpointError(
+            f"{directory / MANIFEST} names the state folder {manifest['folder']}, which is "
+            "missing: it was removed after the save (by hand, or by another run saving into "
+            "the same folder). Load an earlier checkpoint, or save a new one."
+        )
+    return staging
 
 
 def _check_manifest(manifest: Any, path: StoragePath) -> None:

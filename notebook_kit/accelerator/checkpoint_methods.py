@@ -23,18 +23,35 @@ write (other files in it) is left alone and ignored, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from notebook_kit.accelerator import operations
 from notebook_kit.accelerator.async_save import BackgroundSaves
-from notebook_kit.accelerator.checkpoint_files import MANIFEST, is_state_folder
+from notebook_kit.accelerator.checkpoint_files import (
+    MANIFEST,
+    CheckpointError,
+    is_state_folder,
+    read_manifest,
+    state_folder,
+)
 from notebook_kit.accelerator.checkpointing import Stateful, load_checkpoint, save_checkpoint
 from notebook_kit.accelerator.data_loader import skip_first_batches
 from notebook_kit.accelerator.model_files import parse_shard_size, write_model_files
-from notebook_kit.accelerator.storage import StoragePath, refresh, remove_tree, storage_path
+from notebook_kit.accelerator.save_agreement import decided_by_rank_zero
+from notebook_kit.accelerator.storage import (
+    StoragePath,
+    check_root,
+    fresh,
+    is_local,
+    refresh,
+    remove_tree,
+    storage_path,
+)
+from notebook_kit.accelerator.writer_lease import WriterLease
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +126,39 @@ class CheckpointMethods:
         numbered = sorted((int(number), path) for number, path in found if number.isdigit())
         return [item for item in numbered if not committed or (item[1] / MANIFEST).is_file()]
 
+    def _newest_loadable(self) -> int | None:
+        """The newest finished ``checkpoint_<n>`` whose state is there, saying which newer
+        ones were passed over and why; None when there is none."""
+        existing = self._numbered_checkpoints(committed=True)
+        passed: list[str] = []
+        for number, folder in reversed(existing):
+            try:
+                state_folder(folder, read_manifest(folder))
+            except (OSError, CheckpointError) as error:
+                passed.append(f"{folder.name} ({error})")
+                continue
+            if passed:
+                warnings.warn(
+                    f"load_state() loads {folder}, the newest complete checkpoint; it passed "
+                    f"over {'; '.join(passed)}.",
+                    stacklevel=3,
+                )
+            return number
+        return None
+
+    def _claim_and_number(self) -> int:
+        """Rank 0's first step of a numbered save: this run's lease on ``project_dir``
+        (another run saving there is refused), then the next number."""
+        root = self._checkpoint_root().parent
+        check_root(root)  # the lease is the first write: never into a bucket that is not there
+        if is_local(root):
+            root.mkdir(parents=True, exist_ok=True)
+        lease = self.__dict__.get("_writer_lease")
+        if lease is None:  # made here, not in __init__: only numbered saves need one
+            lease = self._writer_lease = WriterLease()
+        lease.claim(root)
+        return self._next_number()
+
     def _next_number(self) -> int:
         """One past the highest ``checkpoint_<n>`` left after removing unfinished saves."""
         for _, folder in self._numbered_checkpoints():
@@ -116,6 +166,18 @@ class CheckpointMethods:
                 _remove_unfinished(folder)
         existing = self._numbered_checkpoints()
         return existing[-1][0] + 1 if existing else 0
+
+    @contextlib.contextmanager
+    def _storage_renewed_on_failure(self) -> Iterator[None]:
+        """A save or load that failed may have lacked credentials set since: the next one
+        gets a new filesystem for ``project_dir``, which reads them again (a URL given to
+        the call gets one every time)."""
+        try:
+            yield
+        except Exception:
+            if self.project_dir is not None:
+                self.project_dir = fresh(self.project_dir)
+            raise
 
     def _drop_old_checkpoints(self) -> None:
         """Keep the newest ``total_limit`` complete checkpoints; only after a new one is saved,
@@ -175,7 +237,13 @@ class CheckpointMethods:
                 f"({type(async_save).__name__}); pass async_save=True to write in the "
                 "background."
             )
-        self._background_saves.wait()
+        with self._storage_renewed_on_failure():
+            self._background_saves.wait()
+            return self._save_state(output_dir, storage_options, async_save)
+
+    def _save_state(
+        self, output_dir: Any, storage_options: Mapping[str, Any] | None, async_save: bool
+    ) -> StoragePath:
         self.strategy.enter_collective("save_state")
         background = self._background_saves if async_save else None
         if output_dir is not None:
@@ -183,8 +251,10 @@ class CheckpointMethods:
             return save_checkpoint(
                 where, self._stateful(), self.state.process_index, background=background
             )
-        rank_zero = self.state.process_index == 0
-        number = operations.broadcast_object(self._next_number() if rank_zero else None)
+        root = self._checkpoint_root()
+        which = f"the next checkpoint ({root})"
+        rank = self.state.process_index
+        number = decided_by_rank_zero(root, which, rank, self._claim_and_number, "numbering it")
         return save_checkpoint(
             self._checkpoint_root() / f"checkpoint_{number}",
             self._stateful(),
@@ -224,8 +294,7 @@ class CheckpointMethods:
         self.strategy.enter_collective("load_state")
         if input_dir is None:
             rank_zero = self.state.process_index == 0
-            existing = self._numbered_checkpoints(committed=True) if rank_zero else []
-            number = operations.broadcast_object(existing[-1][0] if existing else None)
+            number = operations.broadcast_object(self._newest_loadable() if rank_zero else None)
             if number is None:  # rank 0's listing decides for every rank
                 return None
             where = self._checkpoint_root() / f"checkpoint_{number}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -43,12 +42,20 @@ from notebook_kit.accelerator.checkpoint_files import (
     load_file,
     read_manifest,
     space_errno,
+    state_folder,
     tensor_bytes,
     write_file,
 )
 from notebook_kit.accelerator.operations import broadcast_object, gather_object, world_size
+from notebook_kit.accelerator.save_agreement import (
+    begin,
+    check_shared,
+    first_line,
+)
 from notebook_kit.accelerator.storage import (
     StoragePath,
+    bounded,
+    check_root,
     free_space,
     is_local,
     refresh,
@@ -172,15 +179,14 @@ def save_checkpoint(
         save_checkpoint("ckpt", Stateful(models=[model], optimizers=[optimizer]), 0)
     """
     directory = storage_path(directory)
-    created = not directory.exists()
-    if process_index == 0:
-        remove_unreferenced(directory)  # what a killed save left takes no space from this one
-    job = _Save(directory, broadcast_object(f"state-{uuid.uuid4().hex[:12]}"), process_index)
-    job.created, job.number = created, number
+    which = _which(directory, number)
+    folder = begin(directory, which, process_index, lambda: _tidy(directory))
+    job = _Save(directory, folder, process_index)
+    job.created = is_local(directory) and not directory.exists()
+    job.number = number
     group, stop = None, None  # a blocking save: the training group, never abandoned
     try:
-        job.staging.mkdir(parents=True, exist_ok=True)
-        _check_shared(directory, job.staging, process_index)
+        job.check_shared()
         files, sharded = job.snapshot(state)
         if background is not None:
             group, stop = background.process_group(), background.abandoned
@@ -200,6 +206,15 @@ def save_checkpoint(
     return directory
 
 
+def _tidy(directory: StoragePath) -> None:
+    check_root(directory)
+    remove_unreferenced(directory)
+
+
+def _which(directory: StoragePath, number: int | None) -> str:
+    return f"{'checkpoint' if number is None else f'checkpoint {number}'} ({directory})"
+
+
 class _Save:
     """One save into ``directory/folder``: what it writes, its commit, and its cleanup."""
 
@@ -207,6 +222,7 @@ class _Save:
         self.directory, self.folder, self.rank = directory, folder, process_index
         self.staging = directory / folder
         self.created = False
+        self.private = False  # the folder is not the same for every rank: each removes its own
         self.number: int | None = None
         self.counts: dict[str, int] = {}
         self.sharded: Any = None
@@ -214,9 +230,7 @@ class _Save:
 
     @property
     def which(self) -> str:
-        return f"{'checkpoint' if self.number is None else f'checkpoint {self.number}'} " + (
-            f"({self.directory})"
-        )
+        return _which(self.directory, self.number)
 
     def snapshot(self, state: Stateful) -> tuple[dict[str, Any], dict[str, Any]]:
         """The state dicts this rank writes (file name -> state) and its sharded part's."""
@@ -237,10 +251,8 @@ class _Save:
         try:
             if self.sharded is not None:
                 self.sharded.write(self.staging, sharded, group)  # raises on every rank alike
-            for name, state in files.items():
-                if stop is not None and stop.is_set():
-                    raise SaveAbandoned(f"rank {self.rank} abandoned the save")
-                write_file(state, self.staging / name)
+            what = f"writing rank {self.rank}'s files"
+            bounded(self.directory, lambda: self._write_files(files, stop), what)
         except (KeyboardInterrupt, SystemExit):
             self._discard()
             raise
@@ -249,21 +261,31 @@ class _Save:
         failed = _first_failure(failure, group)
         if failed is None and self.rank == 0:
             try:
-                _commit(self.directory, self._manifest())
+                manifest = self._manifest()
+                bounded(self.directory, lambda: _commit(self.directory, manifest), "committing")
             except Exception as error:
-                failure, failed = error, (0, f"{type(error).__name__}: {_first_line(error)}")
+                failure, failed = error, (0, f"{type(error).__name__}: {first_line(error)}")
         failed = broadcast_object(failed, group=group)  # every rank: was it committed?
         if failed is not None:
             self._discard()
-            if failure is not None:
-                self.fail(failure, discarded=True)
+            if failure is not None and (is_local(self.directory) or space_errno(failure)):
+                self.fail(failure, discarded=True)  # a disk's own error, as it was raised
             rank, reason = failed
             raise CheckpointSaveError(
                 f"Saving {self.which} failed on rank {rank} ({reason}), so nothing of it was "
                 "kept and the checkpoints saved before are intact."
-            )
+            ) from failure
         if self.rank == 0:
-            remove_unreferenced(self.directory, keep=self.folder)
+            with contextlib.suppress(Exception):  # saved; the next save removes what is left
+                keep = self.folder
+                what = "removing the previous state"
+                bounded(self.directory, lambda: remove_unreferenced(self.directory, keep), what)
+
+    def _write_files(self, files: dict[str, Any], stop: Any) -> None:
+        for name, state in files.items():
+            _check_abandoned(stop, self.rank)
+            write_file(state, self.staging / name)
+        _check_abandoned(stop, self.rank)  # abandoned while its last file was written
 
     def _manifest(self) -> dict[str, Any]:
         return {
@@ -292,52 +314,43 @@ class _Save:
         ) from error
 
     def _discard(self) -> None:
-        """Remove what the save wrote. Rank 0 owns the folder; others only their own file,
-        since rank 0 may still be writing into it."""
-        if self.rank != 0:
-            with contextlib.suppress(FileNotFoundError):
-                (self.staging / f"process_{self.rank}.pt").unlink()
+        """Remove what the save wrote. Rank 0 owns the folder; others only their own files,
+        since rank 0 may still be writing into it, or, when each rank sees a folder of its
+        own, that folder. Storage that fails again leaves it to the next save."""
+        with contextlib.suppress(Exception):
+            bounded(self.directory, self._remove_own, "removing the failed save")
+
+    def _remove_own(self) -> None:
+        if self.rank != 0 and not self.private:
+            for name in (f"process_{self.rank}.pt", f".rank_{self.rank}"):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.staging / name).unlink()
             return
         remove_tree(self.staging)
         if self.created and is_local(self.directory):
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # only if the failed save left it empty
 
+    def check_shared(self) -> None:
+        """Create the state folder, the same one for every rank (see :func:`check_shared`)."""
+        try:
+            check_shared(self.directory, self.staging, self.rank, self.which)
+        except CheckpointError:  # each rank sees a folder of its own
+            self.private = True
+            raise
+
 
 def _first_failure(failure: BaseException | None, group: Any) -> tuple[int, str] | None:
     """``(rank, reason)`` of the first rank whose files failed, the same on every rank; it
     also means every rank is done writing."""
-    mine = None if failure is None else f"{type(failure).__name__}: {_first_line(failure)}"
+    mine = None if failure is None else f"{type(failure).__name__}: {first_line(failure)}"
     views = gather_object([mine], group=group)
     return next(((rank, reason) for rank, reason in enumerate(views) if reason), None)
 
 
-def _check_shared(directory: StoragePath, staging: StoragePath, process_index: int) -> None:
-    """Refuse a folder that is not the same for every rank, before anything large is written.
-
-    Each rank leaves a marker in the staging folder; once all have, each looks for everyone's.
-    On a cluster, a local path is a different folder on each machine: a save would report
-    success with its files spread over the machines, and no load could find them whole.
-    """
-    size = world_size()
-    if size == 1:
-        return
-    (staging / f".rank_{process_index}").write_bytes(b"")
-    _barrier()
-    refresh(staging)
-    seen = {path.name for path in staging.iterdir()}
-    missing = [rank for rank in range(size) if f".rank_{rank}" not in seen]
-    views = gather_object([(process_index, missing)])
-    blind = [(rank, absent) for rank, absent in views if absent]
-    if blind:
-        rank, absent = blind[0]
-        ranks = ", ".join(map(str, absent))
-        raise CheckpointError(
-            f"save_state: {directory} is not one folder shared by every rank: rank {rank} "
-            f"does not see what ranks {ranks} wrote into it (they run on other machines, each "
-            "with its own disk). Save to a URL every node reaches (s3://bucket/run, gs://..., "
-            "az://...) or to a folder every node mounts (NFS, Lustre). Nothing was saved."
-        )
+def _check_abandoned(stop: Any, rank: int) -> None:
+    if stop is not None and stop.is_set():
+        raise SaveAbandoned(f"rank {rank} abandoned the save")
 
 
 def _megabytes(size: int) -> str:
@@ -361,14 +374,9 @@ def _restore(obj: Any, path: StoragePath) -> None:
     except Exception as error:
         raise CheckpointError(
             f"{path} does not fit the {type(obj).__name__} of this run "
-            f"({type(error).__name__}: {_first_line(error)}); prepare the same objects as the "
+            f"({type(error).__name__}: {first_line(error)}); prepare the same objects as the "
             "run that saved it."
         ) from error
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else ""
 
 
 def _own_file(path: StoragePath) -> dict[str, Any]:
@@ -426,7 +434,7 @@ def load_checkpoint(
     directory = storage_path(directory, name="input_dir")
     manifest = read_manifest(directory)
     _check_compatible(manifest, state, directory)
-    staging = directory / manifest["folder"]
+    staging = state_folder(directory, manifest)
     for name, obj in state.shared_files().items():
         _restore(obj, staging / name)
     if state.sharded is not None:

@@ -14,6 +14,12 @@ operations whose meaning differs between a disk and an object store are here:
 
 Credentials come from where the backend looks (environment, its config files) or from
 ``storage_options``; a URL that carries a password is refused, so none ever reaches a message.
+Each path gets a filesystem of its own, never fsspec's shared one, so a path made after the
+credentials changed (:func:`fresh`) reads them anew.
+
+Storage that stops answering fails a save in bounded time: an S3 client waits at most
+``storage_timeout`` seconds for an answer, retries included (:func:`storage_timeout`), and
+:func:`bounded` gives up on any backend's call that stays silent that long.
 
 Example::
 
@@ -27,22 +33,32 @@ import contextlib
 import os
 import re
 import shutil
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from notebook_kit.atomic_file import replace_atomically
+from notebook_kit.config.schema import SETTINGS, parse_text
+from notebook_kit.runtime.context import current_launch
 
 __all__ = [
+    "MissingRoot",
     "StoragePath",
+    "StorageSilent",
+    "bounded",
+    "check_root",
     "dcp_options",
     "dcp_reader",
     "free_space",
+    "fresh",
     "is_local",
     "refresh",
     "remove_tree",
     "storage_path",
+    "storage_timeout",
     "write_durably",
     "write_whole",
 ]
@@ -128,7 +144,124 @@ def _upath(url: str, protocol: str, options: dict[str, Any], name: str) -> Stora
             f"{name}={url!r}: fsspec knows no storage called {protocol!r}. Give a local path "
             "or a URL such as s3://bucket/folder, gs://bucket/folder or az://container/folder."
         ) from error
-    return UPath(url, **options)
+    return UPath(url, **_client_options(protocol, options))
+
+
+def _client_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with a filesystem of the path's own and, for S3, requests that give up.
+
+    s3fs tries each call ``retries`` times, each with botocore's connect and read timeouts;
+    botocore's own retries are turned off, so one call waits at most about the bound.
+    """
+    own = {"skip_instance_cache": True, **options}
+    if protocol in ("s3", "s3a"):
+        from s3fs import S3FileSystem
+
+        seconds = storage_timeout() / max(1, S3FileSystem.retries)
+        config = {"connect_timeout": seconds, "read_timeout": seconds}
+        config["retries"] = {"total_max_attempts": 1}
+        own["config_kwargs"] = config | dict(options.get("config_kwargs") or {})
+    return own
+
+
+def fresh(path: StoragePath) -> StoragePath:
+    """``path`` on a new filesystem object: credentials and options are read again."""
+    if is_local(path):
+        return path
+    return type(path)(str(path), **dict(path.storage_options))
+
+
+def storage_timeout() -> int:
+    """Seconds a save waits for storage that does not answer: the launch's
+    ``storage_timeout``, else ``NOTEBOOK_KIT_STORAGE_TIMEOUT``, else the default (60).
+
+    Raises:
+        ValueError: The variable holds no whole number of seconds from 1 to 3600.
+    """
+    launch = current_launch()
+    if launch is not None and launch.storage_timeout is not None:
+        return launch.storage_timeout
+    setting = SETTINGS["storage_timeout"]
+    text = os.environ.get(setting.env_var)
+    if text is None:
+        return int(setting.default)
+    try:
+        return int(parse_text(setting.name, text))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"${setting.env_var}={text!r}: {error}") from error
+
+
+class MissingRoot(FileNotFoundError):
+    """The bucket or container of a URL does not exist."""
+
+
+class StorageSilent(TimeoutError):
+    """Storage gave no answer within ``storage_timeout`` seconds."""
+
+
+class _Progress:
+    """When the storage last answered: the writes of a bounded call mark it as they return."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def mark(self) -> None:
+        self.last = time.monotonic()
+
+
+_active = threading.local()  # the _Progress of the bounded call this thread runs
+
+
+def bounded(path: StoragePath, call: Callable[[], Any], what: str) -> Any:
+    """``call()``'s value, or :class:`StorageSilent` once the storage of ``path`` has been
+    silent for ``storage_timeout`` seconds: since the call began, or since the last piece
+    :func:`write_durably` wrote in it. On a local disk ``call`` simply runs.
+
+    A silent call is left running on its daemon thread: a socket that never answers cannot
+    be interrupted from outside; what it may still write is removed by the next save.
+    """
+    if is_local(path):
+        return call()
+    progress, limit = _Progress(), storage_timeout()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        _active.progress = progress
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # handed to the waiting thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name=f"storage: {what}", daemon=True)
+    thread.start()
+    while True:
+        thread.join(max(0.0, progress.last + limit - time.monotonic()))
+        if not thread.is_alive():
+            break
+        if time.monotonic() - progress.last >= limit:
+            raise StorageSilent(f"{path} gave no answer for {limit} s while {what}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def check_root(path: StoragePath) -> None:
+    """Refuse a URL whose bucket or container does not exist: a save never creates one.
+
+    Raises:
+        MissingRoot: No such bucket or container (the caller names the save).
+    """
+    if is_local(path):
+        return
+    root = path.fs._strip_protocol(path.path).split("/", 1)[0]
+    try:
+        path.fs.info(root)  # unlike exists(), lets missing credentials or a timeout through
+    except FileNotFoundError:
+        raise MissingRoot(
+            f"the bucket (or container) {root!r} does not exist, and a save never creates "
+            "one. Create it with your storage's console or command-line tool, or correct the "
+            "name."
+        ) from None
 
 
 def _is_upath(value: Any) -> bool:
@@ -141,12 +274,37 @@ def is_local(path: StoragePath) -> bool:
 
 
 def write_durably(path: StoragePath, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write a file that is complete when this returns (a later commit names it)."""
+    """Write a file that is complete when this returns (a later commit names it); in a
+    :func:`bounded` call, each piece the storage takes counts as an answer."""
+    progress = getattr(_active, "progress", None)
     with path.open("wb") as handle:
-        write(handle)
+        if is_local(path) or progress is None:
+            write(handle)
+        else:
+            write(_Marking(handle, progress))
         if is_local(path):
             handle.flush()
             os.fsync(handle.fileno())
+
+
+class _Marking:
+    """A file handle whose writes mark progress, a piece at a time: one large write
+    uploads many blocks, and each block is an answer from the storage."""
+
+    _PIECE = 8 << 20
+
+    def __init__(self, handle: IO[bytes], progress: _Progress) -> None:
+        self._handle, self._progress = handle, progress
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), self._PIECE):
+            self._handle.write(view[start : start + self._PIECE])
+            self._progress.mark()
+        return len(view)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
 
 
 def write_whole(path: StoragePath, data: bytes) -> None:

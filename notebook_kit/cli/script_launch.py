@@ -123,8 +123,8 @@ class ScriptLaunch:
             ),
             SETTINGS["use_fsdp"].env_var: "yes" if config.use_fsdp else "no",
         }
-        for name, setting in SETTINGS.items():  # the ParallelismConfig sizes
-            if name.startswith("parallelism_config_"):
+        for name, setting in SETTINGS.items():  # the ParallelismConfig sizes, storage_timeout
+            if name.startswith("parallelism_config_") or name == "storage_timeout":
                 environment[setting.env_var] = str(getattr(config, name))
         if config.num_nodes == 1 and sys.platform.startswith("linux"):
             # One node talks over loopback only; gloo otherwise probes the host's interfaces.

@@ -62,6 +62,7 @@ class LaunchPlan:
     kernel: KernelState | None = field(default=None, compare=False)  # the fork probe, if run
     cores: int = field(default=0, compare=False)  # usable CPU cores here (0: not known)
     stall_seconds: float | None = DEFAULT_STALL_SECONDS  # None: never show where ranks wait
+    storage_timeout: int = 60  # seconds a checkpoint save waits on silent storage
 
     @property
     def parallelism(self) -> dict[str, int]:

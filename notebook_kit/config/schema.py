@@ -213,6 +213,12 @@ SETTINGS: dict[str, Setting] = _declare(
         "Ranks each sequence is split over (context parallel, GPU); 1 = off.",
         int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
     ),
+    # Whole seconds, so the panel, the flag and the variable take it as they take any count.
+    Setting(
+        "storage_timeout", "int", 60,
+        "Seconds a checkpoint's storage may stay silent before the save fails.",
+        int, minimum=1, ceiling=3600, widget="count",
+    ),
 )  # fmt: skip
 
 CALL_SETTINGS: dict[str, Setting] = _declare(

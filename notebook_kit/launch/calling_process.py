@@ -62,6 +62,7 @@ def run_in_calling_process(
         device=plan.device if place.world_size == 1 else "cpu",
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        storage_timeout=plan.storage_timeout,
         send=lambda kind, payload: _deliver(observer, place.rank, kind, payload, newest),
         stop_flag=stop_flag,
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),

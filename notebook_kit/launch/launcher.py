@@ -51,6 +51,7 @@ def notebook_launcher(
     parallelism_config_dp_shard_size: int | None = None,
     parallelism_config_tp_size: int | None = None,
     parallelism_config_cp_size: int | None = None,
+    storage_timeout: int | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
@@ -112,6 +113,8 @@ def notebook_launcher(
             ``ParallelismConfig`` every worker's ``Accelerator`` builds when it is given none
             (HSDP, tensor and context parallel; docs/parallelism.md). Their product must be
             the world size; refused before anything starts otherwise.
+        storage_timeout: Seconds (default 60) a checkpoint save to object storage may wait
+            for an answer before it fails, on every rank, as ``CheckpointSaveError``.
         seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
@@ -186,6 +189,7 @@ async def notebook_launcher_async(
     parallelism_config_dp_shard_size: int | None = None,
     parallelism_config_tp_size: int | None = None,
     parallelism_config_cp_size: int | None = None,
+    storage_timeout: int | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,

@@ -82,6 +82,8 @@ class LaunchContext:
             or "cpu".
         mixed_precision: Launch-level mixed precision (None: let the Accelerator decide).
         gradient_accumulation_steps: Launch-level accumulation (None: Accelerator default).
+        storage_timeout: Seconds a checkpoint save waits on silent storage (None: not set by
+            a launch; ``NOTEBOOK_KIT_STORAGE_TIMEOUT`` or the default decides).
         send: Sends ``(kind, payload)`` to the kernel; None when there is no kernel to talk to
             (a run in the calling process or under torchrun).
         stop_flag: Set by the kernel to ask the training loop to stop; None if unsupported.
@@ -106,6 +108,7 @@ class LaunchContext:
     device: str = "cpu"
     mixed_precision: str | None = None
     gradient_accumulation_steps: int | None = None
+    storage_timeout: int | None = None
     send: Callable[[str, Any], None] | None = None
     stop_flag: StopFlag | None = None
     prepared_models: list[Any] = field(default_factory=list)

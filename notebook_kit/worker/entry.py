@@ -190,6 +190,7 @@ def _run(
         device=spec.plan.device,
         mixed_precision=spec.plan.mixed_precision,
         gradient_accumulation_steps=spec.plan.gradient_accumulation_steps,
+        storage_timeout=spec.plan.storage_timeout,
         send=send,
         stop_flag=stop_flag,
         restart_count=spec.restart_count,
@@ -241,6 +242,7 @@ def _set_environment(spec: WorkerSpec) -> None:
         NOTEBOOK_KIT_MIXED_PRECISION=spec.plan.mixed_precision,
         NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.plan.gradient_accumulation_steps),
         NOTEBOOK_KIT_USE_FSDP="yes" if spec.plan.use_fsdp else "no",
+        NOTEBOOK_KIT_STORAGE_TIMEOUT=str(spec.plan.storage_timeout),
     )
     for name in ("dp_replicate", "dp_shard", "tp", "cp"):  # read by every Accelerator
         field = f"parallelism_config_{name}_size"

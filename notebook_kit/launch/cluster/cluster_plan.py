@@ -45,7 +45,7 @@ NODE_SETTINGS = (
     "num_processes", "mixed_precision", "backend", "threads_per_process",
     "gradient_accumulation_steps", "seed", "use_fsdp", "rendezvous_timeout", "stall_seconds",
     "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
-    "parallelism_config_tp_size", "parallelism_config_cp_size",
+    "parallelism_config_tp_size", "parallelism_config_cp_size", "storage_timeout",
 )  # fmt: skip
 # what the kernel itself honours (it restarts, shows and times every node together);
 KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout", "min_nodes")

@@ -126,6 +126,7 @@ class WorkerPool:
         parallelism_config_dp_shard_size: int | None = None,
         parallelism_config_tp_size: int | None = None,
         parallelism_config_cp_size: int | None = None,
+        storage_timeout: int | None = None,
         timeout: float | None = None,
         rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
         isolate: bool = True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from notebook_kit.cli.export import ExportError, export_notebook, notebook_to_script
+from notebook_kit.cli.export import ExportError, ExportResult, export_notebook, notebook_to_script
 from notebook_kit.cli.main import main as cli_main
 
 
@@ -169,3 +170,106 @@ def test_batch_scripts_ask_for_the_nodes_and_gpus_and_start_one_launcher_per_nod
     )
     assert slurm[-1] == f"srun {launch}"
     assert os.access(tmp_path / "job.sh", os.X_OK) and os.access(tmp_path / "job.sbatch", os.X_OK)
+
+
+def _exported(*sources: str) -> tuple[str, ExportResult]:
+    cells = [new_code_cell(source) for source in sources]
+    return notebook_to_script(new_notebook(cells=[new_markdown_cell("# T"), *cells]))
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("%%distributed -n 2\nx = 1", "cell 3 (`%%distributed -n 2`) runs on a WorkerPool"),
+        ("pool = %distributed", "cell 3 (`pool = %distributed`) runs on a WorkerPool"),
+        ("pool = WorkerPool(num_processes=2)", "runs on a WorkerPool, whose warm workers live"),
+        (
+            "cluster = local_cluster(n_workers=2)",
+            "cell 3 (`cluster = local_cluster(n_workers=2)`)"
+            " makes or joins a cluster; the script runs on every process of every node",
+        ),
+        ("import ray\nray.init()", "cell 3 (`import ray`) makes or joins a cluster"),
+        ("notebook_launcher(f, cluster=client)", "launches on a cluster (cluster=)"),
+        (
+            "try:\n    notebook_launcher(f)\nexcept WorkerError:\n    pass",
+            "cell 3 (`try:`) handles a failed launch (except WorkerError)",
+        ),
+        ("from notebook_kit.cli.export import export_notebook", "runs notebook-kit's own commands"),
+        ("notebook_launcher(f)\nnotebook_kit.last_run()", "launches and reads last_run()"),
+    ],
+)
+def test_what_only_a_kernel_can_run_is_refused_naming_the_cell_and_the_fix(source, message):
+    with pytest.raises(ExportError, match=re.escape(message)):
+        _exported("from notebook_kit import notebook_launcher\nf = print", source)
+
+
+def test_kernel_records_and_what_needs_them_are_left_out_with_a_warning():
+    script, result = _exported(
+        "from notebook_kit import notebook_launcher\nimport notebook_kit",
+        "out = notebook_launcher(print)",
+        "record = notebook_kit.last_run()\nprint(record)",
+        "print(record.metrics)",
+        "record = 3\nprint(record)",
+        "out, notebook_kit.last_run().stopped",
+    )
+    assert result.dropped == (
+        (4, "needs the kernel, see the warning"),
+        (5, "needs the kernel, see the warning"),
+        (7, "display only"),
+    )
+    assert result.warnings == (
+        "left out cell 4 (`record = notebook_kit.last_run()`): reads last_run(), the kernel's "
+        "record of a launch; a script keeps none.",
+        "left out cell 5 (`print(record.metrics)`): uses record, which left-out cell 4 binds.",
+    )
+    assert "record = 3" in script and "last_run" not in script
+    assert "\nwarning: left out cell 5" in result.summary()
+
+
+def test_a_model_sharded_by_the_last_launch_is_not_used_after_it():
+    _, result = _exported(
+        "from notebook_kit import FullyShardedDataParallelPlugin, notebook_launcher\nmodel = 1",
+        "result = notebook_launcher(train, args=(model,), num_processes=2)",
+        "print(result)",
+        "print(model)",
+    )
+    assert result.kept == (2, 3, 4)
+    assert result.warnings == (
+        "left out cell 5 (`print(model)`): uses model, which the last launch trained with "
+        "FSDP: in a script each process holds only its shard; return "
+        "accelerator.get_state_dict(model) from the function and load it after the launch.",
+    )
+
+
+def test_temporary_folders_the_cells_make_before_the_last_launch_are_made_once_per_job():
+    script, result = _exported(
+        "import tempfile\nfrom notebook_kit import notebook_launcher\n"
+        "runs = tempfile.mkdtemp(prefix='r-')\ndef f():\n    return tempfile.mkdtemp()",
+        "notebook_launcher(f)\nlater = tempfile.mkdtemp()",
+    )
+    assert "runs = _job_temporary_folder(prefix='r-')" in script
+    assert "    return tempfile.mkdtemp()" in script  # each rank's own, as in the kernel
+    assert "later = tempfile.mkdtemp()" in script  # after the launch: once per node
+    assert result.warnings == (
+        "cell 2 (`import tempfile`) line 3: tempfile.mkdtemp() makes one folder for the job "
+        "(rank 0 makes it, every process gets its name); on several machines each has its "
+        "own folder of that name, so for files every node must read, point TMPDIR at a folder "
+        "every node mounts, or use a URL.",
+    )
+    assert script.index("join_job_group()\n") < script.index("# %% cell 2")
+
+
+def test_a_config_panel_s_launch_is_a_launch_and_restarts_are_the_launcher_s():
+    script, result = _exported(
+        "from notebook_kit import ConfigPanel\npanel = ConfigPanel()\nprint('top')",
+        "result = panel.launch(print)",
+        "print(result)",
+        "from notebook_kit import notebook_launcher\nnotebook_launcher(print, max_restarts=1)",
+    )
+    assert result.has_main and "    result = panel.launch(print)" in script
+    assert result.warnings == (
+        "cell 5 (`from notebook_kit import notebook_launcher`) line 2: max_restarts= restarts "
+        "a notebook launch; under notebook-kit launch a failure ends the job unless you pass "
+        "notebook-kit launch --max-restarts K, which runs every process's script again from "
+        "its top.",
+    )

@@ -9,19 +9,25 @@ What is kept, cell by cell (code cells only, in notebook order):
   ``%time statement`` keeps the statement. A magic inside a block cannot be dropped without
   changing the block, so it is an error that names the cell.
 - Display-only statements are dropped: at the top level of a cell, an expression that is a
-  name, an attribute, a subscript or a literal (the value the kernel shows as the cell's
-  result), or a call of ``display(...)`` or ``....show(...)``. A cell left with nothing to run
-  is dropped as display-only.
+  name, an attribute, a subscript or a literal, or a tuple of them (the value the kernel shows
+  as the cell's result), or a call of ``display(...)`` or ``....show(...)``. A cell left with
+  nothing to run is dropped as display-only.
 - ``await notebook_launcher_async(...)`` becomes ``asyncio.run(notebook_launcher_async(...))``.
+- What only a kernel can run is refused, or left out with a warning, naming the cell
+  (:mod:`notebook_kit.cli.export_checks`); ``tempfile.mkdtemp(...)`` made by the cells
+  themselves up to the last launch becomes one folder for the whole job.
 
-The cells from the first one that calls ``notebook_launcher`` (or ``notebook_launcher_async``)
-go into ``main()``, run under ``if __name__ == "__main__":``. Names they bind are declared
-``global``, so they behave as notebook variables. Under torchrun every process returns from
-the launch call (see :func:`notebook_kit.notebook_launcher`), so the code after the last
-launch call runs only where ``LOCAL_RANK`` is 0 or unset: once per node, as in the kernel.
+The cells from the first one that calls ``notebook_launcher`` (or ``notebook_launcher_async``,
+or ``panel.launch`` of a ``ConfigPanel``) go into ``main()``, run under
+``if __name__ == "__main__":``. Names they bind are declared ``global``, so they behave as
+notebook variables. Under torchrun every process returns from the launch call (see
+:func:`notebook_kit.notebook_launcher`), so the code after the last launch call runs only
+where ``LOCAL_RANK`` is 0 or unset: once per node, as in the kernel.
 The cells before it run on every process (they define what the launch needs); what they
 print goes to standard output only where ``LOCAL_RANK`` is 0 or unset, so it too shows once
-per node. Errors (standard error) show on every process.
+per node; what the launched function prints shows on every process. Errors (standard error)
+show on every process. Before its first cell the script joins torchrun's process group, once,
+and every launch runs in it.
 """
 
 from __future__ import annotations
@@ -31,18 +37,29 @@ import io
 import os
 import symtable
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nbformat
 
+from notebook_kit.cli.export_checks import (
+    JOB_FOLDER,
+    Cell,
+    kernel_only_cells,
+    launch_test,
+    launch_warnings,
+    launches,
+    position,
+    refusal,
+    share_folders_until_the_last_launch,
+)
 from notebook_kit.cli.notebook_file import NotebookFileError, read_notebook
 
 __all__ = ["ExportError", "ExportResult", "export_notebook", "notebook_to_script"]
 
 SKIP_TAG = "skip-export"
 _PYTHON_CELL_MAGICS = ("time", "capture")
-_LAUNCHERS = ("notebook_launcher", "notebook_launcher_async")
 _INDENT = "    "
 _GUARD_FUNCTION = '''def _first_process_of_node() -> bool:
     """Under torchrun every process returns from the launch; the rest of the notebook runs
@@ -64,6 +81,11 @@ _QUIET_FUNCTION = '''def _print_once_per_node():
 
 _top_level_output = _print_once_per_node()'''
 _QUIET_END = "_top_level_output.close()"
+_JOIN_GROUP = f"""from notebook_kit.cli.script_entry import job_temporary_folder as {JOB_FOLDER}
+from notebook_kit.cli.script_entry import join_job_group
+
+# Under torchrun every launch below runs in the job's process group, joined once here.
+join_job_group()"""
 
 
 class ExportError(ValueError):
@@ -79,12 +101,14 @@ class ExportResult:
         kept: Numbers (1-based, among all cells) of the cells in the script.
         dropped: ``(cell number, reason)`` for every code cell left out.
         has_main: Whether a launch call was found and ``main()`` written.
+        warnings: What runs differently from the kernel, or not at all, each naming its cell.
     """
 
     path: Path
     kept: tuple[int, ...]
     dropped: tuple[tuple[int, str], ...]
     has_main: bool
+    warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """What happened, in a few lines.
@@ -98,7 +122,7 @@ class ExportResult:
             text += "; left out " + ", ".join(f"cell {n} ({why})" for n, why in self.dropped)
         if not self.has_main:
             text += ". No notebook_launcher call was found: every process runs the whole script"
-        return text + "."
+        return text + "." + "".join(f"\nwarning: {warning}" for warning in self.warnings)
 
 
 def _parse(source: str, where: str) -> ast.Module:
@@ -131,6 +155,8 @@ def _is_display_only(statement: ast.stmt) -> bool:
     value = statement.value
     if isinstance(value, (ast.Name, ast.Attribute, ast.Subscript, ast.Constant)):
         return True
+    if isinstance(value, ast.Tuple):  # ``a, b.c``: the kernel shows the pair
+        return all(_is_display_only(ast.Expr(element)) for element in value.elts)
     if isinstance(value, ast.Call):
         name = _call_name(value)
         return name == "display" or (isinstance(value.func, ast.Attribute) and name == "show")
@@ -152,12 +178,6 @@ def _magic_statement(statement: ast.stmt) -> tuple[str, str] | None:
     return "", ""
 
 
-def _position(lines: list[str], line: int, column: int) -> int:
-    """Character offset in ``"\n".join(lines)`` of an ast position (columns count bytes)."""
-    before = sum(len(text) + 1 for text in lines[: line - 1])
-    return before + len(lines[line - 1].encode()[:column].decode(errors="ignore"))
-
-
 def _rewrite_await(text: str, statement: ast.stmt, where: str) -> list[str]:
     """``await notebook_launcher_async(...)`` -> ``asyncio.run(notebook_launcher_async(...))``."""
     awaits = [node for node in ast.walk(statement) if isinstance(node, ast.Await)]
@@ -169,11 +189,11 @@ def _rewrite_await(text: str, statement: ast.stmt, where: str) -> list[str]:
     node, lines = awaits[0], text.split("\n")
     last = statement.end_lineno or statement.lineno
     start, end = (
-        _position(lines, statement.lineno, 0),
-        _position(lines, last, len(lines[last - 1].encode())),
+        position(lines, statement.lineno, 0),
+        position(lines, last, len(lines[last - 1].encode())),
     )
-    begin = _position(lines, node.lineno, node.col_offset)
-    finish = _position(lines, node.end_lineno or node.lineno, node.end_col_offset or 0)
+    begin = position(lines, node.lineno, node.col_offset)
+    finish = position(lines, node.end_lineno or node.lineno, node.end_col_offset or 0)
     call = ast.get_source_segment(text, node.value) or ""
     rewritten = f"{text[start:begin]}asyncio.run({call}){text[finish:end]}"
     return ["import asyncio", *rewritten.split("\n")]
@@ -236,12 +256,12 @@ def _indent(code: str) -> str:
     )
 
 
-def _main_function(cells: list[str]) -> str:
+def _main_function(cells: list[str], is_launch: Callable[[ast.Call], bool]) -> str:
     """``def main()`` holding ``cells``; after the last launch call only local rank 0 goes on."""
     body = "\n\n".join(cells)
     tree = _parse(body, "main()")
-    launches = [s for s in tree.body if _calls(s, _LAUNCHERS)]
-    last = launches[-1].end_lineno or launches[-1].lineno
+    launching = [s for s in tree.body if launches(s, is_launch)]
+    last = launching[-1].end_lineno or launching[-1].lineno
     lines = body.split("\n")
     if any(statement.lineno > last for statement in tree.body):
         guard = ["if not _first_process_of_node():", f"{_INDENT}return"]
@@ -259,6 +279,33 @@ def _main_function(cells: list[str]) -> str:
     return "\n".join(header) + "\n" + _indent(body)
 
 
+def _kept_cells(notebook: nbformat.NotebookNode) -> tuple[list[Cell], list[tuple[int, str]]]:
+    """The code cells that become script code, and why each other code cell was left out;
+    a cell that cannot run as a script is refused (:func:`export_checks.refusal`)."""
+    cells: list[Cell] = []
+    dropped: list[tuple[int, str]] = []
+    sources: list[tuple[int, str, str | None]] = []
+    for index, cell in enumerate(notebook.cells, start=1):
+        if cell.cell_type != "code":
+            continue
+        if SKIP_TAG in cell.get("metadata", {}).get("tags", []):
+            dropped.append((index, f"tagged {SKIP_TAG}"))
+            continue
+        code, reason = _clean_cell(cell.source, f"cell {index}")
+        sources.append((index, cell.source, None if reason else code))
+        if reason is not None:
+            dropped.append((index, reason))
+        else:
+            cells.append(Cell(index, cell.source, code))
+    is_launch = launch_test([cell.code for cell in cells])
+    for index, source, code in sources:
+        tree = None if code is None else _parse(code, f"cell {index}")
+        problem = refusal(index, source, tree, is_launch)
+        if problem is not None:
+            raise ExportError(f"{problem} Nothing was written.")
+    return cells, dropped
+
+
 def notebook_to_script(
     notebook: nbformat.NotebookNode, name: str = "notebook"
 ) -> tuple[str, ExportResult]:
@@ -272,29 +319,44 @@ def notebook_to_script(
         >>> notebook_to_script(nb)[0].splitlines()[-1]
         'x = 1'
     """
-    module: list[str] = []
-    main: list[str] = []
-    kept: list[int] = []
-    dropped: list[tuple[int, str]] = []
-    for index, cell in enumerate(notebook.cells, start=1):
-        if cell.cell_type != "code":
-            continue
-        if SKIP_TAG in cell.get("metadata", {}).get("tags", []):
-            dropped.append((index, f"tagged {SKIP_TAG}"))
-            continue
-        code, reason = _clean_cell(cell.source, f"cell {index}")
-        if reason is not None:
-            dropped.append((index, reason))
-            continue
-        target = main if main or _calls(_parse(code, f"cell {index}"), _LAUNCHERS) else module
-        target.append(f"# %% cell {index}\n{code}")
-        kept.append(index)
+    cells, dropped = _kept_cells(notebook)
+    is_launch = launch_test([cell.code for cell in cells])
+    try:
+        kernel_only = kernel_only_cells(cells, is_launch)
+    except ValueError as error:
+        raise ExportError(str(error)) from error
+    warnings = [
+        f"left out {c.named}: {kernel_only[c.number]}." for c in cells if c.number in kernel_only
+    ]
+    dropped += [(number, "needs the kernel, see the warning") for number in kernel_only]
+    cells = [cell for cell in cells if cell.number not in kernel_only]
+    for cell in cells:
+        warnings += launch_warnings(cell, is_launch)
+    launching = [i for i, c in enumerate(cells) if launches(_parse(c.code, "cell"), is_launch)]
+    module, main = cells, []
+    if launching:
+        cells, shared = share_folders_until_the_last_launch(cells, launching[-1], is_launch)
+        warnings += shared
+        module, main = cells[: launching[0]], cells[launching[0] :]
+    script = _script_text(name, module, main, is_launch)
+    kept = tuple(cell.number for cell in cells)
+    result = ExportResult(Path(name), kept, tuple(sorted(dropped)), bool(main), tuple(warnings))
+    return script, result
+
+
+def _script_text(
+    name: str, module: list[Cell], main: list[Cell], is_launch: Callable[[ast.Call], bool]
+) -> str:
+    """The script: the cells as they are, or with ``main()`` from the first launch on."""
     parts = [f'"""Exported from {name} by `notebook-kit export`."""']
+    texts = [f"# %% cell {cell.number}\n{cell.code}" for cell in module]
     if not main:
-        parts += module
+        parts += texts
     else:
-        parts += [_GUARD_FUNCTION, *([_QUIET_FUNCTION, *module, _QUIET_END] if module else [])]
-        parts += [_main_function(main), 'if __name__ == "__main__":\n    main()']
+        parts += [_GUARD_FUNCTION, _JOIN_GROUP]
+        parts += [_QUIET_FUNCTION, *texts, _QUIET_END] if texts else []
+        main_texts = [f"# %% cell {cell.number}\n{cell.code}" for cell in main]
+        parts += [_main_function(main_texts, is_launch), 'if __name__ == "__main__":\n    main()']
     script = "\n\n\n".join(parts) + "\n"
     try:
         compile(script, name, "exec")
@@ -303,7 +365,7 @@ def notebook_to_script(
             f"The exported script does not compile ({error.msg}, script line {error.lineno}); "
             "tag the offending cell skip-export."
         ) from error
-    return script, ExportResult(Path(name), tuple(kept), tuple(dropped), bool(main))
+    return script
 
 
 def export_notebook(

@@ -5,6 +5,10 @@ The script runs as ``__main__`` exactly as ``python script.py`` would run it. Af
 process leaves with ``os._exit`` once atexit handlers have run and the process group is gone:
 torch's objects are then not torn down in the interpreter's arbitrary shutdown order, which
 can abort (``terminate called without an active exception``) a rank whose work was done.
+
+A script written by ``notebook-kit export`` also calls two helpers from here:
+:func:`join_job_group`, so that all its launches run in the job's one process group, and
+:func:`job_temporary_folder`, the folder the kernel would have made once and shared.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import os
 import runpy
 import sys
+import tempfile
 import traceback
 from typing import NoReturn
 
@@ -43,6 +48,48 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(status)
+
+
+def join_job_group() -> None:
+    """Under torchrun, join the job's process group now, once, so that every launch of the
+    script runs in it (each launch otherwise forms a group of its own, which torchrun's one
+    store cannot tell from the previous launch's). Elsewhere, or with a group already: no-op.
+
+    Example::
+
+        join_job_group()  # first thing an exported script does
+    """
+    from notebook_kit.launch.calling_process import torchrun_place
+    from notebook_kit.runtime.process_group import init_group_from_environment
+
+    place = torchrun_place()
+    if place is None or place.world_size == 1 or dist.is_initialized():
+        return
+    import torch
+
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", place.local_rank) if use_cuda else None
+    init_group_from_environment("nccl" if use_cuda else "gloo", device=device)
+
+
+def job_temporary_folder(
+    suffix: str | None = None, prefix: str | None = None, dir: str | None = None
+) -> str:
+    """``tempfile.mkdtemp``, made once for the job: rank 0 makes it and every process gets
+    its name, as a kernel's folder is shared by the workers it forks. A collective in a
+    joined group; without one, plain ``mkdtemp``.
+
+    Example::
+
+        runs = job_temporary_folder(prefix="runs-")  # the same folder on every process
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tempfile.mkdtemp(suffix, prefix, dir)
+    made = [tempfile.mkdtemp(suffix, prefix, dir) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(made, src=0)
+    folder = str(made[0])
+    os.makedirs(folder, exist_ok=True)  # another machine: a folder of that name there
+    return folder
 
 
 def _record_for_torchrun(error: BaseException) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from notebook_kit.cli.export import export_notebook
@@ -89,3 +92,149 @@ def test_the_coiled_batch_script_trains_on_two_tasks_from_coiled_s_variables(tmp
     assert [task.returncode for task in tasks] == [0, 0], outputs
     assert "node 0 trained (2, 2.0)" in outputs[0], outputs[0]
     assert "node 1 trained (2, 2.0)" in outputs[1], outputs[1]
+
+
+def test_the_launched_function_prints_on_every_process(tmp_path):
+    """The cells above the launch print once per node; the launched function on every rank."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    cells = [
+        "import os\nfrom notebook_kit import notebook_launcher\nprint('set up')",
+        "def hello():\n    print('hello from rank', os.environ['RANK'], flush=True)",
+        "notebook_launcher(hello)\nprint('after')",
+    ]
+    notebook = tmp_path / "hello.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell(cell) for cell in cells]), notebook)
+    script = export_notebook(notebook).path
+    env = clean_environment(tmp_path)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    command = [*CLI, "--num-processes", "2", "--threads-per-process", "1", str(script)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines.count("hello from rank 0") == lines.count("hello from rank 1") == 1, lines
+    assert lines.count("set up") == lines.count("after") == 1, lines
+
+
+NOTEBOOKS = QUICKSTART.parent
+# The example notebooks whose export is refused, and the start of the refusal.
+REFUSED = {
+    "04_checkpoint_resume.ipynb": "cell 8 (`try:`) handles a failed launch (except WorkerError)",
+    "05_scale_out.ipynb": "cell 2 (`import shutil`) runs notebook-kit's own commands",
+    "07_worker_pool.ipynb": "cell 6 (`%%distributed -n 2`) runs on a WorkerPool",
+    "08_cluster.ipynb": "cell 5 (`from notebook_kit import local_cluster`) makes or joins a",
+}
+# Cells a refused notebook runs without, once its user tags them skip-export as told.
+TAGGED = {"04_checkpoint_resume.ipynb": (8, 12)}
+_MKDTEMP = "tempfile.mkdtemp() makes one folder for the job"
+# The launches each carried notebook makes, and the start of each warning its export gives.
+CARRIED = {
+    "01_quickstart.ipynb": (1, ()),
+    "02_config_panel.ipynb": (1, ()),
+    "03_live_training.ipynb": (
+        2,
+        (
+            "left out cell 9 (`record = notebook_kit.last_run()`): reads last_run()",
+            "left out cell 10 (`# What the workers logged, averaged over ranks here, is what`): "
+            "uses record, which left-out cell 9 binds",
+        ),
+    ),
+    "04_checkpoint_resume.ipynb": (2, (f"cell 2 (`import tempfile`) line 15: {_MKDTEMP}",)),
+    "06_ladder.ipynb": (
+        3,
+        (
+            "left out cell 15 (`record = notebook_kit.last_run()`): reads last_run()",
+            f"cell 9 (`model = make_model()`) line 2: {_MKDTEMP}",
+        ),
+    ),
+    "09_fsdp.ipynb": (
+        1,
+        ("left out cell 7 (`@torch.no_grad()`): uses model, which the last launch trained",),
+    ),
+}
+# Shorter training, through each notebook's own parameters: the test shows that the script
+# runs as one job, not how well it trains.
+SHRINK = {
+    "01_quickstart.ipynb": (("epochs: int = 20", "epochs: int = 2"),),
+    "03_live_training.ipynb": (
+        (
+            "def train(epochs=4, steps_per_epoch=25, pause=0.04)",
+            "def train(epochs=2, steps_per_epoch=5, pause=0.0)",
+        ),
+    ),
+    "04_checkpoint_resume.ipynb": (("TOTAL_STEPS = 24", "TOTAL_STEPS = 6"),),
+    "06_ladder.ipynb": (
+        (
+            "EPOCHS, BATCH_PER_PROCESS, LEARNING_RATE, TARGET = 12, 16, 3e-3, 0.85",
+            "EPOCHS, BATCH_PER_PROCESS, LEARNING_RATE, TARGET = 1, 16, 3e-3, 0.0",
+        ),
+    ),
+    "09_fsdp.ipynb": (("def train(model, steps=120)", "def train(model, steps=10)"),),
+}
+
+
+def _export_or_refusal(notebook: Path, tmp_path: Path) -> tuple[int, str]:
+    from notebook_kit.cli import main as cli_main
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        status = cli_main(["export", str(notebook), "-o", str(tmp_path / "job.py")])
+    return status, said.getvalue()
+
+
+def _run_on_two_nodes(script: Path, tmp_path: Path) -> list[str]:
+    """The script as its batch script runs it: one notebook-kit launch per node, here two
+    nodes of one process on loopback."""
+    from tests.processes import free_port
+
+    (tmp_path / "scratch").mkdir()
+    env = clean_environment(tmp_path, TMPDIR=str(tmp_path / "scratch"))
+    env.pop("PYTEST_CURRENT_TEST", None)
+    port = str(free_port())
+    where = ["--num-nodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
+    nodes = [
+        subprocess.Popen(
+            [*CLI, *where, "--node-rank", rank, "--threads-per-process", "1", str(script)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in ("0", "1")
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [out[-3000:] for out in outputs]
+    return outputs
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in NOTEBOOKS.glob("*.ipynb")))
+def test_every_example_notebook_exports_to_a_script_that_runs_on_two_nodes_or_is_refused(
+    name, tmp_path
+):
+    notebook = NOTEBOOKS / name
+    status, said = _export_or_refusal(notebook, tmp_path)
+    if name in REFUSED:
+        assert status == 2 and f"notebook-kit export: error: {REFUSED[name]}" in said, said
+        assert not (tmp_path / "job.py").exists()
+        if name not in TAGGED:
+            return
+        nb = nbformat.read(notebook, as_version=4)
+        for number in TAGGED[name]:
+            nb.cells[number - 1].metadata["tags"] = ["skip-export"]
+        notebook = tmp_path / name
+        nbformat.write(nb, notebook)
+        status, said = _export_or_refusal(notebook, tmp_path)
+    launches, warnings = CARRIED[name]
+    assert status == 0, said
+    assert said.count("\nwarning: ") == len(warnings), said
+    for warning in warnings:
+        assert f"\nwarning: {warning}" in said, said
+    script = tmp_path / "job.py"
+    for old, new in SHRINK.get(name, ()):
+        assert old in script.read_text()
+        script.write_text(script.read_text().replace(old, new))
+    outputs = _run_on_two_nodes(script, tmp_path)
+    # Each launch ran once, as one job of two ranks: not once per process, nor as two jobs.
+    banner = "Running under torchrun as rank 0 of 2"
+    assert sum(out.count(banner) for out in outputs) == launches, outputs

@@ -11,6 +11,10 @@ _PARALLEL = "tests/test_parallelism_integration.py::"
 _REFUSED_BEFORE_START = (
     _PARALLEL + "test_launch_settings_that_cannot_be_laid_out_are_refused_before_anything_starts"
 )
+_LAUNCH_RULES = (
+    "tests/test_parallelism.py::"
+    "test_the_launch_refuses_replicas_alone_and_context_parallel_on_cpu_ranks"
+)
 _TP_PLAIN = (
     _PARALLEL
     + "test_a_plain_model_splits_by_the_users_plan_from_launch_settings_and_failures_name_the_mesh"
@@ -64,7 +68,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "launch-replicas-alone-start-the-ranks",
         "parallelism_config_dp_replicate_size alone (DDP) is refused before any rank starts",
         (Edit("launch/plan.py", "    _refuse_replicas_alone(sizes)\n", ""),),
-        (_REFUSED_BEFORE_START,),
+        (_LAUNCH_RULES, _REFUSED_BEFORE_START),
     ),
     Mutation(
         "launch-context-parallel-on-cpu-starts-the-ranks",
@@ -76,7 +80,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 '    if sizes["cp"] > 1 and device == "tpu":\n',
             ),
         ),
-        (_REFUSED_BEFORE_START,),
+        (_LAUNCH_RULES, _REFUSED_BEFORE_START),
     ),
     Mutation(
         "cluster-mesh-left-to-the-nodes",

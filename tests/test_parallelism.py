@@ -17,7 +17,9 @@ from notebook_kit.cli.script_launch import ScriptLaunch
 from notebook_kit.config.launch_plan import LOOPBACK, LaunchPlan
 from notebook_kit.config.mesh_layout import MeshLayout, check_mesh_fits
 from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.launch.cluster.cluster_plan import check_cluster_mesh
 from notebook_kit.launch.plan import parallelism_sizes
+from notebook_kit.node.protocol import NodeSettings, ProbeReport
 from notebook_kit.runtime.messages import Failure, decode
 
 SIZE_VARIABLES = [
@@ -192,3 +194,31 @@ def test_the_environment_report_shows_the_mesh_the_settings_ask_for(monkeypatch)
     text = environment().to_text()
     assert "Mesh dp_shard 2 × tp 2: dp_shard groups [0 2] [1 3]; tp groups [0 1] [2 3]" in text
     assert "needs a world size of 4" in text
+
+
+def test_the_launch_refuses_replicas_alone_and_context_parallel_on_cpu_ranks():
+    replicas = LaunchConfig(parallelism_config_dp_replicate_size=2)
+    with pytest.raises(ValueError, match="plain data parallel") as caught:
+        parallelism_sizes(replicas, 2)
+    assert "parallelism_config_dp_replicate_size=2" in str(caught.value)
+    with pytest.raises(ValueError, match="DDP composed with TP"):
+        parallelism_sizes(replicas.replace(parallelism_config_tp_size=2), 4)
+    context = LaunchConfig(use_fsdp=True, parallelism_config_cp_size=2)
+    with pytest.raises(ValueError, match=r"cp_size=2 needs CUDA GPUs.*on the CPU"):
+        parallelism_sizes(context, 2, device="cpu")
+    assert dict(parallelism_sizes(context, 2, device="cuda"))["cp"] == 2
+    assert dict(parallelism_sizes(context, 2))["cp"] == 2  # a device not known yet: the ranks'
+
+
+def _probed(gpus: int) -> ProbeReport:
+    return ProbeReport("tcp://w:1", "w", "w", "3.11", "2", "1", gpus, "lo", "127.0.0.1", None)
+
+
+def test_a_cluster_mesh_is_checked_on_the_probed_nodes_and_their_gpus():
+    config = LaunchConfig(use_fsdp=True, num_processes=2, parallelism_config_cp_size=4)
+    settings = NodeSettings(config, 300.0, None)
+    check_cluster_mesh(settings, [_probed(2), _probed(2)])  # 2 GPU ranks on each of 2 nodes
+    with pytest.raises(ValueError, match="needs CUDA GPUs"):
+        check_cluster_mesh(settings, [_probed(2), _probed(1)])  # node 1's ranks: on the CPU
+    with pytest.raises(ValueError, match=r"world size 6 \(3 node\(s\)"):
+        check_cluster_mesh(settings, [_probed(2)] * 3)

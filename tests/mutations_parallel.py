@@ -94,4 +94,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (_PARALLEL + "test_a_mesh_the_probed_nodes_cannot_hold_is_refused_before_any_node_starts",),
     ),
+    Mutation(
+        "cluster-pool-mesh-left-to-the-nodes",
+        "a cluster pool's mesh the probed nodes cannot hold is refused before any node starts",
+        (
+            Edit(
+                "launch/cluster/pool.py",
+                "        check_cluster_mesh(settings, reports)  # before any node starts",
+                "        pass  # before any node starts",
+            ),
+        ),
+        (_PARALLEL + "test_a_mesh_the_probed_nodes_cannot_hold_is_refused_before_any_node_starts",),
+    ),
 )

@@ -24,6 +24,7 @@ from notebook_kit import (
     FullyShardedDataParallelPlugin,
     ParallelismConfig,
     WorkerError,
+    WorkerPool,
     notebook_launcher,
 )
 from tests.fsdp_models import Block, TinyLM, batches, lm_loss, reference_run
@@ -356,6 +357,8 @@ def test_a_mesh_the_probed_nodes_cannot_hold_is_refused_before_any_node_starts(
             _touch, (started,), cluster=cluster_client, num_nodes=2, fsdp=True, live=False, **hsdp
         )  # the probe counts one rank on each node (no GPU): 2 ranks for a mesh of 4
     assert "dp_replicate_size=2" in str(caught.value)
+    with pytest.raises(ValueError, match=r"world size 2 \(2 node\(s\) × 1 process"):
+        WorkerPool(cluster=cluster_client, num_nodes=2, fsdp=True, live=False, **hsdp)
     with pytest.raises(ValueError, match="would span nodes") as caught:
         notebook_launcher(
             _touch, (started,), cluster=cluster_client, num_nodes=2, num_processes=3, fsdp=True,

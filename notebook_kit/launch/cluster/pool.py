@@ -24,7 +24,7 @@ import cloudpickle
 
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.cluster.attempt import ClusterAttempt
-from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, check_cluster_mesh
 from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports
 from notebook_kit.launch.interrupts import interrupt_taken
@@ -98,6 +98,7 @@ class ClusterNodes:
         reports = engine.probe(workers, payload)
         check_reports(reports, engine.worker_noun, engine.ship_hint)
         settings = plan.settings.with_processes(reports[0].gpus)  # as for a launch
+        check_cluster_mesh(settings, reports)  # before any node starts, as a launch
         self.num_processes = settings.num_processes
         self.world_size = self.num_processes * len(reports)
         self.workers = [report.worker for report in reports]

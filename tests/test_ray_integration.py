@@ -438,3 +438,48 @@ def test_sigterm_to_a_ray_worker_lets_its_node_save_then_ends_the_worker(tmp_pat
         time.sleep(0.2)
     assert not psutil.pid_exists(sent["worker"])
     assert_nothing_left()
+
+
+def _wait_for_file(path: str) -> int:
+    deadline = time.monotonic() + 150
+    while not Path(path).exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return 7
+
+
+def test_a_forged_event_through_the_hub_actor_runs_nothing_and_the_launch_returns(tmp_path):
+    """A third Ray driver finds the kernel's hub by name and posts pickles for the run."""
+    import subprocess
+    import sys
+    import warnings
+
+    import ray
+
+    marker, done = tmp_path / "ran-in-the-kernel", tmp_path / "attack-done"
+    posted: list[str] = []
+    address = ray.get_runtime_context().gcs_address
+
+    def third_party() -> None:
+        try:
+            attacker = [sys.executable, "-m", "tests.cluster_attacker", "ray", address]
+            ran = subprocess.run(
+                [*attacker, str(marker)], capture_output=True, text=True, timeout=150
+            )
+            assert ran.returncode == 0, ran.stderr[-3000:]
+            posted.extend(ran.stdout.split())
+        finally:
+            done.touch()
+
+    thread = threading.Thread(target=third_party, daemon=True)
+    thread.start()
+    options = {"cluster": "ray", "num_nodes": 2, "num_processes": 1, "live": False}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert notebook_launcher(_wait_for_file, args=(str(done),), **options) == 7
+    thread.join(timeout=10)
+    assert not marker.exists()
+    (run,) = posted
+    named = [str(w.message) for w in caught if f"notebook_kit-{run}-events" in str(w.message)]
+    assert len(named) == 1, [str(w.message) for w in caught]
+    assert_nothing_left()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -15,9 +17,9 @@ from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.plot import draw_metrics, new_figure
 from notebook_kit.live.record import last_run
 from notebook_kit.live.speed import SpeedTracker, _lagging, speed_line
-from notebook_kit.runtime.context import StopFlag
+from notebook_kit.runtime.context import LaunchContext, StopFlag
 from notebook_kit.runtime.messages import MetricsBatch, RankSpeed, decode
-from notebook_kit.runtime.metrics import BATCH_KIND
+from notebook_kit.runtime.metrics import BATCH_KIND, step_clock, waiting_on_ranks
 from notebook_kit.runtime.peak_flops import peak_flops
 from notebook_kit.runtime.throughput import (
     SpeedCounter,
@@ -339,3 +341,27 @@ def test_the_view_of_a_cluster_run_adds_a_line_per_node(shown: list[dict[str, An
         "node 1 (rank 1): step 100.0 ms = data 10.0 ms + compute 70.0 ms + wait 20.0 ms",
     ], text
     flag.close()
+
+
+def test_the_runtimes_collectives_in_a_step_are_its_wait_but_not_between_steps_or_elsewhere() -> (
+    None
+):
+    context = LaunchContext(rank=0, world_size=2, send=lambda kind, payload: None)
+    clock = step_clock(context)
+    assert clock is not None
+    clock.waited(5.0)  # loading a checkpoint, before any step: no step waits
+    clock.step_ended()  # the first step begins
+    time.sleep(0.02)  # compute
+    with waiting_on_ranks(context):  # the Stop vote, the other rank still working
+        time.sleep(0.01)
+    background = threading.Thread(target=clock.waited, args=(5.0,))  # a background save agrees
+    background.start()
+    background.join()
+    clock.step_ended()
+    first = clock.wait_seconds
+    assert clock.steps == 1 and first >= 0.01 and clock.step_seconds - first >= 0.02
+    clock.waited(5.0)
+    clock.pass_ended(ran_out=False)  # a break: the step cut short takes its wait with it
+    clock.step_ended()
+    clock.step_ended()
+    assert clock.steps == 2 and clock.wait_seconds == first

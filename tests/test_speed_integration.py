@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import notebook_kit
-from notebook_kit import Accelerator, last_run, notebook_launcher
+from notebook_kit import Accelerator, ProjectConfiguration, last_run, notebook_launcher
 from notebook_kit.live.speed import speed_line
 from notebook_kit.runtime.context import current_launch
 
@@ -209,6 +210,48 @@ def test_a_slower_rank_is_named_as_the_straggler_with_its_cause(where: str) -> N
     assert (speed.straggler, speed.straggler_cause) == (1, where)
     line = speed_line(speed)
     assert f"straggler: rank 1 ({where} " in line and " = data " in line, line
+
+
+def _resumable_loop(project_dir: Path, every: str) -> None:
+    """The documented loop that starts and resumes: a checkpoint every 5 steps and the Stop
+    vote at every step (or a checkpoint at every step and no vote). Every rank works 60 ms a
+    step (a realistic step: the vote then runs at each call); rank 1 works 40 ms more, after
+    its step, outside any collective: rank 0 waits for it in the next one the runtime makes."""
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir, total_limit=1))
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(320, 8), torch.randn(320, 1))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, 8))
+    accelerator.load_state()
+    for step, (inputs, targets) in enumerate(loader, start=1):
+        time.sleep(0.06)
+        accelerator.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+        optimizer.step()
+        optimizer.zero_grad()
+        if accelerator.process_index == 1:
+            time.sleep(0.04)
+        if step % (1 if every == "checkpoint" else 5) == 0:
+            accelerator.save_state()
+        if every == "vote" and accelerator.should_stop:
+            break
+
+
+@pytest.mark.parametrize("every", ["vote", "checkpoint"])
+def test_the_straggler_is_named_in_the_resumable_loop_its_votes_and_checkpoints_timed_as_waiting(
+    tmp_path: Path, every: str
+) -> None:
+    notebook_launcher(_resumable_loop, args=(tmp_path, every), num_processes=2)
+    speed = last_run().speed
+    assert speed is not None
+    fast, slow = speed.ranks[0], speed.ranks[1]
+    assert fast.timed_steps == slow.timed_steps == 20  # 320 samples, 8 a batch, 2 ranks
+    assert fast.wait is not None and slow.wait is not None
+    # Rank 0 waits for rank 1 in the vote or in save_state's agreement, not in backward.
+    assert fast.wait >= 0.5 * 0.04
+    if every == "vote":
+        assert fast.wait - slow.wait >= 0.5 * 0.04
+        assert (speed.straggler, speed.straggler_cause) == (1, "compute")
+    # (Saving at every step, rank 0 writes while rank 1 waits: neither holds the other back.)
 
 
 def _balanced() -> None:

@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.metrics import waiting_on_ranks
 
 __all__ = ["TIMEOUT_VARIABLE", "CollectiveGuard", "CollectiveMismatchError"]
 
@@ -85,7 +86,8 @@ class CollectiveGuard:
         store.set(keys[self.rank], call)
         timeout = _timeout()
         try:
-            store.wait(keys, timedelta(seconds=timeout))
+            with waiting_on_ranks(current_launch()):  # for the slowest rank: the step's wait
+                store.wait(keys, timedelta(seconds=timeout))
         except (dist.DistStoreError, RuntimeError) as error:
             entered = [rank for rank, name in enumerate(keys) if store.check([name])]
             store.delete_key(keys[self.rank])  # a pool's next command starts clean

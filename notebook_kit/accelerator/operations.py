@@ -19,6 +19,9 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from notebook_kit.runtime.context import current_launch
+from notebook_kit.runtime.metrics import waiting_on_ranks
+
 __all__ = [
     "DistributedOperationException",
     "broadcast",
@@ -206,7 +209,8 @@ def gather_object(obj: list[Any], *, group: Any = None) -> list[Any]:
     if world_size() == 1:
         return list(obj)
     everyone: list[Any] = [None] * world_size()
-    dist.all_gather_object(everyone, obj, group=group)
+    with waiting_on_ranks(current_launch()):  # waiting for the others: not this rank's compute
+        dist.all_gather_object(everyone, obj, group=group)
     return [item for items in everyone for item in items]
 
 
@@ -304,7 +308,8 @@ def broadcast_object(obj: Any, from_process: int = 0, *, group: Any = None) -> A
     if world_size() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=from_process, group=group)
+    with waiting_on_ranks(current_launch()):  # waiting for the others: not this rank's compute
+        dist.broadcast_object_list(box, src=from_process, group=group)
     return box[0]
 
 

@@ -15,7 +15,7 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from notebook_kit.runtime import messages
@@ -40,6 +40,7 @@ __all__ = [
     "snapshot_values",
     "speed_counter",
     "step_clock",
+    "waiting_on_ranks",
 ]
 
 BATCH_KIND = MetricsBatch.KIND  # message kind of a batch from the sender thread
@@ -241,11 +242,36 @@ def step_clock(context: LaunchContext | None) -> StepClock | None:
 
     Example::
 
-        step_clock(current_launch()).collective_started()
+        step_clock(current_launch()).time_backward(loss)
     """
     if context is None or context.send is None:
         return None
     return channel(context).speed.clock
+
+
+@contextlib.contextmanager
+def waiting_on_ranks(context: LaunchContext | None) -> Iterator[None]:
+    """Time the block as the step's wait on the other ranks: a collective the runtime makes
+    for the user (the Stop vote, the Accelerator's object collectives and guarded calls).
+
+    A faster rank sits in such a collective until the slowest arrives; timed as compute, that
+    wait would make every rank look as busy as the slowest, and hide the straggler. Costs
+    nothing where no step is timed (no channel yet, or outside a launch).
+
+    Example::
+
+        with waiting_on_ranks(current_launch()):
+            dist.all_reduce(ballot, group=group)
+    """
+    sender = context.extensions.get(_EXTENSION) if context is not None else None
+    if sender is None:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        sender.speed.clock.waited(time.perf_counter() - started)
 
 
 def speed_counter(context: LaunchContext | None) -> SpeedCounter | None:

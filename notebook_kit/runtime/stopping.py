@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_kit.runtime.context import LaunchContext, StopFlag
+from notebook_kit.runtime.metrics import waiting_on_ranks
 from notebook_kit.runtime.process_group import cpu_group
 
 __all__ = ["should_stop", "stop_reason"]
@@ -100,7 +101,6 @@ def stop_reason(context: LaunchContext | None) -> str | None:
 
 
 def _vote(votes: _Votes, context: LaunchContext) -> bool:
-    group = cpu_group()  # gloo beside nccl, so the vote stays on the CPU; made once, reused
     now = time.monotonic()
     proposal = 1
     if votes.last_vote is not None and now > votes.last_vote:
@@ -112,7 +112,9 @@ def _vote(votes: _Votes, context: LaunchContext) -> bool:
     cause = context.stop_cause()
     node = context.node_rank + 1 if cause == StopFlag.PREEMPTED else 0
     ballot = torch.tensor([cause, -proposal, node], dtype=torch.int32)
-    dist.all_reduce(ballot, op=dist.ReduceOp.MAX, group=group)
+    with waiting_on_ranks(context):  # a faster rank waits here for the slowest: not compute
+        group = cpu_group()  # gloo beside nccl, so the vote stays on the CPU; made once, reused
+        dist.all_reduce(ballot, op=dist.ReduceOp.MAX, group=group)
     votes.calls_until_vote = -int(ballot[1]) - 1
     votes.calls_since_vote = 0
     votes.last_vote = now

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import resource
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -200,7 +201,9 @@ class StepClock:
     * data: the time the training thread spent in the loader's ``__next__``;
     * wait: the time the rank sat blocked on collectives the strategy can see: with DDP, from
       the moment its last gradient was computed until ``backward`` returned, its all-reduce of
-      every bucket done (communication that overlaps computation is not waiting);
+      every bucket done (communication that overlaps computation is not waiting); and the
+      collectives the runtime makes during the step (:meth:`waited`: the Stop vote, a
+      checkpoint's agreement between ranks), where a faster rank waits for a slower one;
     * compute: what remains of the step.
 
     On the CPU the clock is ``time.perf_counter``. On a GPU the step and the wait are measured
@@ -213,8 +216,10 @@ class StepClock:
         "_asked",
         "_began",
         "_done",
+        "_owner",
         "_pending",
         "_ready",
+        "_waited",
         "cuda",
         "data_seconds",
         "sees_data",
@@ -236,7 +241,11 @@ class StepClock:
         self._began: Any = None  # when the current step began: a time, or a CUDA event
         self._ready: Any = None  # the current step's backward: every gradient computed
         self._done: Any = None  # ... and backward returned, its reductions done
-        self._pending: collections.deque[tuple[Any, Any, float, Any, Any]] = collections.deque()
+        self._waited = 0.0  # seconds of the current step in the runtime's collectives
+        self._owner: int | None = None  # the thread that runs the steps
+        self._pending: collections.deque[tuple[Any, Any, float, Any, Any, float]] = (
+            collections.deque()
+        )
 
     def asking(self) -> None:
         """The training thread asks the loader for its next batch."""
@@ -255,6 +264,7 @@ class StepClock:
         if ran_out and self._asked is not None and self._began is not None:
             self._end_step(self._stamp(), time.perf_counter() - self._asked)
         self._began = self._asked = None
+        self._waited = 0.0  # a step cut short by a break: its waits go with it
 
     def step_ended(self) -> None:
         """A step of a hand-written loop ended (no loader: no data wait is known)."""
@@ -286,22 +296,34 @@ class StepClock:
         self.sees_wait = True
         self._done = self._stamp()
 
+    def waited(self, seconds: float) -> None:
+        """The training thread sat ``seconds`` in a collective the runtime made during the
+        step (the Stop vote, a checkpoint's agreement): the others' lateness is this rank's
+        wait, not its compute. Ignored between steps and on any other thread (a background
+        save agrees on a thread of its own while the steps go on). On a GPU this is the time
+        the CPU was blocked, as the data wait is."""
+        if self._began is not None and threading.get_ident() == self._owner:
+            self._waited += seconds
+
     def _next_step(self, data: float, now: float | None = None) -> None:
         """End the step running (``data``: the wait for the batch that ends it, inside it)
         and begin the next; the wait for a pass's first batch is before any step."""
         stamp = self._stamp() if self.cuda or now is None else now
         if self._began is not None:
             self._end_step(stamp, data)
+        else:  # once a pass: the thread that steps is the one whose waits count
+            self._owner = threading.get_ident()
         self._began = stamp
 
     def _end_step(self, stamp: Any, data: float) -> None:
-        ready, done = self._ready, self._done
+        ready, done, waited = self._ready, self._done, self._waited
         self._ready = self._done = None
+        self._waited = 0.0
         if self.cuda:
-            self._pending.append((self._began, stamp, data, ready, done))
+            self._pending.append((self._began, stamp, data, ready, done, waited))
             return
         wait = done - ready if ready is not None and done is not None and done > ready else 0.0
-        self._add(stamp - self._began, data, wait)
+        self._add(stamp - self._began, data, wait + waited)
 
     def _add(self, step: float, data: float, wait: float) -> None:
         self.steps += 1
@@ -322,7 +344,7 @@ class StepClock:
         """Add the GPU steps whose events have passed (metrics thread; ``wait``: all of them)."""
         pending = self._pending
         while pending:
-            began, ended, data, ready, done = pending[0]
+            began, ended, data, ready, done, waited = pending[0]
             events = [e for e in (ended, done) if e is not None]
             if not all(event.query() for event in events):
                 if not wait or _syncs_forbidden():  # still on the GPU: the next snapshot
@@ -336,7 +358,7 @@ class StepClock:
                 gap = ready.elapsed_time(done) / 1000 if timed else 0.0
             except RuntimeError:  # an event of a step cut short (a pass that never computed)
                 continue
-            self._add(step, data, max(gap, 0.0))
+            self._add(step, data, max(gap, 0.0) + waited)
 
 
 _timing: StepClock | None = None  # the clock of the backward pass running, until it is queued

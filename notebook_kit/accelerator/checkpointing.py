@@ -180,10 +180,10 @@ def save_checkpoint(
     """
     directory = storage_path(directory)
     which = _which(directory, number)
+    created = is_local(directory) and not directory.exists()  # before any rank makes it
     folder = begin(directory, which, process_index, lambda: _tidy(directory))
     job = _Save(directory, folder, process_index)
-    job.created = is_local(directory) and not directory.exists()
-    job.number = number
+    job.created, job.number = created, number
     group, stop = None, None  # a blocking save: the training group, never abandoned
     try:
         job.check_shared()

@@ -46,11 +46,16 @@ _ON_A_CLUSTER = {
     "parallelism_config_cp_size": ("node", "parallelism_config_cp_size", 2),
     "storage_timeout": ("node", "storage_timeout", 5),
 }
-# What a setting needs beside it to be valid: sharding sizes need FSDP.
+# What a setting needs beside it to be valid: sharding sizes need FSDP, replicas need shards.
 _ALONGSIDE = {
+    "parallelism_config_dp_replicate_size": {
+        "fsdp": True, "parallelism_config_dp_shard_size": 2, "num_processes": 2,
+    },
     "parallelism_config_dp_shard_size": {"fsdp": True},
     "parallelism_config_cp_size": {"fsdp": True},
-}
+}  # fmt: skip
+# What a node on this CPU machine refuses, naming it: its ranks would train on the CPU.
+_REFUSED_ON_CPU = {"parallelism_config_cp_size": "needs CUDA GPUs"}
 _SCHEMA = {**SETTINGS, **CALL_SETTINGS}
 
 
@@ -87,6 +92,9 @@ def test_each_setting_given_to_a_cluster_launch_is_honoured_or_refused_before_st
     settings, kept = _settings({keyword: value, **_ALONGSIDE.get(name, {})})
     if where == "kernel":
         assert kept[attribute] == value
+    elif name in _REFUSED_ON_CPU:
+        with pytest.raises(ValueError, match=f"{keyword}={value} {_REFUSED_ON_CPU[name]}"):
+            _node_plan(settings)
     else:
         assert getattr(_node_plan(settings), attribute) == value
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 from tests.mutations import Edit, Mutation
 
 _EXPORT_RUN = "tests/test_export_integration.py::"
+_NOTEBOOK_RUN = (
+    _EXPORT_RUN
+    + "test_every_example_notebook_exports_to_a_script_that_runs_on_two_nodes_or_is_refused"
+)
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -22,5 +26,30 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         (_EXPORT_RUN + "test_the_launched_function_prints_on_every_process",),
+    ),
+    Mutation(
+        "export-group-joined-at-the-launch",
+        "An exported script joins the job's group before its cells, so they can make a "
+        "temporary folder once for the job",
+        (
+            Edit(
+                "cli/script_entry.py",
+                "    if place is None or place.world_size == 1 or dist.is_initialized():\n",
+                "    if True:\n",
+            ),
+        ),
+        (_NOTEBOOK_RUN + "[04_checkpoint_resume.ipynb]",),
+    ),
+    Mutation(
+        "export-temporary-folder-per-process",
+        "A temporary folder the notebook's cells make is made once for the exported job",
+        (
+            Edit(
+                "cli/script_entry.py",
+                "    if not dist.is_initialized() or dist.get_world_size() == 1:\n",
+                "    if True:\n",
+            ),
+        ),
+        (_NOTEBOOK_RUN + "[04_checkpoint_resume.ipynb]",),
     ),
 )

@@ -26,8 +26,8 @@ where ``LOCAL_RANK`` is 0 or unset: once per node, as in the kernel.
 The cells before it run on every process (they define what the launch needs); what they
 print goes to standard output only where ``LOCAL_RANK`` is 0 or unset, so it too shows once
 per node; what the launched function prints shows on every process. Errors (standard error)
-show on every process. Before its first cell the script joins torchrun's process group, once,
-and every launch runs in it.
+show on every process. Before its first cell the script joins torchrun's process group, so
+the cells can make a temporary folder once for the job; every launch then runs in it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ _QUIET_END = "_top_level_output.close()"
 _JOIN_GROUP = f"""from notebook_kit.cli.script_entry import job_temporary_folder as {JOB_FOLDER}
 from notebook_kit.cli.script_entry import join_job_group
 
-# Under torchrun every launch below runs in the job's process group, joined once here.
+# Under torchrun the cells below make their temporary folders once for the job, which needs
+# the job's process group first; every launch then runs in it.
 join_job_group()"""
 
 

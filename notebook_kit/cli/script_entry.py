@@ -7,7 +7,7 @@ torch's objects are then not torn down in the interpreter's arbitrary shutdown o
 can abort (``terminate called without an active exception``) a rank whose work was done.
 
 A script written by ``notebook-kit export`` also calls two helpers from here:
-:func:`join_job_group`, so that all its launches run in the job's one process group, and
+:func:`join_job_group`, the job's process group joined before the notebook's cells, and
 :func:`job_temporary_folder`, the folder the kernel would have made once and shared.
 """
 
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 
 def join_job_group() -> None:
-    """Under torchrun, join the job's process group now, once, so that every launch of the
-    script runs in it (each launch otherwise forms a group of its own, which torchrun's one
-    store cannot tell from the previous launch's). Elsewhere, or with a group already: no-op.
+    """Under torchrun, join the job's process group now, before the notebook's cells, so
+    they can make something once for the job (:func:`job_temporary_folder` is a collective);
+    every launch then runs in this group. Elsewhere, or with a group already: no-op.
 
     Example::
 

@@ -37,6 +37,43 @@ def test_forked_workers_inherit_the_warm_modules_even_when_launched_at_once():
     assert done.stdout.strip().splitlines()[-1] == "True"
 
 
+# A loaded machine, made reproducible: the warm-up thread is running but 2 s late to begin its
+# import (a trace function of this process's threads waits there), and the launch comes at once.
+LATE_WARM_UP = """
+import sys, threading, time
+from notebook_kit.launch.warmup import WARM_MODULES
+
+def late(frame, event, arg):
+    if frame.f_code.co_name == "import_module" and threading.current_thread().name == (
+        "notebook_kit-warmup"
+    ):
+        threading.settrace(None); sys.settrace(None)
+        time.sleep(2.0)
+    return None
+
+threading.settrace(late)  # threads started from here on; the warm-up starts on import
+from notebook_kit import notebook_launcher
+
+def inherited():
+    return [name for name in WARM_MODULES if name in sys.modules]
+
+print(notebook_launcher(inherited, num_processes=2, live=False) == list(WARM_MODULES))
+"""
+
+
+def test_workers_fork_after_the_warm_up_even_when_its_thread_starts_late():
+    environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_WARM_UP],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "True", "a worker forked before the warm-up"
+
+
 # --- The stop button pressed while a launch waits for the warm-up, in real kernels ----------
 
 IMPORT_CELL = "from notebook_kit import notebook_launcher"
@@ -140,3 +177,49 @@ def test_a_fork_waits_for_an_import_in_another_thread(tmp_path, monkeypatch):
     _, status = os.waitpid(pid, 0)
     importer.join()
     assert os.waitstatus_to_exitcode(status) == 0, "the fork copied a module half-imported"
+
+
+# --- Two presses while the live view's first imports run, in a real kernel -----------------
+
+# A loaded machine, made reproducible: matplotlib's import reaches ``matplotlib.artist`` (cut
+# there, the package stays broken until the kernel restarts), waits, and the stop button is
+# pressed twice, 0.3 s apart, meanwhile (SIGINT to the kernel's process group, as Jupyter).
+SLOW_MATPLOTLIB = """\
+import importlib.machinery, os, signal, sys, threading, time
+class SlowArtist:  # the module's code waits, not the finder (which holds Python's import lock)
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.artist":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        spec.loader = Slow(spec.loader)
+        return spec
+class Slow:
+    def __init__(self, loader):
+        self.loader = loader
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+    def exec_module(self, module):
+        for after in (0.3, 0.6):
+            threading.Timer(after, os.killpg, (os.getpgid(0), signal.SIGINT)).start()
+        time.sleep(2.0)
+        self.loader.exec_module(module)
+sys.meta_path.insert(0, SlowArtist())
+"""
+VIEW_LAUNCH_CELL = "print('RESULT', notebook_launcher(lambda: 2, num_processes=2))"
+
+
+@pytest.mark.kernel
+def test_presses_during_the_live_views_first_imports_never_leave_them_half_done():
+    """The first launch ends with the interrupt; the next one shows its view and trains."""
+    from tests.kernel_cells import real_kernel, run_cell
+
+    with real_kernel() as (_, client):
+        run_cell(client, IMPORT_CELL, timeout=120)
+        first = "import sys; print('RESULT', 'matplotlib' in sys.modules)"
+        assert _outcome(run_cell(client, first)) == "RESULT False"  # the launch imports it
+        run_cell(client, SLOW_MATPLOTLIB, timeout=30)
+        pressed = _outcome(run_cell(client, VIEW_LAUNCH_CELL, timeout=120))
+        after = _outcome(run_cell(client, VIEW_LAUNCH_CELL, timeout=120))
+    assert pressed == "KeyboardInterrupt: ", pressed
+    assert after == "RESULT 2", after

@@ -14,6 +14,11 @@ waits until no other thread is inside an import (an ``os.register_at_fork`` hook
 launcher's workers, the fork probe, and the user's own forks. That covers imports by any
 thread, ours or a library's, by reading CPython's per-module import locks.
 
+An import that Ctrl-C cuts short can leave a package half-initialised for good: matplotlib
+cut mid-import fails every later import with ``KeyError: 'PolyCollection:kwdoc'``. Python
+raises KeyboardInterrupt only on the main thread, so the live view's first imports run on a
+thread of their own (:func:`import_whole`): a press ends the wait for them, never the imports.
+
 The launcher waits for the warm-up before it forks, where Ctrl-C can stop the launch. Done
 imports are recorded by an event set when the thread ends, never by ``Thread.join``: a
 KeyboardInterrupt inside ``join`` makes CPython 3.11 take a thread that is still importing for
@@ -31,9 +36,11 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 __all__ = [
     "WARM_MODULES",
+    "import_whole",
     "imports_under_way",
     "start_warmup",
     "wait_for_imports",
@@ -77,6 +84,34 @@ def start_warmup() -> None:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(before=_before_fork)
         _thread.start()
+
+
+def import_whole(load: Callable[[], object]) -> None:
+    """Run ``load`` (imports) on a thread of its own and wait for it; what it raised, raised.
+
+    Ctrl-C ends the wait with KeyboardInterrupt while the imports go on to their end, so
+    nothing is left half-imported; a later call finds them done, or waits for them (Python's
+    import lock), and a fork meanwhile waits for them too.
+
+    Example:
+        >>> import_whole(lambda: importlib.import_module("json"))
+    """
+    done = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            load()
+        except BaseException as error:  # handed to the waiting thread
+            raised.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="notebook_kit-view-imports", daemon=True).start()
+    while not done.wait(0.05):  # never Thread.join: see the module's docstring
+        pass
+    if raised:
+        raise raised[0]
 
 
 def imports_under_way() -> list[str]:

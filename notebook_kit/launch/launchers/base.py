@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Generator
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.plan import Call
-from notebook_kit.live.display import default_observer
+from notebook_kit.launch.warmup import import_whole
+from notebook_kit.live.display import default_observer, prepare_live_view
 from notebook_kit.live.observer import LaunchObserver
 
-__all__ = ["Launcher", "Steps", "WaitRequest"]
+__all__ = ["Launcher", "Steps", "WaitRequest", "prepare_view"]
 
 WaitRequest = tuple[list[Any], float]  # for ``multiprocessing.connection.wait``: objects, timeout
 Steps = Generator[WaitRequest, list[Any], Any]
@@ -54,4 +56,13 @@ class Launcher(abc.ABC):
 
     def view(self, observer: LaunchObserver | None) -> LaunchObserver:
         """The caller's observer, or the default view (built when the launcher asks for it)."""
-        return observer if observer is not None else default_observer(self.plan.live)
+        if observer is not None:
+            return observer
+        prepare_view(self.plan.live)
+        return default_observer(self.plan.live)
+
+
+def prepare_view(live: bool | None) -> None:
+    """Import the default view's modules now, whole: Ctrl-C meanwhile stops the launch, never
+    an import (one cut short leaves matplotlib broken until the kernel restarts)."""
+    import_whole(functools.partial(prepare_live_view, live))

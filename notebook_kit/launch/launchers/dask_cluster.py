@@ -8,7 +8,7 @@ notebook_launcher_async(cluster=...)`` drive the same steps, with the same live 
 from __future__ import annotations
 
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
-from notebook_kit.launch.launchers.base import Launcher, Steps
+from notebook_kit.launch.launchers.base import Launcher, Steps, prepare_view
 from notebook_kit.launch.plan import Call
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchObserver
@@ -31,6 +31,8 @@ class ClusterLauncher(Launcher):
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
         from notebook_kit.launch.cluster.run import cluster_steps  # it imports the pool
 
+        if observer is None:
+            prepare_view(self.cluster_plan.live)  # the default view, made there, imports now
         return (yield from cluster_steps(call, self.cluster_plan, observer))
 
     def view(self, observer: LaunchObserver | None) -> LaunchObserver:

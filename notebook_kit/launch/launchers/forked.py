@@ -19,13 +19,12 @@ from notebook_kit.errors import WorkerError
 from notebook_kit.launch.forking import NodeSeat, fork_workers, open_listener
 from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred, interrupts_held
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
-from notebook_kit.launch.launchers.base import Launcher, Steps, WaitRequest
+from notebook_kit.launch.launchers.base import Launcher, Steps, WaitRequest, prepare_view
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
 from notebook_kit.launch.warmup import wait_for_warmup
-from notebook_kit.live.display import prepare_live_view
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.weights_file import WeightsFile, read_states
@@ -66,7 +65,7 @@ class ForkedLauncher(Launcher):
         self, call: Call, observer: LaunchObserver | None, kernel_models: dict[int, Any]
     ) -> Steps:
         if observer is None:
-            prepare_live_view(self.plan.live)  # imported before the fork, built after it
+            prepare_view(self.plan.live)  # imported before the fork, built after it
         shown: list[LaunchObserver] = []  # built once, at the first fork, kept for restarts
 
         def view() -> LaunchObserver:

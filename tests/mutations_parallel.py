@@ -60,7 +60,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         (
-            "tests/test_fsdp_integration.py::"
+            "tests/test_fsdp_weights_home_integration.py::"
             "test_the_weights_of_many_same_shape_layers_come_home_each_its_own",
         ),
     ),

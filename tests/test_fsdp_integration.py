@@ -442,23 +442,3 @@ def test_fp16_and_bf16_follow_the_unsharded_half_precision_loop_and_an_overflow_
             precision, got, reference,
         )  # fmt: skip
     assert results["overflow"] == [(True, True, True)] * 2, results["overflow"]
-
-
-def _train_same_shape_layers(model: torch.nn.Module):
-    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
-    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    inputs = torch.randn(4, 64, generator=torch.Generator().manual_seed(accelerator.process_index))
-    accelerator.backward(model(inputs).pow(2).mean())
-    optimizer.step()
-    return accelerator.get_state_dict(model)
-
-
-def test_the_weights_of_many_same_shape_layers_come_home_each_its_own():
-    # Gathered one at a time and freed once written, same-shape tensors reuse one address.
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(12)))
-    trained = notebook_launcher(_train_same_shape_layers, args=(model,), num_processes=2)
-    home = model.state_dict()
-    assert home.keys() == trained.keys()
-    for key, value in trained.items():
-        assert torch.equal(home[key], value), key

@@ -16,13 +16,13 @@ _NOTEBOOK_RUN = (
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "export-main-output-left-quiet",
-        "An exported script's launched function prints on every rank; only the cells above "
-        "the launch print once per node",
+        "An exported script's launched function prints on every rank; the notebook's own "
+        "code prints once per node",
         (
             Edit(
-                "cli/export.py",
-                "        parts += [_QUIET_FUNCTION, *texts, _QUIET_END] if texts else []\n",
-                "        parts += [_QUIET_FUNCTION, *texts] if texts else []\n",
+                "cli/script_entry.py",
+                "        if current_launch() is not None:\n",
+                "        if current_launch() is None and False:\n",
             ),
         ),
         (_EXPORT_RUN + "test_the_launched_function_prints_on_every_process",),

@@ -95,12 +95,13 @@ def test_the_coiled_batch_script_trains_on_two_tasks_from_coiled_s_variables(tmp
 
 
 def test_the_launched_function_prints_on_every_process(tmp_path):
-    """The cells above the launch print once per node; the launched function on every rank."""
+    """The notebook's own prints show once per node, the launched function's on every rank."""
     from nbformat.v4 import new_code_cell, new_notebook
 
     cells = [
         "import os\nfrom notebook_kit import notebook_launcher\nprint('set up')",
         "def hello():\n    print('hello from rank', os.environ['RANK'], flush=True)",
+        "notebook_launcher(hello)\nprint('between')",
         "notebook_launcher(hello)\nprint('after')",
     ]
     notebook = tmp_path / "hello.ipynb"
@@ -112,8 +113,8 @@ def test_the_launched_function_prints_on_every_process(tmp_path):
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines.count("hello from rank 0") == lines.count("hello from rank 1") == 1, lines
-    assert lines.count("set up") == lines.count("after") == 1, lines
+    assert lines.count("hello from rank 0") == lines.count("hello from rank 1") == 2, lines
+    assert lines.count("set up") == lines.count("between") == lines.count("after") == 1, lines
 
 
 NOTEBOOKS = QUICKSTART.parent

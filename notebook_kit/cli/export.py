@@ -23,9 +23,10 @@ or ``panel.launch`` of a ``ConfigPanel``) go into ``main()``, run under
 notebook variables. Under torchrun every process returns from the launch call (see
 :func:`notebook_kit.notebook_launcher`), so the code after the last launch call runs only
 where ``LOCAL_RANK`` is 0 or unset: once per node, as in the kernel.
-The cells before it run on every process (they define what the launch needs); what they
-print goes to standard output only where ``LOCAL_RANK`` is 0 or unset, so it too shows once
-per node; what the launched function prints shows on every process. Errors (standard error)
+The cells before it run on every process (they define what the launch needs); what they,
+or the code between launches, print goes to standard output only where ``LOCAL_RANK`` is 0
+or unset, so it too shows once per node; what the launched function prints shows on every
+process. Errors (standard error)
 show on every process. Before its first cell the script joins torchrun's process group, so
 the cells can make a temporary folder once for the job; every launch then runs in it.
 """
@@ -67,25 +68,14 @@ _GUARD_FUNCTION = '''def _first_process_of_node() -> bool:
     import os
 
     return os.environ.get("LOCAL_RANK", "0") == "0"'''
-_QUIET_FUNCTION = '''def _print_once_per_node():
-    """Under torchrun the cells above the launch run on every process; what they print shows
-    once per node, as in the kernel (errors show everywhere). Closing the stack ends it."""
-    import contextlib
-    import os
+_PREAMBLE = f"""from notebook_kit.cli.script_entry import job_temporary_folder as {JOB_FOLDER}
+from notebook_kit.cli.script_entry import join_job_group, print_once_per_node
 
-    stack = contextlib.ExitStack()
-    if not _first_process_of_node():
-        stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
-    return stack
-
-
-_top_level_output = _print_once_per_node()'''
-_QUIET_END = "_top_level_output.close()"
-_JOIN_GROUP = f"""from notebook_kit.cli.script_entry import job_temporary_folder as {JOB_FOLDER}
-from notebook_kit.cli.script_entry import join_job_group
-
-# Under torchrun the cells below make their temporary folders once for the job, which needs
-# the job's process group first; every launch then runs in it.
+# Under torchrun every process runs this script: what the notebook prints shows once per
+# node, as in the kernel, and what its launches print on every process.
+print_once_per_node()
+# The cells below make their temporary folders once for the job, which needs the job's
+# process group first; every launch then runs in it.
 join_job_group()"""
 
 
@@ -354,8 +344,7 @@ def _script_text(
     if not main:
         parts += texts
     else:
-        parts += [_GUARD_FUNCTION, _JOIN_GROUP]
-        parts += [_QUIET_FUNCTION, *texts, _QUIET_END] if texts else []
+        parts += [_GUARD_FUNCTION, _PREAMBLE, *texts]
         main_texts = [f"# %% cell {cell.number}\n{cell.code}" for cell in main]
         parts += [_main_function(main_texts, is_launch), 'if __name__ == "__main__":\n    main()']
     script = "\n\n\n".join(parts) + "\n"

@@ -7,8 +7,9 @@ torch's objects are then not torn down in the interpreter's arbitrary shutdown o
 can abort (``terminate called without an active exception``) a rank whose work was done.
 
 A script written by ``notebook-kit export`` also calls two helpers from here:
-:func:`join_job_group`, the job's process group joined before the notebook's cells, and
-:func:`job_temporary_folder`, the folder the kernel would have made once and shared.
+:func:`print_once_per_node`, the notebook's output once per node and its launches' on every
+process; :func:`join_job_group`, the job's process group joined before the notebook's cells;
+and :func:`job_temporary_folder`, the folder the kernel would have made once and shared.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import runpy
 import sys
 import tempfile
 import traceback
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -48,6 +49,38 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(status)
+
+
+class _OncePerNode:
+    """Standard output of a process that is not its node's first (``LOCAL_RANK`` > 0): what a
+    launched function prints goes through, as every rank's output shows in a notebook launch;
+    the rest of the notebook's output is left to the node's first process, as the kernel
+    shows it once."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from notebook_kit.runtime.context import current_launch
+
+        if current_launch() is not None:
+            return self._stream.write(text)
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty: the stream's
+        return getattr(self._stream, name)
+
+
+def print_once_per_node() -> None:
+    """Under torchrun, show the notebook's own output once per node and what its launches
+    print on every process (see :class:`_OncePerNode`). Errors show everywhere.
+
+    Example::
+
+        print_once_per_node()  # what an exported script does before its first cell
+    """
+    if os.environ.get("LOCAL_RANK", "0") != "0" and not isinstance(sys.stdout, _OncePerNode):
+        sys.stdout = _OncePerNode(sys.stdout)
 
 
 def join_job_group() -> None:

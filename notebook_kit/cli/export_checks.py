@@ -93,7 +93,13 @@ def _handles_failed_launch(node: ast.AST, is_launch: Callable[[ast.Call], bool])
 
 
 def launch_warnings(cell: Cell, is_launch: Callable[[ast.Call], bool]) -> list[str]:
-    """What a launch is given that a script's launch does not use: ``max_restarts=``."""
+    """What a launch is given that a script's launch does not use: ``max_restarts=``.
+
+    Example:
+        >>> code = "notebook_launcher(f, max_restarts=1)"
+        >>> launch_warnings(Cell(4, code, code), launch_test([]))[0][:60]
+        'cell 4 (`notebook_launcher(f, max_restarts=1)`) line 1: max_'
+    """
     calls = [c for c in _called(ast.parse(cell.code)) if is_launch(c)]
     return [
         f"{cell.named} line {call.lineno}: max_restarts= restarts a notebook launch; under "
@@ -110,6 +116,10 @@ def refusal(
     """Why cell ``number`` cannot become script code, with the fix; None when it can.
 
     ``tree`` is the cell's code once its magics are dropped (None when nothing is kept).
+
+    Example:
+        >>> refusal(3, "%%distributed\\nx = 1", None, launch_test([]))[:45]
+        'cell 3 (`%%distributed`) runs on a WorkerPool'
     """
     cell = Cell(number, source, "").named
     if _POOL_MAGIC.search(source) or (
@@ -187,6 +197,10 @@ def kernel_only_cells(cells: list[Cell], is_launch: Callable[[ast.Call], bool]) 
 
     Raises:
         ValueError: A launch cell also reads ``last_run()`` (the message names it).
+
+    Example:
+        >>> kernel_only_cells([Cell(2, "r = last_run()", "r = last_run()")], launch_test([]))
+        {2: "reads last_run(), the kernel's record of a launch; a script keeps none"}
     """
     trees = [ast.parse(cell.code) for cell in cells]
     launching = [i for i, tree in enumerate(trees) if any(is_launch(c) for c in _called(tree))]
@@ -242,14 +256,25 @@ def temporary_folder_calls(tree: ast.Module) -> list[ast.expr]:
 
 
 def position(lines: list[str], line: int, column: int) -> int:
-    """Character offset in ``"\n".join(lines)`` of an ast position (columns count bytes)."""
+    """Character offset in ``"\n".join(lines)`` of an ast position (columns count bytes).
+
+    Example:
+        >>> position(["ab", "cd"], 2, 1)
+        4
+    """
     before = sum(len(text) + 1 for text in lines[: line - 1])
     return before + len(lines[line - 1].encode()[:column].decode(errors="ignore"))
 
 
 def launch_test(codes: list[str]) -> Callable[[ast.Call], bool]:
     """Whether a call launches: ``notebook_launcher(...)``, ``notebook_launcher_async(...)``,
-    or ``panel.launch(...)`` of a ``ConfigPanel`` the notebook made."""
+    or ``panel.launch(...)`` of a ``ConfigPanel`` the notebook made.
+
+    Example:
+        >>> is_launch = launch_test(["panel = ConfigPanel()"])
+        >>> is_launch(ast.parse("panel.launch(train)").body[0].value)
+        True
+    """
     panels = {
         target.id
         for code in codes
@@ -275,7 +300,12 @@ def launch_test(codes: list[str]) -> Callable[[ast.Call], bool]:
 
 
 def launches(node: ast.AST, is_launch: Callable[[ast.Call], bool]) -> bool:
-    """Whether ``node`` holds a call that ``is_launch`` (from :func:`launch_test`) accepts."""
+    """Whether ``node`` holds a call that ``is_launch`` (from :func:`launch_test`) accepts.
+
+    Example:
+        >>> launches(ast.parse("out = notebook_launcher(train)"), launch_test([]))
+        True
+    """
     return any(isinstance(inner, ast.Call) and is_launch(inner) for inner in ast.walk(node))
 
 
@@ -303,7 +333,12 @@ def share_folders_until_the_last_launch(
     cells: list[Cell], last: int, is_launch: Callable[[ast.Call], bool]
 ) -> tuple[list[Cell], list[str]]:
     """The kernel's folders are made once and shared up to the last launch (``cells[last]``,
-    up to its last launching statement); after it only some processes run, so not there."""
+    up to its last launching statement); after it only some processes run, so not there.
+
+    Example::
+
+        cells, warnings = share_folders_until_the_last_launch(cells, 3, launch_test(codes))
+    """
     statements = ast.parse(cells[last].code).body
     until = max(s.end_lineno or s.lineno for s in statements if launches(s, is_launch))
     cells, warnings = list(cells), []

@@ -209,8 +209,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/checkpoint_methods.py",
-                "existing = self._numbered_checkpoints(committed=True) if rank_zero else []",
-                "existing = self._numbered_checkpoints() if rank_zero else []",
+                "        existing = self._numbered_checkpoints(committed=True)\n        passed",
+                "        existing = self._numbered_checkpoints()\n        passed",
+            ),
+            Edit(
+                "accelerator/checkpoint_methods.py",
+                "                state_folder(folder, read_manifest(folder))\n",
+                "                pass\n",
             ),
         ),
         (
@@ -293,9 +298,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a folder each node sees as a different one is refused at the first save",
         (
             Edit(
-                "accelerator/checkpointing.py",
-                "    if size == 1:\n        return\n    (staging",
-                "    if size >= 1:\n        return\n    (staging",
+                "accelerator/save_agreement.py",
+                "    if size == 1:\n        return\n\n    def look()",
+                "    if size >= 1:\n        return\n\n    def look()",
             ),
         ),
         (

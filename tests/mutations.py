@@ -155,7 +155,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a WorkerPool refuses max_restarts, which it could only ignore",
         (
             Edit(
-                "launch/pool/worker_pool.py",
+                "launch/pool/options.py",
                 "    if max_restarts is not None and arguments.check_int(",
                 "    if False and arguments.check_int(",
             ),
@@ -1765,7 +1765,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster pool refuses a setting it cannot honour before any node starts",
         (
             Edit(
-                "launch/pool/worker_pool.py",
+                "launch/pool/options.py",
                 "    if send_limit != DEFAULT_SEND_LIMIT:",
                 "    if False:",
             ),

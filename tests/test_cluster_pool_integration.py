@@ -198,3 +198,7 @@ def test_restart_starts_new_nodes_that_hold_nothing(pool, client):
         pool.run_cell("kept")
     assert pool.run_cell("import torch.distributed as dist\ndist.get_world_size()") == 2
     assert pool.restarts == 1
+    pool.close()  # a closed cluster pool starts new nodes too
+    pool.restart()
+    assert pool.run_cell("import torch.distributed as dist\ndist.get_world_size()") == 2
+    assert not pool.closed and pool.restarts == 2

@@ -249,6 +249,11 @@ def test_close_collection_and_exit_leave_no_worker() -> None:
     assert not any(psutil.pid_exists(pid) for pid in pids)
     with pytest.raises(RuntimeError, match="closed"):
         pool.run_cell("1")
+    pool.restart()  # a closed pool starts new workers
+    assert pool.run_cell("2") == 2 and set(pool.pids).isdisjoint(pids)
+    pids = pool.pids
+    pool.close()
+    assert not any(psutil.pid_exists(pid) for pid in pids)
     collected = WorkerPool(num_processes=2, live=False)
     pids = collected.pids
     del collected

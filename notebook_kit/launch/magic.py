@@ -6,7 +6,8 @@ it defines are there in the next ``%%distributed`` cell, rank 0's last expressio
 value, and what the workers print appears grouped by rank. The first such cell starts a default
 pool (and says so); ``-n`` picks its size, ``--cluster NAME`` puts it on the machines of the
 Dask client (or cluster) of that name in the notebook, ``--pool NAME`` uses a pool of your own
-instead.
+instead. A default pool that was closed (a fault closes a cluster pool's nodes) starts new
+workers at its next cell, in the same place and of the same size.
 
 Example:
     %load_ext notebook_kit
@@ -85,15 +86,19 @@ class DistributedMagics(Magics):
                 self.default_pool, self.default_place = None, (None, None)
             return None
         if options.action == "restart":
-            self._pool(options).restart()
+            pool, started = self._choose(options)
+            if not started:
+                pool.restart()
             return None
         if options.action is not None:
             raise ValueError(f"%distributed knows 'close' and 'restart', got {options.action!r}.")
-        if options.num_processes is not None or self.default_pool is None:
-            self._pool(options)
-        return self.default_pool
+        return self._pool(options)
 
     def _pool(self, options: Any) -> WorkerPool:
+        return self._choose(options)[0]
+
+    def _choose(self, options: Any) -> tuple[WorkerPool, bool]:
+        """The pool the options name, and whether its workers were started just now."""
         if options.pool is not None:
             pool = self.shell.user_ns.get(options.pool)
             if not isinstance(pool, WorkerPool):
@@ -101,7 +106,7 @@ class DistributedMagics(Magics):
                     f"--pool {options.pool}: no WorkerPool of that name in the notebook; "
                     f"create one first: {options.pool} = WorkerPool(num_processes=2)."
                 )
-            return pool
+            return pool, False
         wanted, place = options.num_processes, (options.cluster, options.num_nodes)
         if options.num_nodes is not None and options.cluster is None:
             raise ValueError(
@@ -109,14 +114,27 @@ class DistributedMagics(Magics):
                 "this machine only."
             )
         pool = self.default_pool
-        same_place = options.cluster is None or place == self.default_place
+        # --cluster NAME without --num-nodes keeps the nodes the pool has, as no -n keeps its size
+        named, nodes = self.default_place
+        same_place = options.cluster is None or (
+            options.cluster == named and options.num_nodes in (None, nodes)
+        )
         if pool is not None and same_place and wanted in (None, pool.num_processes):
-            return pool
+            if not pool.closed:
+                return pool, False
+            print(
+                "Starting new workers for the default pool, which was closed (what earlier "
+                "cells defined on its workers is lost).",
+                flush=True,
+            )
+            pool.restart()  # the same place and size: a cluster pool chooses its nodes again
+            return pool, True
         client = self._cluster(options.cluster) if options.cluster is not None else None
         if pool is not None:
+            if not pool.closed:
+                print(f"Closed the default pool of {pool.num_processes} workers.")
             pool.close()
             self.default_pool = None
-            print(f"Closed the default pool of {pool.num_processes} workers.")
         if client is not None:
             pool = WorkerPool(num_processes=wanted, num_nodes=options.num_nodes, cluster=client)
         else:
@@ -130,7 +148,7 @@ class DistributedMagics(Magics):
             "`%%distributed -n N` changes its size).",
             flush=True,
         )
-        return pool
+        return pool, True
 
     def _cluster(self, name: str) -> Any:
         """The Dask client (or cluster) named ``name`` in the notebook."""

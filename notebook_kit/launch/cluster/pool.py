@@ -47,7 +47,10 @@ _START_SLACK = 60.0  # beyond the rendezvous timeout: node processes import torc
 _ANSWER_SECONDS = 10.0  # after an interrupt or a check: how long the nodes get to answer
 _CLOSE_SECONDS = 10.0
 _TICK_SECONDS = 0.1
-CLOSED = "The pool was closed on every node (everything defined on the ranks is lost); create a new WorkerPool."  # noqa: E501
+CLOSED = (
+    "The pool was closed on every node (everything defined on the ranks is lost); "
+    "pool.restart() starts new nodes, as the next cell of the default %%distributed pool does."
+)
 
 
 class ClusterPoolError(ClusterWorkerError):

@@ -28,6 +28,7 @@ from notebook_kit.config.launch_plan import (
 from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.pool.options import cluster_plan, refuse_launch_only
 from notebook_kit.launch.pool.persistent import start_workers
 from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
 from notebook_kit.launch.pool.shipping import (
@@ -138,12 +139,12 @@ class WorkerPool:
     ) -> None:
         options = {k: v for k, v in locals().items() if k not in ("self", "send_limit")}
         send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
-        _refuse_launch_only(
+        refuse_launch_only(
             options.pop("max_restarts"), options.pop("isolate"), options.pop("min_nodes")
         )
         self._cluster_plan: ClusterPlan | None = None
         if options.pop("cluster") is not None:
-            self._cluster_plan = _cluster_plan(cluster, options, send_limit)
+            self._cluster_plan = cluster_plan(cluster, options, send_limit)
         else:
             self.plan: LaunchPlan = resolve_plan(options, "WorkerPool", isolate=True)
             if self.plan.num_nodes != 1:
@@ -156,17 +157,11 @@ class WorkerPool:
         prepare_live_view(self._live_setting)  # seconds the first time: not during a run
         main = sys.modules["__main__"].__dict__
         self._holdings = WorkerHoldings(main, hidden_names(), send_limit)
-        self._stop_flag = StopFlag()
         self._live = _LiveProcesses()
         self._generation = 0
         self._stopped_because: str | None = None
-        self._closed = False
         self._turns = Turns()
-        self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
-        # Opened before the first fork, so every generation of workers holds it: rank 0
-        # writes the trained weights there, tensor by tensor, instead of into its answer.
-        # (A cluster's nodes send them in rank 0's answer.)
-        self._weights_file = WeightsFile() if self._cluster_plan is None else None
+        self._open()
         with interrupt_latch():
             self._start()
 
@@ -193,6 +188,12 @@ class WorkerPool:
     def where(self) -> str:
         """Where the workers run: "2 processes on this machine ..." or the Dask workers."""
         return self._shape.banner()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`, and after a fault closed a cluster pool's nodes;
+        :meth:`restart` (or the default pool's next ``%%distributed`` cell) opens it again."""
+        return self._closed
 
     @property
     def restarts(self) -> int:
@@ -308,14 +309,20 @@ class WorkerPool:
     def restart(self) -> None:
         """Stop the workers and start new ones (everything defined on them is lost).
 
+        A closed pool starts new workers too: one closed by :meth:`close`, or a cluster pool
+        whose nodes a fault closed (a rank that died, a lost node, code an interrupt could
+        not reach).
+
         Raises:
             ForkSafetyError: The kernel can no longer fork (a CUDA context or a process group
                 appeared in it); the workers running now are kept.
         """
-        self._check_usable()
+        self._check_process()
         if self._cluster_plan is None:  # before stopping: a refused restart must not cost them
             check_fork_safety()
         self._stop("restart() was called")
+        if self._closed:
+            self._open()
         self._generation += 1
         self._start()
 
@@ -407,11 +414,27 @@ class WorkerPool:
 
     # -- the workers' lifetime -----------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def _check_process(self) -> None:
         if os.getpid() != self._live.pid:
             raise RuntimeError("A WorkerPool can only be used from the process that made it.")
+
+    def _check_usable(self) -> None:
+        self._check_process()
         if self._closed:
-            raise RuntimeError("This WorkerPool is closed; create a new one.")
+            raise RuntimeError(
+                "This WorkerPool is closed; pool.restart() starts new workers for it."
+            )
+
+    def _open(self) -> None:
+        """What the workers share with the kernel, and the finalizer that ends them: made
+        anew for each opening, as :meth:`_close_now` releases them."""
+        self._closed = False
+        self._stop_flag = StopFlag()
+        self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
+        # Opened before the first fork, so every generation of workers holds it: rank 0
+        # writes the trained weights there, tensor by tensor, instead of into its answer.
+        # (A cluster's nodes send them in rank 0's answer.)
+        self._weights_file = WeightsFile() if self._cluster_plan is None else None
 
     def _ensure_running(self) -> Backend:
         self._check_usable()
@@ -462,36 +485,3 @@ class WorkerPool:
     @property
     def _timeout(self) -> float | None:
         return (self._cluster_plan or self.plan).timeout
-
-
-def _refuse_launch_only(max_restarts: Any, isolate: Any, min_nodes: Any) -> None:
-    """Refuse what only a one-off launch means, instead of accepting and ignoring it."""
-    if min_nodes is not None:
-        raise ValueError(
-            f"min_nodes={min_nodes!r}: a WorkerPool never restarts on fewer nodes (its "
-            "workers' state would be lost). Leave it out; notebook_launcher(..., cluster=..., "
-            "max_restarts=N, min_nodes=K) restarts a run on the nodes that remain."
-        )
-    if max_restarts is not None and arguments.check_int("max_restarts", max_restarts, minimum=0):
-        raise ValueError(
-            f"max_restarts={max_restarts}: a WorkerPool never reruns a command (its workers' "
-            "state would be lost with them). Leave it out; after a failure, pool.restart() "
-            "starts new workers, and notebook_launcher(..., max_restarts=N) restarts a launch."
-        )
-    if arguments.check_bool("isolate", isolate) is not True:
-        raise ValueError(
-            "isolate=False: a WorkerPool always runs its ranks in forked workers. Leave it "
-            "out, or use notebook_launcher(..., num_processes=1) to run in this kernel."
-        )
-
-
-def _cluster_plan(cluster: Any, options: dict[str, Any], send_limit: int) -> ClusterPlan:
-    """Check what a cluster pool can honour before anything starts (docs/cluster.md)."""
-    from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
-
-    if send_limit != DEFAULT_SEND_LIMIT:
-        raise ValueError(
-            "send_limit= is not supported with cluster= yet: leave it at its default "
-            "(64 MiB is sent to every node at most)."
-        )
-    return resolve_cluster_plan(cluster, options)

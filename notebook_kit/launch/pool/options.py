@@ -1,0 +1,53 @@
+"""What a ``WorkerPool`` takes of a launch's settings, checked before anything starts.
+
+A pool keeps its workers' state, so the settings that would rerun or move a command are
+refused with what to use instead rather than accepted and ignored; a cluster pool is checked
+as a cluster launch is (:mod:`notebook_kit.launch.cluster.cluster_plan`).
+
+Runs in the kernel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from notebook_kit.config import arguments
+from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT
+
+if TYPE_CHECKING:
+    from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
+
+__all__ = ["cluster_plan", "refuse_launch_only"]
+
+
+def refuse_launch_only(max_restarts: Any, isolate: Any, min_nodes: Any) -> None:
+    """Refuse what only a one-off launch means, instead of accepting and ignoring it."""
+    if min_nodes is not None:
+        raise ValueError(
+            f"min_nodes={min_nodes!r}: a WorkerPool never restarts on fewer nodes (its "
+            "workers' state would be lost). Leave it out; notebook_launcher(..., cluster=..., "
+            "max_restarts=N, min_nodes=K) restarts a run on the nodes that remain."
+        )
+    if max_restarts is not None and arguments.check_int("max_restarts", max_restarts, minimum=0):
+        raise ValueError(
+            f"max_restarts={max_restarts}: a WorkerPool never reruns a command (its workers' "
+            "state would be lost with them). Leave it out; after a failure, pool.restart() "
+            "starts new workers, and notebook_launcher(..., max_restarts=N) restarts a launch."
+        )
+    if arguments.check_bool("isolate", isolate) is not True:
+        raise ValueError(
+            "isolate=False: a WorkerPool always runs its ranks in forked workers. Leave it "
+            "out, or use notebook_launcher(..., num_processes=1) to run in this kernel."
+        )
+
+
+def cluster_plan(cluster: Any, options: dict[str, Any], send_limit: int) -> ClusterPlan:
+    """Check what a cluster pool can honour before anything starts (docs/cluster.md)."""
+    from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
+
+    if send_limit != DEFAULT_SEND_LIMIT:
+        raise ValueError(
+            "send_limit= is not supported with cluster= yet: leave it at its default "
+            "(64 MiB is sent to every node at most)."
+        )
+    return resolve_cluster_plan(cluster, options)

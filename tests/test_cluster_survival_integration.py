@@ -25,8 +25,10 @@ import torch.distributed as dist
 import notebook_kit
 from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
+from notebook_kit.live import notebook_view
 from tests.optional import needs
 from tests.test_cluster_integration import assert_nothing_left, local_cluster
+from tests.test_live import Cell
 from tests.test_preemption_integration import _until_told
 
 pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
@@ -102,15 +104,19 @@ def _when(path: Path, then, within: float = 90.0) -> threading.Thread:
 
 
 def test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkpoint(
-    client, tmp_path, capsys
+    client, tmp_path, capsys, monkeypatch
 ):
+    """Shown in the notebook's live view: one view, whose summary counts every step once."""
+    cell = Cell()
+    monkeypatch.setattr(notebook_view, "display", cell.display)
     worker = _node_1_pid(client)
     marks = tmp_path / "marks"
     marks.mkdir()
     killer = _when(marks / "saved-4", lambda: os.kill(worker, signal.SIGKILL))
     final, start = notebook_launcher(
         _train, args=(str(tmp_path / "project"), str(marks), 0.15), num_processes=1,
-        num_nodes=2, min_nodes=1, max_restarts=1, cluster=client, live=False,
+        num_nodes=2, min_nodes=1, max_restarts=1, cluster=client,
+        observer=notebook_view.LiveObserver(),
     )  # fmt: skip
     killer.join()
     assert final == _STEPS - 1
@@ -127,6 +133,9 @@ def test_a_run_that_loses_a_dask_worker_restarts_on_what_is_left_from_its_checkp
     steps = [step for step, _ in record.metrics["loss"]]
     assert steps == list(range(_STEPS))
     assert record.metrics["attempt"] == [(step, float(step >= start)) for step in steps]
+    summary = cell.shown()[0]["text/plain"]  # then the plot and the ranks' output, once
+    assert [b for b in cell.shown() if "nk-summary" in b.get("text/html", "")] == cell.shown()[:1]
+    assert f" · {_STEPS} steps · " in summary and "after 1 restart" in summary, summary
     client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed worker
     assert_nothing_left(client)
 

@@ -181,7 +181,7 @@ def test_live_observer_reports_a_failed_rank(shown: list[dict[str, Any]]) -> Non
     flag.close()
 
 
-class _Cell:
+class Cell:
     """A cell's outputs as a front end keeps them: a display with an id is updated in place."""
 
     def __init__(self) -> None:
@@ -208,7 +208,7 @@ def test_a_restarted_launch_shows_one_view_in_place_of_the_last(
 ) -> None:
     """Each attempt's widgets take the place of the last attempt's summary, whose plot and
     output go: the cell ends with one summary, counting every step once, and one plot."""
-    cell = _Cell()
+    cell = Cell()
     monkeypatch.setattr(notebook_view, "display", cell.display)
     flag = StopFlag()
     observer = LiveObserver()

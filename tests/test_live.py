@@ -212,7 +212,8 @@ def test_a_restarted_launch_shows_one_view_in_place_of_the_last(
     monkeypatch.setattr(notebook_view, "display", cell.display)
     flag = StopFlag()
     observer = LiveObserver()
-    lost = WorkerFailure(1, None, None, "node 1 lost: its Dask worker left the cluster", "", 0.0)
+    lost = WorkerFailure(1, None, None, "node 1 lost: its Dask worker left the cluster", "", 1.0)
+    peer = WorkerFailure(0, None, "DistBackendError", "Connection closed by peer", "", 0.5)
     for attempt, steps in enumerate((range(0, 12), range(10, 20))):  # resumed at step 10
         observer.on_start(_info(flag))
         assert observer.box is not None and observer.box.comm is not None
@@ -223,17 +224,18 @@ def test_a_restarted_launch_shows_one_view_in_place_of_the_last(
         observer.on_message(0, BATCH_KIND, batch)
         observer.on_output(0, "stdout", f"attempt {attempt}")
         observer.on_tick()
-        failures = (lost,) if attempt == 0 else ()
+        failures = (peer, lost) if attempt == 0 else ()  # rank 0 failed for want of rank 1
         observer.on_finish(LaunchSummary((), 1.0, failures))
         if attempt == 0:
             assert cell.shown()[0]["text/plain"].startswith(
-                "Failed after 1.0 s: rank 1 (node 1 lost) · 12 steps"
+                "Failed after 1.0 s: rank 1 (node 1 lost), then rank 0 · 12 steps"
             )
     summary, figure, details = cell.shown()
     assert summary["text/plain"].startswith("Finished in ")
     assert " · 20 steps · loss 0.05 · after 1 restart\n" in summary["text/plain"]
     assert figure["image/png"].startswith(b"\x89PNG") and "attempt 1" in details["text/plain"]
-    assert last_run().steps == 20
+    record = last_run()
+    assert record.steps == 20 and record.attempts[0].failure.startswith("rank 1: node 1 lost")
     flag.close()
 
 

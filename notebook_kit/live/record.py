@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebook_kit.errors import choose_root_cause
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.progress import ProgressState
@@ -212,7 +213,8 @@ class RunRecorder:
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last
         info = self._info
-        first = summary.failures[0] if summary.failures else None
+        # The root cause, as the summary line and the WorkerError name it.
+        first = choose_root_cause(list(summary.failures)) if summary.failures else None
         failure = f"rank {first.rank}: {first.summary()}" if first is not None else None
         nodes = set(info.rank_nodes) if info is not None else set()
         self.attempts.append(

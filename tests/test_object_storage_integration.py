@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import time
 import uuid
 import warnings
@@ -322,10 +323,12 @@ def test_two_ranks_saving_to_storage_that_never_answers_both_raise_within_the_bo
 
 def test_a_missing_bucket_is_named_and_never_created(s3):
     accelerator = Accelerator()
-    _prepared(accelerator)
+    model, _, _ = _prepared(accelerator)
     missing = f"nbk-missing-{uuid.uuid4().hex[:8]}"
     with pytest.raises(CheckpointError, match=f"bucket .*'{missing}' does not exist"):
         accelerator.save_state(f"s3://{missing}/run", storage_options=s3.options)
+    with pytest.raises(CheckpointError, match=f"bucket .*'{missing}' does not exist"):
+        accelerator.save_model(model, f"s3://{missing}/model", storage_options=s3.options)
     assert not s3.filesystem().exists(missing)
 
 
@@ -362,3 +365,14 @@ def test_a_sharded_checkpoint_on_s3_goes_where_storage_options_say(s3, bucket, m
     loaded = {"weight": torch.zeros(2, 3)}
     dcp.load(loaded, **dcp_options(where, writing=False))
     assert torch.equal(loaded["weight"], state["weight"])
+
+
+def test_a_refused_connection_is_a_checkpoint_save_error_naming_the_url(s3):
+    with socket.socket() as closed:  # a port nothing listens on: every connection is refused
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    accelerator = Accelerator()
+    _prepared(accelerator)
+    options = {"client_kwargs": {"endpoint_url": endpoint}}
+    with pytest.raises(CheckpointSaveError, match=r"s3://any/run.*EndpointConnectionError"):
+        accelerator.save_state("s3://any/run", storage_options=options)

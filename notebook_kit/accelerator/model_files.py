@@ -17,8 +17,19 @@ from typing import Any
 
 import torch
 
-from notebook_kit.accelerator.checkpoint_files import MANIFEST, read_manifest, sharded_load_error
-from notebook_kit.accelerator.storage import StoragePath, is_local, storage_path
+from notebook_kit.accelerator.checkpoint_files import (
+    MANIFEST,
+    CheckpointError,
+    read_manifest,
+    sharded_load_error,
+)
+from notebook_kit.accelerator.storage import (
+    MissingRoot,
+    StoragePath,
+    check_root,
+    is_local,
+    storage_path,
+)
 
 __all__ = ["merge_sharded_weights", "parse_shard_size", "write_model_files"]
 
@@ -89,6 +100,10 @@ def write_model_files(
     """
     limit = parse_shard_size(max_shard_size)
     directory = storage_path(directory, name="save_directory")
+    try:
+        check_root(directory)  # mkdir would create a missing bucket
+    except MissingRoot as error:
+        raise CheckpointError(f"save_model to {directory}: {error} Nothing was saved.") from None
     directory.mkdir(parents=True, exist_ok=True)
     tensors = _tensors(state)
     shards = _shards(tensors, limit)

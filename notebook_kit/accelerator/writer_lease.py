@@ -3,14 +3,15 @@
 Two runs numbering checkpoints in one folder remove each other's saves (``total_limit``, the
 cleanup of unfinished saves) and load each other's state. So the first numbered save of a
 run takes ``project_dir/.checkpoint_writer.json`` (host, pid, since when, last renewed, a
-token of its own), and every later save renews it. A second run is refused at its first save with a
-:class:`~notebook_kit.accelerator.checkpoint_files.CheckpointError` naming the holder.
+token of its own), and every later save renews it. A second run is refused at its first
+save with a :class:`~notebook_kit.accelerator.checkpoint_files.CheckpointError` naming the
+holder.
 
 A lease lapses, and the next run takes it over, when its writer is gone: its pid no longer
-runs on this host, it was this very process (a cell run again), the run is a restart of a
-launch (``max_restarts``: the same run, maybe on other machines), or it was not renewed for
-:data:`LAPSE` seconds (a writer on another machine that died). The end of a launched
-function gives its lease back.
+runs on this host; it was this process or one of its ancestors (a cell run again, the kernel
+that launched this worker); the run is a restart of a launch (``max_restarts``: the same
+run, maybe on other machines); or it was not renewed for :data:`LAPSE` seconds (a writer on
+another machine that died). The end of a launched function gives its lease back.
 
 Example::
 
@@ -27,6 +28,7 @@ import socket
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from notebook_kit.accelerator.checkpoint_files import CheckpointError
@@ -117,7 +119,22 @@ def _lapsed(holder: dict[str, Any]) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
         return False
-    return pid == os.getpid() or not _running(pid)
+    return pid in _this_process_and_its_ancestors() or not _running(pid)
+
+
+def _this_process_and_its_ancestors() -> set[int]:
+    """This pid and its parents' (Linux ``/proc``; elsewhere this pid and its parent's): a
+    kernel that saved and then launched the workers hands its lease to them."""
+    pids, pid = {os.getpid()}, os.getppid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            break
+        parent = [line.split()[1] for line in status.splitlines() if line.startswith("PPid:")]
+        pid = int(parent[0]) if parent else 0
+    return pids
 
 
 def _running(pid: int) -> bool:

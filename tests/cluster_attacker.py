@@ -68,13 +68,13 @@ def attack_ray(address: str, marker: str) -> list[str]:
 
     ray.init(address=address, log_to_driver=False)
     try:
-        hubs = [
-            ray.get_actor(actor["name"], namespace=actor["namespace"])
-            for actor in ray.util.list_named_actors(all_namespaces=True)
-            if actor["name"].startswith("notebook_kit-hub-")
-        ]
         deadline = time.monotonic() + _FIND_SECONDS
-        while True:
+        while True:  # the kernel makes its hub with its first run
+            hubs = [
+                ray.get_actor(actor["name"], namespace=actor["namespace"])
+                for actor in ray.util.list_named_actors(all_namespaces=True)
+                if actor["name"].startswith("notebook_kit-hub-")
+            ]
             held = [(hub, run) for hub in hubs for run in ray.get(hub.runs.remote(), timeout=30)]
             if held or time.monotonic() > deadline:
                 break

@@ -7,7 +7,95 @@ from __future__ import annotations
 
 from tests.mutations import Edit, Mutation
 
+_WARMUP = "tests/test_warmup_integration.py::"
+
 MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "warmup-done-set-at-start",
+        "workers fork only once the warm-up's imports are done, never before they began",
+        (
+            Edit(
+                "launch/warmup.py",
+                "def _import_all() -> None:\n    try:\n",
+                "def _import_all() -> None:\n    _done.set()\n    try:\n",
+            ),
+        ),
+        (f"{_WARMUP}test_workers_fork_after_the_warm_up_even_when_its_thread_starts_late",),
+    ),
+    Mutation(
+        "ray-dead-nodes-places-present",
+        "a restart is offered the places of alive Ray nodes only",
+        (
+            # Ray lists a dead node with no resources, so its places leave the fresh read even
+            # without the "Alive" check: they stay where a read keeps every place it saw.
+            Edit(
+                "launch/cluster/ray_engine.py",
+                'if not node.get("Alive") or resources.get("CPU", 0) < 1:',
+                'if resources.get("CPU", 0) < 1:',
+            ),
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "        return set(self._read_places())\n",
+                "        self._read_places()\n        return set(self._places)\n",
+            ),
+            Edit(
+                "launch/cluster/ray_engine.py",
+                "        places = {n: p for n, p in self._read_places().items()"
+                " if n not in exclude}\n",
+                "        self._read_places()\n"
+                "        places = {n: p for n, p in self._places.items() if n not in exclude}\n",
+            ),
+        ),
+        ("tests/test_ray_integration.py::test_a_ray_node_that_left_offers_no_places_to_a_restart",),
+    ),
+    Mutation(
+        "live-view-imported-where-a-press-tears-it",
+        "no press leaves the live view's imports half done",
+        (
+            Edit(
+                "launch/launchers/base.py",
+                "    import_whole(functools.partial(prepare_live_view, live))\n",
+                "    prepare_live_view(live)\n",
+            ),
+        ),
+        (f"{_WARMUP}test_presses_during_the_live_views_first_imports_never_leave_them_half_done",),
+    ),
+    Mutation(
+        "restart-shows-a-second-view",
+        "a restarted launch leaves one live view, its summary naming the cause and each step once",
+        (
+            Edit(
+                "live/notebook_view.py",
+                "        if self._handle is not None:  # a restart: in place of the last",
+                "        if False:  # a restart: in place of the last",
+            ),
+        ),
+        ("tests/test_live.py::test_a_restarted_launch_shows_one_view_in_place_of_the_last",),
+    ),
+    Mutation(
+        "resumed-steps-counted-from-zero",
+        "a restarted run's summary counts every step once",
+        (
+            Edit(
+                "live/record.py",
+                "            return self.before + self.steps\n",
+                "            return self.steps\n",
+            ),
+        ),
+        ("tests/test_live.py::test_a_restarted_launch_shows_one_view_in_place_of_the_last",),
+    ),
+    Mutation(
+        "lost-node-summarised-as-exited",
+        "a failed run's summary names the root cause, a lost node as lost",
+        (
+            Edit(
+                "live/summary.py",
+                '        return failure.message.partition(":")[0]\n',
+                '        return "exited"\n',
+            ),
+        ),
+        ("tests/test_live.py::test_a_restarted_launch_shows_one_view_in_place_of_the_last",),
+    ),
     Mutation(
         "speed-newest-record-dropped-when-full",
         "under a flood of log calls the newest record of every rank arrives exactly",

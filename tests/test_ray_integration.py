@@ -328,6 +328,53 @@ def _started(starts: Path) -> list[str]:
     return sorted(line.split()[0] for line in starts.read_text().split("\n") if line)
 
 
+def _ray_node_ids(alive: bool) -> set[str]:
+    import ray
+
+    return {str(node["NodeID"]) for node in ray.nodes() if bool(node.get("Alive")) == alive}
+
+
+def _until(condition, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "the Ray cluster did not change in time"
+        time.sleep(0.2)
+
+
+def test_a_ray_node_that_left_offers_no_places_to_a_restart():
+    """A second Ray node joins, then leaves (its raylet stopped); Ray still lists it, dead,
+    and a restart's choice of workers must not count its places (the engine remembers every
+    place it has seen, for the names of those whose process died)."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from notebook_kit.launch.cluster.ray_engine import RayEngine
+
+    before = _ray_node_ids(alive=True)
+    ray_cli = Path(sys.executable).with_name("ray")
+    address = ray.get_runtime_context().gcs_address
+    joined = subprocess.Popen(
+        [str(ray_cli), "start", f"--address={address}", "--num-cpus=1", "--block",
+         "--object-store-memory=80000000", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _until(lambda: _ray_node_ids(alive=True) - before)
+        (new,) = _ray_node_ids(alive=True) - before
+        engine = RayEngine()
+        theirs = {name for name in engine.present() if new[:8] in name}
+        assert theirs, "the new Ray node's place is offered while it is alive"
+    finally:
+        joined.terminate()  # ray start --block stops the node's raylet and its processes
+        joined.wait(timeout=60)
+    _until(lambda: new in _ray_node_ids(alive=False))
+    assert not engine.present() & theirs
+    assert not set(engine.choose(None, 1)) & theirs
+    assert_nothing_left()
+
+
 def test_a_killed_node_is_node_lost_and_max_restarts_trains_again(tmp_path, capsys):
     starts = tmp_path / "starts"
     killed = _kill_node_1_once_started(starts)

@@ -80,7 +80,8 @@ def attack_ray(address: str, marker: str) -> list[str]:
                 break
             time.sleep(0.1)
         for hub, run in held:
-            ray.get(hub.put.remote(run, 0, forged_events(marker)), timeout=30)
+            for frame in forged_events(marker):  # each its own batch, as on Dask
+                ray.get(hub.put.remote(run, 0, [frame]), timeout=30)
         return [run for _, run in held]
     finally:
         ray.shutdown()

@@ -30,6 +30,8 @@ MUTATIONS: tuple[Mutation, ...] = (
             _CODEC + "test_a_frame_sealed_with_another_secret_is_refused_before_it_is_read",
             _LAUNCH_ATTACKED,
             _POOL_ATTACKED,
+            "tests/test_ray_integration.py::"
+            "test_a_forged_event_through_the_hub_actor_runs_nothing_and_the_launch_returns",
         ),
     ),
     Mutation(

@@ -114,16 +114,12 @@ class _Plain:
         if self.kinds.get(kind.__name__) is kind:
             fields = [getattr(value, f.name) for f in dataclasses.fields(value)]
             return msgpack.ExtType(_DATACLASS, pack([kind.__name__, fields], self.kinds))
-        for plain in (bool, int, float, str, bytes):  # a subclass (an IntEnum) as its base
-            if isinstance(value, plain):
-                return plain(value)
-        if isinstance(value, bytearray | memoryview):
-            return bytes(value)
+        # Anything else (a tensor, a subclass of a builtin, a user's value) keeps its type.
         return msgpack.ExtType(_PICKLED, cloudpickle.dumps(value))
 
 
 class _Rebuild:
-    """msgpack's hook for the extensions :func:`_plain` made: only the kinds it was given."""
+    """msgpack's hook for the extensions :class:`_Plain` made: only the kinds it was given."""
 
     def __init__(self, kinds: Mapping[str, type]) -> None:
         self.kinds = kinds

@@ -89,8 +89,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/storage.py",
-                '    own = {"skip_instance_cache": True, **options}',
-                "    own = dict(options)",
+                "            fsspec.get_filesystem_class(protocol).clear_instance_cache()",
+                "            fsspec.get_filesystem_class(protocol)",
             ),
         ),
         (f"{_S3}test_credentials_set_after_a_failed_save_are_used_by_the_next_one",),

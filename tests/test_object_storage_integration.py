@@ -333,11 +333,14 @@ def test_a_missing_bucket_is_named_and_never_created(s3):
 
 
 def test_credentials_set_after_a_failed_save_are_used_by_the_next_one(s3, bucket, monkeypatch):
+    from s3fs import S3FileSystem
+
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    S3FileSystem.clear_instance_cache()  # as in a kernel whose first save had no credentials
     config = ProjectConfiguration(project_dir=f"{bucket}/run", storage_options=s3.options)
     accelerator = Accelerator(project_config=config)
     _prepared(accelerator)

@@ -169,14 +169,12 @@ class CheckpointMethods:
 
     @contextlib.contextmanager
     def _storage_renewed_on_failure(self) -> Iterator[None]:
-        """A save or load that failed may have lacked credentials set since: the next one
-        gets a new filesystem for ``project_dir``, which reads them again (a URL given to
-        the call gets one every time)."""
+        """A save that failed may have lacked credentials set since: the next one gets new
+        filesystem objects, for ``project_dir`` and any URL, which read them again."""
         try:
             yield
         except Exception:
-            if self.project_dir is not None:
-                self.project_dir = fresh(self.project_dir)
+            self.project_dir = fresh(self.project_dir)
             raise
 
     def _drop_old_checkpoints(self) -> None:

@@ -15,7 +15,14 @@ from typing import Any
 
 from notebook_kit.accelerator.checkpoint_files import CheckpointError, CheckpointSaveError
 from notebook_kit.accelerator.operations import broadcast_object, gather_object, world_size
-from notebook_kit.accelerator.storage import MissingRoot, StoragePath, bounded, is_local, refresh
+from notebook_kit.accelerator.storage import (
+    MissingRoot,
+    StoragePath,
+    bounded,
+    is_local,
+    make_folder,
+    refresh,
+)
 
 __all__ = [
     "agree",
@@ -117,7 +124,7 @@ def check_shared(directory: StoragePath, staging: StoragePath, rank: int, which:
     size = world_size()
 
     def mark() -> None:
-        staging.mkdir(parents=True, exist_ok=True)
+        make_folder(staging)
         if size > 1:
             (staging / f".rank_{rank}").write_bytes(b"")
 

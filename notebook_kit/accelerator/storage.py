@@ -14,8 +14,8 @@ operations whose meaning differs between a disk and an object store are here:
 
 Credentials come from where the backend looks (environment, its config files) or from
 ``storage_options``; a URL that carries a password is refused, so none ever reaches a message.
-Each path gets a filesystem of its own, never fsspec's shared one, so a path made after the
-credentials changed (:func:`fresh`) reads them anew.
+After a failure, :func:`fresh` drops fsspec's shared filesystem objects, so the next save
+reads credentials anew (set in the kernel since, perhaps).
 
 Storage that stops answering fails a save in bounded time: an S3 client waits at most
 ``storage_timeout`` seconds for an answer, retries included (:func:`storage_timeout`), and
@@ -35,6 +35,7 @@ import re
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -55,6 +56,7 @@ __all__ = [
     "free_space",
     "fresh",
     "is_local",
+    "make_folder",
     "refresh",
     "remove_tree",
     "storage_path",
@@ -148,12 +150,12 @@ def _upath(url: str, protocol: str, options: dict[str, Any], name: str) -> Stora
 
 
 def _client_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with a filesystem of the path's own and, for S3, requests that give up.
+    """``options`` with, for S3, requests that give up.
 
     s3fs tries each call ``retries`` times, each with botocore's connect and read timeouts;
     botocore's own retries are turned off, so one call waits at most about the bound.
     """
-    own = {"skip_instance_cache": True, **options}
+    own = dict(options)
     if protocol in ("s3", "s3a"):
         from s3fs import S3FileSystem
 
@@ -164,9 +166,16 @@ def _client_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     return own
 
 
-def fresh(path: StoragePath) -> StoragePath:
-    """``path`` on a new filesystem object: credentials and options are read again."""
-    if is_local(path):
+def fresh(path: StoragePath | None) -> StoragePath | None:
+    """``path`` on a new filesystem object, after fsspec forgot the ones it shares: the next
+    use of any URL reads credentials and options again. For after a failure only: a new
+    client costs a few hundred milliseconds."""
+    for protocol in _BACKENDS:
+        with contextlib.suppress(ImportError, ValueError):
+            import fsspec
+
+            fsspec.get_filesystem_class(protocol).clear_instance_cache()
+    if path is None or is_local(path):
         return path
     return type(path)(str(path), **dict(path.storage_options))
 
@@ -254,6 +263,9 @@ def check_root(path: StoragePath) -> None:
     if is_local(path):
         return
     root = path.fs._strip_protocol(path.path).split("/", 1)[0]
+    found = _roots_found.setdefault(path.fs, set())
+    if root in found:  # asked once per filesystem: a bucket's listing can take a second
+        return
     try:
         path.fs.info(root)  # unlike exists(), lets missing credentials or a timeout through
     except FileNotFoundError:
@@ -262,6 +274,17 @@ def check_root(path: StoragePath) -> None:
             "one. Create it with your storage's console or command-line tool, or correct the "
             "name."
         ) from None
+    found.add(root)
+
+
+_roots_found: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def make_folder(path: StoragePath) -> None:
+    """Create the folder ``path`` where folders exist; on an object store a prefix needs
+    none, and its ``mkdir`` would create a missing bucket."""
+    if is_local(path) or path.protocol not in _BACKENDS:
+        path.mkdir(parents=True, exist_ok=True)
 
 
 def _is_upath(value: Any) -> bool:

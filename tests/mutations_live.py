@@ -85,6 +85,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_live.py::test_a_restarted_launch_shows_one_view_in_place_of_the_last",),
     ),
     Mutation(
+        "steps-from-one-counted-from-zero",
+        "a run that numbers its steps from 1 is counted 60 steps for 60, not 61",
+        (
+            Edit(
+                "live/record.py",
+                "        return 1 if self.first_logged == 1 else 0\n",
+                "        return 0\n",
+            ),
+        ),
+        (
+            "tests/test_live.py::test_steps_logged_from_one_or_now_and_then_count_as_the_steps_taken",
+        ),
+    ),
+    Mutation(
         "lost-node-summarised-as-exited",
         "a failed run's summary names the root cause, a lost node as lost",
         (

@@ -239,6 +239,24 @@ def test_a_restarted_launch_shows_one_view_in_place_of_the_last(
     flag.close()
 
 
+def test_steps_logged_from_one_or_now_and_then_count_as_the_steps_taken(
+    shown: list[dict[str, Any]],
+) -> None:
+    """Without a counter, the last logged step says how many were taken: 60 for steps 1..60
+    (the Trainer's numbering), 60 for every tenth step logged from step 9 to 59."""
+    for steps in (range(1, 61), range(9, 60, 10)):
+        flag = StopFlag()
+        observer = LiveObserver()
+        observer.on_start(_info(flag))
+        records = [(0, step, {"loss": 1.0 / step}) for step in steps]
+        observer.on_message(0, BATCH_KIND, {"records": records, "dropped": 0, "steps": 0})
+        observer.on_finish(LaunchSummary((), 1.0))
+        ending = [b["text/plain"] for b in shown if b["text/plain"].startswith("Finished")]
+        assert " · 60 steps · " in ending[-1], (steps, ending[-1])
+        assert last_run().steps == 60
+        flag.close()
+
+
 def _trainer_batch(steps: int) -> dict[str, Any]:
     """Records as the Trainer logs them: an ``epoch`` and a flat learning rate with each."""
     records = [

@@ -96,7 +96,8 @@ class RunProgress(ProgressState):
     A restarted attempt counts from zero again, yet resumes part-way (its first logged step).
     The steps before that point count as taken, once: the count is those plus the
     attempt's own, unless its counter already starts there (the Trainer reports its global
-    step). Logged steps are counted from the first one the launch logged (0 or 1).
+    step). Without a counter, the last logged step says how far it got; a launch whose first
+    logged step is 1 numbers its steps from 1 (the Trainer's global step), not 0.
 
     Example:
         >>> state = RunProgress(); state.first_logged = 0; state.resume_at(30, 32, 3)
@@ -106,24 +107,29 @@ class RunProgress(ProgressState):
 
     def __init__(self) -> None:
         super().__init__()
-        self.first_logged: int | None = None  # the launch's first logged step: 0 or 1, say
+        self.first_logged: int | None = None  # the launch's first logged step
         self.before = 0  # steps taken before the running attempt resumed
+
+    @property
+    def _first_number(self) -> int:
+        return 1 if self.first_logged == 1 else 0
 
     def resume_at(self, step: int, logged: int, counted: int) -> None:
         """A restarted attempt logged from ``step`` to ``logged`` in its first batch, in which
         rank 0 had counted ``counted`` steps."""
-        before = max(step - (self.first_logged if self.first_logged is not None else step), 0)
+        before = max(step - self._first_number, 0)
         # A counter that starts where the checkpoint left it (the Trainer's global step)
         # already holds the steps before it: more than this attempt has logged.
         self.before = 0 if before and counted >= before + logged - step + 1 else before
 
     @property
     def count(self) -> int:
+        """Steps taken: counted ones and those before a resume, else the last step logged."""
         if self.steps:
             return self.before + self.steps
-        if self.last_logged_step is None or self.first_logged is None:
-            return self.steps
-        return self.last_logged_step - self.first_logged + 1
+        if self.last_logged_step is None:
+            return 0
+        return self.last_logged_step - self._first_number + 1
 
 
 _last: RunRecord | None = None

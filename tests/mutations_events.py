@@ -57,8 +57,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/engine.py",
-                "held = self.client.scatter(secret, workers=[worker], direct=True, hash=False)",
-                "held = secret",
+                "            run_node, order, held.key, workers=[worker],",
+                "            run_node, order, secret, workers=[worker],",
+            ),
+            Edit(
+                "node/task.py",
+                "    secret = get_worker().data[secret_key]\n",
+                "    secret = secret_key if isinstance(secret_key, bytes) else b''\n",
             ),
         ),
         (_LAUNCH_ATTACKED,),

@@ -644,8 +644,8 @@ def test_a_node_task_run_again_refuses_to_train(client, tmp_path):
     settings = NodeSettings(notebook_kit.LaunchConfig(), 60.0, None)
     order = NodeOrder(names.run_id, 0, 1, "127.0.0.1", "lo", b"", settings, "notebook_kit/x/")
     try:
-        secret = bytes(32)  # refused before the node process hears anything sealed with it
-        report = client.submit(run_node, order, secret, pure=False).result(timeout=120)
+        secret = client.scatter(bytes(32), broadcast=True, hash=False)  # refused before use
+        report = client.submit(run_node, order, secret.key, pure=False).result(timeout=120)
     finally:
         for name in names.all_variables(1):
             Variable(name, client=client).delete()

@@ -257,12 +257,17 @@ def _signal(process: ZygoteChild, signum: int) -> None:
         process.send_signal(signum)
 
 
-def run_node(order: NodeOrder, secret: bytes) -> NodeReport:
+def run_node(order: NodeOrder, secret_key: str) -> NodeReport:
     """The Dask task of one node: run it, relay it, and report how it ended.
 
-    ``secret`` is the run's (the kernel scattered it to this worker directly: the scheduler
-    holds its key, never its bytes).
+    The run's secret is in this worker's memory under ``secret_key``: the kernel scattered it
+    here directly, and the scheduler holds its key, never its bytes. It is read here rather
+    than made the task's dependency, which Dask would cancel the moment the worker died, before
+    the kernel sees the worker leave.
     """
+    from distributed import get_worker
+
+    secret = get_worker().data[secret_key]
     return serve_node(order, DaskNodeLink(RunNames(order.run_id), order.node_rank), secret)
 
 

@@ -148,7 +148,7 @@ class DaskEngine:
         pinned there, reads it there."""
         held = self.client.scatter(secret, workers=[worker], direct=True, hash=False)
         future = self.client.submit(
-            run_node, order, held, workers=[worker], allow_other_workers=False, pure=False,
+            run_node, order, held.key, workers=[worker], allow_other_workers=False, pure=False,
             retries=0,
         )  # fmt: skip
         return _DaskTask(future, held)

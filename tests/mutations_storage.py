@@ -116,7 +116,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "accelerator/writer_lease.py",
-                "    return pid == os.getpid() or not _running(pid)",
+                "    return pid in _this_process_and_its_ancestors() or not _running(pid)",
                 "    return False",
             ),
         ),

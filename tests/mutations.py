@@ -2722,7 +2722,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "each step's data wait is the time spent in the loader's __next__",
         (
             Edit(
-                "runtime/throughput.py",
+                "runtime/step_clock.py",
                 "        self._next_step(now - asked if asked is not None else 0.0, now)\n",
                 "        self._next_step(0.0, now)\n",
             ),
@@ -2737,7 +2737,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the collective wait of a DDP step runs from its last gradient to the end of backward",
         (
             Edit(
-                "runtime/throughput.py",
+                "runtime/step_clock.py",
                 "    last.register_post_accumulate_grad_hook(_first_gradient)\n",
                 "    pass\n",
             ),

@@ -188,7 +188,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "only the training thread's collectives during a step count as its wait",
         (
             Edit(
-                "runtime/throughput.py",
+                "runtime/step_clock.py",
                 "        if self._began is not None and threading.get_ident() == self._owner:\n",
                 "        if self._began is not None:\n",
             ),
@@ -203,7 +203,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the wait of a step cut short by a break goes with it, not into the next pass's step",
         (
             Edit(
-                "runtime/throughput.py",
+                "runtime/step_clock.py",
                 "        self._waited = 0.0  # a step cut short by a break: its waits go with it\n",
                 "",
             ),

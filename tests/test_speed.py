@@ -177,7 +177,7 @@ def test_the_clock_splits_each_step_into_data_compute_and_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [0.0]
-    monkeypatch.setattr("notebook_kit.runtime.throughput.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("notebook_kit.runtime.step_clock.time.perf_counter", lambda: now[0])
     clock = StepClock()
     for _ in range(3):  # 2 s for the batch, then 5 s of backward ending in 1 s of all-reduce
         clock.asking()

@@ -21,7 +21,8 @@ from typing import Any
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext
 from notebook_kit.runtime.messages import MetricsBatch, Progress, plain_values
-from notebook_kit.runtime.throughput import SpeedCounter, StepClock
+from notebook_kit.runtime.step_clock import StepClock
+from notebook_kit.runtime.throughput import SpeedCounter
 
 __all__ = [
     "BATCH_KIND",

@@ -28,6 +28,7 @@ from notebook_kit.config.launch_plan import (
 from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.launchers.base import prepare_view
 from notebook_kit.launch.pool.options import cluster_plan, refuse_launch_only
 from notebook_kit.launch.pool.persistent import start_workers
 from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
@@ -43,7 +44,6 @@ from notebook_kit.launch.pool.turns import Turns, one_command_at_a_time
 from notebook_kit.launch.pool.view import RunView
 from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
 from notebook_kit.launch.preflight import check_fork_safety
-from notebook_kit.live.display import prepare_live_view
 from notebook_kit.live.observer import LaunchInfo
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.weights_file import WeightsFile
@@ -154,7 +154,7 @@ class WorkerPool:
                     "or cluster= for a pool on a Dask cluster's machines."
                 )
             check_fork_safety(self.plan.kernel)
-        prepare_live_view(self._live_setting)  # seconds the first time: not during a run
+        prepare_view(self._live_setting)  # seconds the first time, whole: not during a run
         main = sys.modules["__main__"].__dict__
         self._holdings = WorkerHoldings(main, hidden_names(), send_limit)
         self._live = _LiveProcesses()

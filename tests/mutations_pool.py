@@ -45,6 +45,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "default-pool-unchecked-after-a-lost-node",
+        "a node lost between cells closes the default pool, and its next cell starts new nodes",
+        (
+            Edit(
+                "launch/magic.py",
+                "                    pool.ensure_workers()\n",
+                "                    pass\n",
+            ),
+        ),
+        (_REVIVES,),
+    ),
+    Mutation(
         "cluster-option-replaces-the-default-pool",
         "%%distributed --cluster NAME without --num-nodes keeps the default pool and its nodes",
         (

@@ -6,8 +6,9 @@ it defines are there in the next ``%%distributed`` cell, rank 0's last expressio
 value, and what the workers print appears grouped by rank. The first such cell starts a default
 pool (and says so); ``-n`` picks its size, ``--cluster NAME`` puts it on the machines of the
 Dask client (or cluster) of that name in the notebook, ``--pool NAME`` uses a pool of your own
-instead. A default pool that was closed (a fault closes a cluster pool's nodes) starts new
-workers at its next cell, in the same place and of the same size.
+instead. A default pool that was closed (a fault closes a cluster pool's nodes, and so does a
+node lost between cells) starts new workers at its next cell, in the same place and of the same
+size.
 
 Example:
     %load_ext notebook_kit
@@ -24,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -120,6 +122,9 @@ class DistributedMagics(Magics):
             options.cluster == named and options.num_nodes in (None, nodes)
         )
         if pool is not None and same_place and wanted in (None, pool.num_processes):
+            if not pool.closed:
+                with contextlib.suppress(RuntimeError):  # it closes if a node was lost
+                    pool.ensure_workers()
             if not pool.closed:
                 return pool, False
             print(

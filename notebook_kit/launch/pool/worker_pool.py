@@ -195,6 +195,17 @@ class WorkerPool:
         :meth:`restart` (or the default pool's next ``%%distributed`` cell) opens it again."""
         return self._closed
 
+    @one_command_at_a_time
+    def ensure_workers(self) -> None:
+        """Check the workers before a command: a local pool whose workers ended starts new
+        ones; a cluster pool that lost a node since its last command is closed.
+
+        Raises:
+            RuntimeError: The pool is closed, or a cluster pool's nodes ended (it is closed
+                now; :meth:`restart` starts new nodes).
+        """
+        self._ensure_running()
+
     @property
     def restarts(self) -> int:
         """How many times the workers were started again after a fault."""

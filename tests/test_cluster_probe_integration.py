@@ -6,11 +6,12 @@ user's own Dask task is named at once, and only that worker.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
-from notebook_kit import notebook_launcher
+from notebook_kit import notebook_launcher, notebook_launcher_async
 from notebook_kit.launch.cluster.connect import choose_workers, current_workers
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
 from tests.optional import needs
@@ -58,7 +59,15 @@ def _hold(name: str) -> str:
     return "held"
 
 
-@pytest.mark.timeout(PROBE_TIMEOUT_SECONDS - 10)  # the silence this replaces lasted the timeout
+async def _launch_within(seconds: float, client) -> None:
+    """The launch, ended (with ``TimeoutError``) if it waits longer than ``seconds``."""
+    launch = notebook_launcher_async(
+        _all_reduce, cluster=client, num_nodes=2, num_processes=1, live=False
+    )
+    await asyncio.wait_for(launch, seconds)
+
+
+@pytest.mark.timeout(PROBE_TIMEOUT_SECONDS + 60)
 def test_a_worker_busy_with_the_users_own_task_is_named_at_once_and_alone(client):
     from distributed import Event
 
@@ -68,8 +77,8 @@ def test_a_worker_busy_with_the_users_own_task_is_named_at_once_and_alone(client
     try:
         while not client.processing([busy])[busy]:  # the worker has been given the task
             time.sleep(0.05)
-        with pytest.raises(ClusterSetupError) as refused:
-            notebook_launcher(_all_reduce, cluster=client, num_nodes=2, num_processes=1, live=False)
+        with pytest.raises(ClusterSetupError) as refused:  # the silence this replaces lasted
+            asyncio.run(_launch_within(PROBE_TIMEOUT_SECONDS - 20, client))  # the probe's bound
     finally:
         release.set()
     assert held.result(timeout=60) == "held"

@@ -305,7 +305,7 @@ def test_a_failing_rank_is_named_with_its_node_and_every_node_ends(
     with pytest.raises(WorkerError) as caught:
         notebook_launcher(
             function, args=(str(marker),), num_processes=1, num_nodes=2, cluster=client,
-            live=False,
+            live=False, timeout=40,  # a node left waiting ends here, failing the bound below
         )  # fmt: skip
     elapsed = time.time() - float(marker.read_text())
     error = caught.value

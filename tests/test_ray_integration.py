@@ -426,7 +426,8 @@ def kept():
 def test_a_ray_pool_keeps_its_ranks_between_cells_and_leaves_nothing():
     space = {"__name__": "__main__"}
     exec(_CELL, space)
-    pool = WorkerPool(cluster="ray", num_nodes=2, num_processes=1, live=False)
+    # timeout: a command the nodes never hear fails the test instead of waiting for ever
+    pool = WorkerPool(cluster="ray", num_nodes=2, num_processes=1, live=False, timeout=20)
     try:
         ranks = pool.pids
         assert len(ranks) == 2 and set(ranks) <= set(
@@ -474,7 +475,7 @@ def test_sigterm_to_a_ray_worker_lets_its_node_save_then_ends_the_worker(tmp_pat
     sender.start()
     step, reason = notebook_launcher(
         _until_told, args=(str(tmp_path / "project"), str(marks)), num_processes=1,
-        num_nodes=2, cluster="ray", live=False,
+        num_nodes=2, cluster="ray", live=False, timeout=35,  # bounded if the worker just dies
     )  # fmt: skip
     sender.join()
     assert (marks / "stopped-0").read_text() == (marks / "stopped-1").read_text() == str(step)

@@ -21,7 +21,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "frame's seal is checked before anything in it is read",
         (
             Edit(
-                "node/codec.py",
+                "runtime/codec.py",
                 "if len(mac) < MAC_BYTES or not hmac.compare_digest(mac, self._mac(data)):",
                 "if len(mac) < MAC_BYTES:",
             ),
@@ -40,10 +40,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "message is refused, never unpickled",
         (
             Edit(
-                "node/protocol.py",
-                "    message = unpack(seal.open(data), _KINDS)\n",
+                "runtime/codec.py",
+                "    message = unpack(data if seal is None else seal.open(data), kinds)\n",
                 "    try:\n"
-                "        message = unpack(seal.open(data), _KINDS)\n"
+                "        message = unpack(data if seal is None else seal.open(data), kinds)\n"
                 "    except ProtocolError:\n"
                 "        message = __import__('pickle').loads(data)\n",
             ),

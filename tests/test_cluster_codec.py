@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.node.codec import pack
+from notebook_kit.runtime.codec import pack
 from notebook_kit.node.protocol import (
     CheckGroup,
     ClosePool,

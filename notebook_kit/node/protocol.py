@@ -7,12 +7,12 @@ Three parties talk:
 - each **node task** (a Dask task, ``notebook_kit.node.task``) starts its node process and
   relays: kernel to node on the process's orders pipe, node to kernel as one Dask event
   holding a batch of encoded events;
-- the **node process** (``notebook_kit.launch.cluster.node_process``) runs the node's ranks
+- the **node process** (``notebook_kit.launch.node_process.process``) runs the node's ranks
   and sends its :data:`NodeEvent` and, last, its :data:`NodeOutcome`.
 
 Every message is a frozen dataclass of this module, turned into bytes by :func:`encode` and
 back by :func:`decode`, which checks the run's seal first and then that what arrived is one of
-the kinds expected there (:mod:`notebook_kit.node.codec`: plain data, never a pickle from
+the kinds expected there (:mod:`notebook_kit.runtime.codec`: plain data, never a pickle from
 whoever can post on the scheduler). Every party runs the same notebook_kit (the pre-flight
 probe checks the versions).
 
@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.node.codec import ProtocolError, Seal, pack, unpack
+from notebook_kit.runtime import codec
+from notebook_kit.runtime.codec import ProtocolError, Seal
 from notebook_kit.runtime.messages import (
     Failure,
     MetricsBatch,
@@ -91,7 +92,7 @@ T = TypeVar("T")
 
 def encode(message: Any, seal: Seal) -> bytes:
     """A message of this module as one frame: plain data, sealed with the run's secret."""
-    return seal.close(pack(message, _KINDS))
+    return codec.encode(message, _KINDS, seal)
 
 
 def decode(data: bytes, *kinds: type[T], seal: Seal) -> T:
@@ -100,11 +101,7 @@ def decode(data: bytes, *kinds: type[T], seal: Seal) -> T:
     Raises:
         ProtocolError: anything else (a forgery, another run's frame, damaged bytes).
     """
-    message = unpack(seal.open(data), _KINDS)
-    if not isinstance(message, kinds):
-        names = ", ".join(kind.__name__ for kind in kinds)
-        raise ProtocolError(f"expected {names}, got {type(message).__name__}")
-    return message
+    return codec.decode(data, _KINDS, *kinds, seal=seal)
 
 
 # -- the kernel's control variable ------------------------------------------------------------

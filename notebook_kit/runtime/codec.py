@@ -1,8 +1,13 @@
-"""How a cluster run's messages become bytes: plain data, sealed with the run's secret.
+"""How every message between processes becomes bytes: plain data, sealed where it must be.
 
-Anyone who can reach a Dask scheduler or a Ray cluster can read and post on a run's event
-topic, its command topic and its Ray hub. What the kernel or a node takes from there must never
-run code, so a frame is:
+One encoder and one decoder (:func:`encode`, :func:`decode`) for all of them: a worker's
+messages to the kernel (unsealed: the pipe is private to the kernel and the worker it forked),
+a cluster's events, orders and control values, a pool's commands, a zygote's requests. Each
+side names the closed set of dataclasses it expects (:func:`kinds_of`).
+
+On a cluster, anyone who can reach a Dask scheduler or a Ray cluster can read and post on a
+run's event topic, its command topic and its Ray hub. What the kernel or a node takes from
+there must never run code, so a frame is:
 
 - **sealed**: an HMAC-SHA256 of the rest under the run's 32-byte secret (:class:`Seal`), which
   the kernel makes for each run and hands each node's worker directly, never through the
@@ -14,7 +19,7 @@ run code, so a frame is:
 
 A frame that fails any of this raises :class:`ProtocolError`: the receiver drops it.
 
-Runs on every side of a cluster run (kernel, node task, node process).
+Runs in every process (kernel, worker, node task, node process), hence ``runtime``.
 """
 
 from __future__ import annotations
@@ -24,17 +29,28 @@ import hashlib
 import hmac
 import pickle
 import secrets
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import cloudpickle
 import msgpack
 
-__all__ = ["MAC_BYTES", "ProtocolError", "Seal", "pack", "unpack"]
+__all__ = [
+    "MAC_BYTES",
+    "ProtocolError",
+    "Seal",
+    "decode",
+    "encode",
+    "kinds_of",
+    "pack",
+    "unpack",
+]
 
 MAC_BYTES = 32  # an HMAC-SHA256 digest leads every sealed frame
 _SECRET_BYTES = 32
 _DATACLASS, _TUPLE, _PICKLED = 1, 2, 3  # msgpack extension codes
+T = TypeVar("T")
+Dumps = Callable[[Any], bytes]
 
 
 class ProtocolError(RuntimeError):
@@ -79,10 +95,44 @@ class Seal:
         return data
 
 
-def pack(message: Any, kinds: Mapping[str, type]) -> bytes:
+def kinds_of(*classes: type) -> dict[str, type]:
+    """The registry :func:`encode` and :func:`decode` take: each dataclass by its name."""
+    return {kind.__name__: kind for kind in classes}
+
+
+def encode(
+    message: Any, kinds: Mapping[str, type], seal: Seal | None = None, dumps: Dumps | None = None
+) -> bytes:
+    """``message`` as one frame: plain data (:func:`pack`), behind ``seal`` when one is given.
+
+    ``dumps`` pickles what is not plain data (default: cloudpickle); a worker passes one that
+    brings device tensors to the CPU.
+    """
+    data = pack(message, kinds, dumps)
+    return data if seal is None else seal.close(data)
+
+
+def decode(
+    data: bytes, kinds: Mapping[str, type], *expected: type[T], seal: Seal | None = None
+) -> T:
+    """The message ``data`` holds, checked against ``seal`` first (when given) and then to be
+    one of ``expected`` (any kind of ``kinds`` when none is named).
+
+    Raises:
+        ProtocolError: anything else (a forgery, another run's frame, damaged bytes).
+    """
+    message = unpack(data if seal is None else seal.open(data), kinds)
+    if expected and not isinstance(message, expected):
+        names = ", ".join(kind.__name__ for kind in expected)
+        raise ProtocolError(f"expected {names}, got {type(message).__name__}")
+    return message
+
+
+def pack(message: Any, kinds: Mapping[str, type], dumps: Dumps | None = None) -> bytes:
     """``message`` (a dataclass of ``kinds``, nested ones, builtins) as msgpack: plain data,
-    unsealed; what is none of these is pickled."""
-    return msgpack.packb(message, default=_Plain(kinds), use_bin_type=True, strict_types=True)
+    unsealed; what is none of these is pickled (by ``dumps``, default cloudpickle)."""
+    plain = _Plain(kinds, dumps or cloudpickle.dumps)
+    return msgpack.packb(message, default=plain, use_bin_type=True, strict_types=True)
 
 
 def unpack(data: bytes, kinds: Mapping[str, type]) -> Any:
@@ -104,18 +154,22 @@ def unpack(data: bytes, kinds: Mapping[str, type]) -> Any:
 class _Plain:
     """msgpack's hook for what it does not pack itself (``strict_types``: exact types only)."""
 
-    def __init__(self, kinds: Mapping[str, type]) -> None:
+    def __init__(self, kinds: Mapping[str, type], dumps: Dumps) -> None:
         self.kinds = kinds
+        self.dumps = dumps
 
     def __call__(self, value: Any) -> Any:
         if type(value) is tuple:
-            return msgpack.ExtType(_TUPLE, pack(list(value), self.kinds))
+            return msgpack.ExtType(_TUPLE, self._packed(list(value)))
         kind = type(value)
         if self.kinds.get(kind.__name__) is kind:
             fields = [getattr(value, f.name) for f in dataclasses.fields(value)]
-            return msgpack.ExtType(_DATACLASS, pack([kind.__name__, fields], self.kinds))
+            return msgpack.ExtType(_DATACLASS, self._packed([kind.__name__, fields]))
         # Anything else (a tensor, a subclass of a builtin, a user's value) keeps its type.
-        return msgpack.ExtType(_PICKLED, cloudpickle.dumps(value))
+        return msgpack.ExtType(_PICKLED, self.dumps(value))
+
+    def _packed(self, value: Any) -> bytes:
+        return msgpack.packb(value, default=self, use_bin_type=True, strict_types=True)
 
 
 class _Rebuild:

@@ -20,6 +20,7 @@ from notebook_kit.accelerator.strategies import fsdp_from_settings
 from notebook_kit.config.schema import SETTINGS
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime.context import LaunchContext, active_launch
+from notebook_kit.runtime.messages import MetricsBatch, decode
 
 
 @pytest.mark.parametrize(
@@ -215,7 +216,10 @@ def test_log_keeps_history_and_sends_to_the_kernel():
         accelerator.log({"loss": torch.tensor(0.5), "lr": 1}, step=3)
     assert accelerator.logged == [{"step": 3, "values": {"loss": 0.5, "lr": 1.0}}]
     received = MetricsAggregator()
-    assert all(received.add_message(0, kind, payload) for kind, payload in sent)
+    batches = [decode(0, kind, payload) for kind, payload in sent]
+    assert all(isinstance(batch, MetricsBatch) for batch in batches)
+    for batch in batches:
+        received.add_batch(batch)  # type: ignore[arg-type]
     assert received.histories() == {"loss": [(3, 0.5)], "lr": [(3, 1.0)]}
     with pytest.raises(TypeError, match="'name' is str"):
         accelerator.log({"name": "x"})

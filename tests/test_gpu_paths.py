@@ -34,6 +34,7 @@ from notebook_kit.launch.plan import make_plan
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime import metrics
 from notebook_kit.runtime.context import LaunchContext, active_launch
+from notebook_kit.runtime.messages import decode
 from notebook_kit.runtime.seeding import get_rng_states, set_rng_states
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 
@@ -76,7 +77,7 @@ def test_accelerator_log_of_tensors_never_reads_them_on_the_training_thread(monk
     expected = [real_item(loss) / 100 for loss in losses]
     received = MetricsAggregator()
     for kind, payload in sent:
-        received.add_message(0, kind, payload)
+        received.add_batch(decode(0, kind, payload))  # type: ignore[arg-type]
     assert [value for _, value in received.history("loss")] == pytest.approx(expected)
     assert [record["values"]["loss"] for record in accelerator.logged] == pytest.approx(expected)
 

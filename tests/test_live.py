@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import last_run
 from notebook_kit.live.stop_button import StopButton
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.metrics import BATCH_KIND
+from notebook_kit.runtime.messages import MetricsBatch, Progress
 
 
 def test_without_a_notebook_front_end_the_text_displays_are_chosen() -> None:
@@ -85,9 +86,9 @@ def _info(flag: StopFlag) -> LaunchInfo:
     return LaunchInfo("Launching 2 processes", 2, 2, (0, 1), flag)
 
 
-def _batch(steps: int, total: int | None = None) -> dict[str, Any]:
-    records = [(0, step, {"loss": 1.0 / (step + 1)}) for step in range(steps)]
-    return {"records": records, "dropped": 0, "steps": steps, "total": total}
+def _batch(steps: int, total: int | None = None) -> MetricsBatch:
+    records = tuple((0, step, {"loss": 1.0 / (step + 1)}) for step in range(steps))
+    return MetricsBatch(0, records, 0, Progress(steps, total))
 
 
 @pytest.fixture
@@ -119,16 +120,15 @@ def test_live_observer_sends_only_new_points_and_shows_progress_without_an_empty
     progress = observer.progress
     assert progress is not None and progress.fraction is None  # no total: no bar
     assert "progress-bar" not in progress.widget.value
-    observer.on_message(0, BATCH_KIND, _batch(30))
-    observer.on_message(1, BATCH_KIND, {**_batch(30), "dropped": 7})
+    observer.on_metrics(_batch(30))
+    observer.on_metrics(dataclasses.replace(_batch(30), rank=1, dropped=7))
     observer.on_tick()
     assert "progress-bar" not in progress.widget.value and progress.text.startswith("30 steps")
     assert ">30 steps" in progress.widget.value  # the text, in the one widget
     assert sent[-1]["points"]["loss"][0] == list(range(30))
     assert "7 metric records" in observer.status.value
     observer._last_refresh = 0.0
-    batch = {"records": [(0, 30, {"loss": 0.1})], "dropped": 0, "steps": 31, "total": 100}
-    observer.on_message(0, BATCH_KIND, batch)
+    observer.on_metrics(MetricsBatch(0, ((0, 30, {"loss": 0.1}),), 0, Progress(31, 100)))
     observer.on_tick()
     assert sent[-1] == {"points": {"loss": [[30], [0.1]]}}  # only the new step travels
     assert progress.fraction == 0.31 and 'class="progress-bar"' in progress.widget.value
@@ -144,8 +144,8 @@ def test_after_the_run_a_summary_png_and_rank_text_replace_the_widgets(
     observer = LiveObserver()
     observer.on_start(_info(flag))
     observer.on_output(1, "stdout", "epoch 3: val_loss 0.5")
-    observer.on_message(0, BATCH_KIND, _batch(30, total=30))
-    observer.on_message(0, "log", {"rank": 0, "step": 29, "values": {"val_loss": 0.5}})
+    observer.on_metrics(_batch(30, total=30))
+    observer.on_metrics(MetricsBatch(0, ((0, 29, {"val_loss": 0.5}),), None))
     observer.on_tick()
     flag.set()
     summary = LaunchSummary((RankSummary(0, 0, 2.0), RankSummary(1, 0, 2.0)), 2.1, stopped=True)
@@ -219,9 +219,8 @@ def test_a_restarted_launch_shows_one_view_in_place_of_the_last(
         assert observer.box is not None and observer.box.comm is not None
         assert [next(iter(b)) for b in cell.shown()] == [notebook_view._WIDGET_VIEW]
         counted = len(steps)  # rank 0's count starts again at every attempt
-        records = [(0, step, {"loss": 1.0 / (step + 1)}) for step in steps]
-        batch = {"records": records, "dropped": 0, "steps": counted, "total": None}
-        observer.on_message(0, BATCH_KIND, batch)
+        records = tuple((0, step, {"loss": 1.0 / (step + 1)}) for step in steps)
+        observer.on_metrics(MetricsBatch(0, records, 0, Progress(counted)))
         observer.on_output(0, "stdout", f"attempt {attempt}")
         observer.on_tick()
         failures = (peer, lost) if attempt == 0 else ()  # rank 0 failed for want of rank 1
@@ -248,8 +247,8 @@ def test_steps_logged_from_one_or_now_and_then_count_as_the_steps_taken(
         flag = StopFlag()
         observer = LiveObserver()
         observer.on_start(_info(flag))
-        records = [(0, step, {"loss": 1.0 / step}) for step in steps]
-        observer.on_message(0, BATCH_KIND, {"records": records, "dropped": 0, "steps": 0})
+        records = tuple((0, step, {"loss": 1.0 / step}) for step in steps)
+        observer.on_metrics(MetricsBatch(0, records, 0, Progress(0)))
         observer.on_finish(LaunchSummary((), 1.0))
         ending = [b["text/plain"] for b in shown if b["text/plain"].startswith("Finished")]
         assert " · 60 steps · " in ending[-1], (steps, ending[-1])
@@ -257,13 +256,13 @@ def test_steps_logged_from_one_or_now_and_then_count_as_the_steps_taken(
         flag.close()
 
 
-def _trainer_batch(steps: int) -> dict[str, Any]:
+def _trainer_batch(steps: int) -> MetricsBatch:
     """Records as the Trainer logs them: an ``epoch`` and a flat learning rate with each."""
     records = [
         (0, step, {"loss": 1.0 / (step + 1), "learning_rate": 5e-5, "epoch": (step + 1) / 10})
         for step in range(steps)
     ]
-    return {"records": records, "dropped": 0, "steps": steps, "total": None}
+    return MetricsBatch(0, tuple(records), 0, Progress(steps))
 
 
 def _finish(observer: LiveObserver) -> Any:
@@ -286,7 +285,7 @@ def test_a_logged_epoch_offers_an_x_axis_switch_and_the_plot_follows_it(
     # Published from the main thread, the controls' events would wait for the busy main shell.
     published: list[Any] = []
     monkeypatch.setattr(controls, "_send", lambda message, buffers=None: published.append(message))
-    observer.on_message(0, BATCH_KIND, _trainer_batch(30))
+    observer.on_metrics(_trainer_batch(30))
     observer.on_tick()
     spec = observer.plot.plot.spec
     assert spec["x_metric"] == "epoch" and published == []
@@ -317,7 +316,7 @@ def test_the_x_axis_is_chosen_in_code_and_is_the_step_by_default(
         observer = LiveObserver(x_axis=x_axis)
         observer.on_start(_info(flag))
         assert observer.plot.controls_widget.x_axis == x_axis  # the view starts with it
-        observer.on_message(0, BATCH_KIND, logged)
+        observer.on_metrics(logged)
         observer.on_tick()
         assert _finish(observer).axes[0].get_xlabel() == label, (x_axis, label)
         flag.close()
@@ -339,8 +338,8 @@ def test_the_live_view_opens_few_widget_models_and_closes_them_all(
     assert len(opened) <= 20, len(opened)  # 46 when each widget had its own layout and style
     layouts = {w.layout.model_id for w in opened if isinstance(w, ipywidgets.DOMWidget)}
     assert len(layouts) <= 7, len(layouts)  # the shared one, and those of fixed size
-    observer.on_message(0, BATCH_KIND, _batch(30, total=30))
-    observer.on_message(0, "log", {"rank": 0, "step": 29, "values": {"val_loss": 0.5}})
+    observer.on_metrics(_batch(30, total=30))
+    observer.on_metrics(MetricsBatch(0, ((0, 29, {"val_loss": 0.5}),), None))
     observer.on_tick()
     assert observer.table is not None and len(set(models) - before) <= 21
     _finish(observer)

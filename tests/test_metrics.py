@@ -17,6 +17,7 @@ from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.record import RunRecorder, last_run
 from notebook_kit.runtime import metrics, progress
 from notebook_kit.runtime.context import LaunchContext
+from notebook_kit.runtime.messages import MetricsBatch, Progress, decode
 from notebook_kit.runtime.metrics import BATCH_KIND, WorkerChannel
 
 
@@ -43,9 +44,11 @@ def test_steps_default_to_each_ranks_call_count() -> None:
 
 def test_single_records_from_the_accelerator_are_understood() -> None:
     aggregator = MetricsAggregator()
-    taken = aggregator.add_message(1, "log", {"rank": 1, "step": 3, "values": {"acc": 0.5}})
+    taken = decode(1, "log", {"rank": 1, "step": 3, "values": {"acc": 0.5}})
+    assert isinstance(taken, MetricsBatch)
+    aggregator.add_batch(taken)
     assert taken and aggregator.history("acc") == [(3, 0.5)]
-    assert not aggregator.add_message(1, "something else", {})
+    assert not decode(1, "something else", {})
 
 
 def _context(send: Any, rank: int = 0, world_size: int = 2) -> LaunchContext:
@@ -72,7 +75,7 @@ def test_a_blocked_kernel_never_blocks_log_and_drops_are_counted() -> None:
     metrics.close_channel(context)
     aggregator = MetricsAggregator()
     for kind, payload in sent:
-        aggregator.add_message(0, kind, payload)
+        aggregator.add_batch(decode(0, kind, payload))  # type: ignore[arg-type]
     received = len(aggregator.history("loss"))
     assert received + channel.dropped == 1000
     assert aggregator.total_dropped == channel.dropped
@@ -125,13 +128,13 @@ def test_outside_a_launch_logging_does_nothing(capsys: pytest.CaptureFixture[str
 
 def test_progress_uses_total_then_epoch_length_then_logged_steps() -> None:
     state = ProgressState()
-    state.take(0, BATCH_KIND, {"records": [(0, 4, {"loss": 1.0})], "steps": 0})
+    state.take_batch(MetricsBatch(0, ((0, 4, {"loss": 1.0}),), progress=Progress(0)))
     assert (state.count, state.expected) == (5, None)
-    state.take(0, BATCH_KIND, {"records": [], "steps": 12, "epoch_length": 10})
+    state.take_batch(MetricsBatch(0, (), progress=Progress(12, epoch_length=10)))
     assert (state.count, state.expected) == (12, 20)  # into the second epoch
-    state.take(0, BATCH_KIND, {"records": [], "steps": 12, "total": 40})
+    state.take_batch(MetricsBatch(0, (), progress=Progress(12, 40)))
     assert state.expected == 40
-    state.take(1, BATCH_KIND, {"records": [], "steps": 99})  # only rank 0 counts
+    state.take_batch(MetricsBatch(1, (), progress=Progress(99)))  # only rank 0 counts
     assert state.count == 12
 
 
@@ -145,8 +148,8 @@ def test_progress_line_is_compact() -> None:
 
 def test_recorder_keeps_the_last_run() -> None:
     recorder = RunRecorder()
-    recorder.on_message(0, "log", {"rank": 0, "step": 0, "values": {"loss": 1.0}})
-    recorder.on_message(1, "log", {"rank": 1, "step": 0, "values": {"loss": 2.0}})
+    recorder.on_metrics(MetricsBatch(0, ((0, 0, {"loss": 1.0}),), None))
+    recorder.on_metrics(MetricsBatch(1, ((1, 0, {"loss": 2.0}),), None))
     summary = LaunchSummary(
         ranks=(RankSummary(0, 0, 1.5), RankSummary(1, 0, 1.4)), duration=1.6, stopped=True
     )
@@ -164,7 +167,7 @@ def _feed(aggregator: MetricsAggregator, start: int, stop: int, ranks: int = 2) 
     for first in range(start, stop, 1000):
         for rank in range(ranks):
             records = [(rank, s, {"loss": float(s + rank)}) for s in range(first, first + 1000)]
-            aggregator.add_message(rank, BATCH_KIND, {"rank": rank, "records": records})
+            aggregator.add_batch(MetricsBatch(rank, tuple(records), progress=Progress()))
 
 
 def _held_by_the_aggregator() -> int:

@@ -24,7 +24,7 @@ from notebook_kit.live.plot_layout import (
 from notebook_kit.live.progress import RateClock, progress_text
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.summary import summary_line
-from notebook_kit.runtime.metrics import BATCH_KIND
+from notebook_kit.runtime.messages import MetricsBatch
 
 
 def test_few_metric_groups_get_a_panel_each_and_many_are_merged_by_family() -> None:
@@ -84,14 +84,14 @@ def test_ema_is_tensorboards_debiased_average() -> None:
 
 def test_the_feed_hands_out_only_new_points_and_corrects_a_late_rank() -> None:
     feed = PointFeed(kept_steps=4)
-    feed.add_message(0, BATCH_KIND, {"records": [(0, s, {"loss": 1.0}) for s in range(3)]})
+    feed.add_batch(MetricsBatch(0, tuple((0, s, {"loss": 1.0}) for s in range(3))))
     assert feed.take() == {"loss": ([0, 1, 2], [1.0, 1.0, 1.0])}
     assert feed.take() == {}
-    feed.add_message(1, BATCH_KIND, {"records": [(1, 2, {"loss": 3.0}), (1, 3, {"loss": 5.0})]})
+    feed.add_batch(MetricsBatch(1, ((1, 2, {"loss": 3.0}), (1, 3, {"loss": 5.0}))))
     assert feed.take() == {"loss": ([2, 3], [2.0, 5.0])}  # step 2 now the mean of both ranks
-    feed.add_message(0, "log", {"rank": 0, "step": None, "values": {"acc": 0.5}})
+    feed.add_batch(MetricsBatch(0, ((0, None, {"acc": 0.5}),), None))
     assert feed.take() == {"acc": ([3], [0.5])}  # step=None numbered after rank 0's last step
-    feed.add_message(0, BATCH_KIND, {"records": [(0, s, {"loss": 1.0}) for s in range(4, 40)]})
+    feed.add_batch(MetricsBatch(0, tuple((0, s, {"loss": 1.0}) for s in range(4, 40))))
     assert len(feed._sums["loss"]) <= 8 and feed.counts["loss"] == 40  # bounded, still counted
 
 
@@ -206,5 +206,5 @@ def test_thousands_of_metrics_and_huge_names_give_a_capped_legend_and_summary() 
     assert len(line) < 200 and line.endswith(" · +4,997 more"), line
     assert progress_line(2, None, 1.0, latest).endswith(" · +4,995 more")
     recorder = RunRecorder()  # what last_run() keeps: every name exactly as logged
-    recorder.on_message(0, "log", {"rank": 0, "step": 0, "values": latest})
+    recorder.on_metrics(MetricsBatch(0, ((0, 0, latest),), None))
     assert set(recorder.finish(done).metrics) == set(latest)

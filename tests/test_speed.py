@@ -18,7 +18,7 @@ from notebook_kit.live.plot import draw_metrics, new_figure
 from notebook_kit.live.record import last_run
 from notebook_kit.live.speed import SpeedTracker, _lagging, speed_line
 from notebook_kit.runtime.context import LaunchContext, StopFlag
-from notebook_kit.runtime.messages import MetricsBatch, RankSpeed, decode
+from notebook_kit.runtime.messages import MetricsBatch, Progress, RankSpeed, decode
 from notebook_kit.runtime.metrics import BATCH_KIND, step_clock, waiting_on_ranks
 from notebook_kit.runtime.peak_flops import peak_flops
 from notebook_kit.runtime.throughput import (
@@ -33,10 +33,9 @@ _MIB = 2**20
 _SUMMARY = LaunchSummary((RankSummary(0, 0, 4.0), RankSummary(1, 0, 4.0)), 4.2)
 
 
-def _batch(rank: int, speed: RankSpeed | None, steps: int = 4) -> dict[str, Any]:
+def _batch(rank: int, speed: RankSpeed | None, steps: int = 4) -> MetricsBatch:
     records = [(rank, step, {"loss": 1.0}) for step in range(steps)]
-    message = MetricsBatch(rank, tuple(records), progress=None, speed=speed)
-    return message.payload()
+    return MetricsBatch(rank, tuple(records), progress=Progress(0), speed=speed)
 
 
 @pytest.fixture
@@ -48,7 +47,7 @@ def shown(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 def test_rank_speed_travels_in_a_metrics_batch_and_old_senders_still_decode() -> None:
     speed = RankSpeed(samples=32, batches=4, tokens=100, seconds=2.0, peak_memory_bytes=7)
-    decoded = decode(0, BATCH_KIND, _batch(1, speed))
+    decoded = decode(0, BATCH_KIND, _batch(1, speed).payload())
     assert isinstance(decoded, MetricsBatch) and decoded.speed == speed
     old = decode(0, BATCH_KIND, {"rank": 1, "records": [], "steps": 0})
     assert isinstance(old, MetricsBatch) and old.speed is None
@@ -126,7 +125,7 @@ def test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary(
     observer.on_start(LaunchInfo("Launching 2 processes", 2, 2, (0, 1), flag))
     assert observer.speed is None  # nothing counted yet: no line, no model
     speed = RankSpeed(32, 4, None, 2.0, 300 * _MIB, timed_steps=3, step_seconds=1.5)
-    observer.on_message(0, BATCH_KIND, _batch(0, speed))
+    observer.on_metrics(_batch(0, speed))
     observer.on_tick()
     assert observer.speed is not None and "16.0 samples/s" in observer.speed.value
     children = list(observer.box.children)  # type: ignore[union-attr]
@@ -152,7 +151,7 @@ def test_without_counts_or_metrics_the_views_show_nothing_new(
     flag = StopFlag()
     observer = LiveObserver()
     observer.on_start(LaunchInfo("Launching 2 processes", 2, 2, (0, 1), flag))
-    observer.on_message(0, BATCH_KIND, _batch(0, memory_only, steps=0))
+    observer.on_metrics(_batch(0, memory_only, steps=0))
     observer.on_tick()
     observer.on_finish(_SUMMARY)
     assert observer.speed is None and "speed" not in shown[1]["text/plain"]
@@ -333,7 +332,7 @@ def test_the_view_of_a_cluster_run_adds_a_line_per_node(shown: list[dict[str, An
     observer = LiveObserver()
     observer.on_start(LaunchInfo("Launching 2 nodes", 1, 2, (0, 1), flag, rank_nodes=(0, 1)))
     for rank in (0, 1):
-        observer.on_message(rank, BATCH_KIND, _batch(rank, _timed(12, 0.1, 0.01, 0.02)))
+        observer.on_metrics(_batch(rank, _timed(12, 0.1, 0.01, 0.02)))
     observer.on_finish(_SUMMARY)
     text = shown[1]["text/plain"].splitlines()
     assert text[2:4] == [

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from notebook_kit.runtime.messages import MetricsBatch, decode
+from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["MAX_POINTS", "MetricStats", "MetricsAggregator"]
 
@@ -261,14 +260,6 @@ class MetricsAggregator:
                 series.add(rank, step, float(value))
             added += 1
         self.version += added
-
-    def add_message(self, rank: int, kind: str, payload: Any) -> bool:
-        """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
-        batch = decode(rank, kind, payload)
-        if not isinstance(batch, MetricsBatch):
-            return False
-        self.add_batch(batch)
-        return True
 
     def drop_from(self, step: int) -> None:
         """Forget every value logged at ``step`` and later: a run restarted from a checkpoint

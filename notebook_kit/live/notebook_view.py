@@ -40,7 +40,7 @@ from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.shared_models import SharedModels
 from notebook_kit.live.stop_button import StopButton
 from notebook_kit.live.summary import details_bundle, figure_bundle, summary_bundle, summary_line
-from notebook_kit.runtime.messages import MetricsBatch, decode
+from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["LiveObserver"]
 
@@ -162,12 +162,6 @@ class LiveObserver:
         if resumed is not None:  # a restart logs these steps again: they replace the old
             self.plot.resume(self.recorder.metrics, self.recorder.restarts, drop_from=resumed)
         self.plot.on_metrics(batch)
-
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        """Take ``(kind, payload)`` as a launch context sends it (other kinds are ignored)."""
-        batch = decode(rank, kind, payload)
-        if isinstance(batch, MetricsBatch):
-            self.on_metrics(batch)
 
     def on_tick(self) -> None:
         if self._shown_at is not None and not self._broken and self._route_due(self._shown_at):

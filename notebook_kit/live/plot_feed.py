@@ -11,9 +11,8 @@ so memory stays bounded however long the run; the final picture is drawn from th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from notebook_kit.runtime.messages import MetricsBatch, decode
+from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["PointFeed", "Points"]
 
@@ -26,8 +25,7 @@ class PointFeed:
 
     Example:
         >>> feed = PointFeed()
-        >>> feed.add_message(0, "log", {"rank": 0, "step": 3, "values": {"loss": 1.0}})
-        >>> feed.add_message(1, "log", {"rank": 1, "step": 3, "values": {"loss": 3.0}})
+        >>> feed.add_batch(MetricsBatch(0, ((0, 3, {"loss": 1.0}), (1, 3, {"loss": 3.0}))))
         >>> feed.take()
         {'loss': ([3], [2.0])}
     """
@@ -39,12 +37,6 @@ class PointFeed:
         self._sums: dict[str, dict[int, list[float]]] = {}  # name -> step -> [sum, count]
         self._changed: dict[str, set[int]] = {}
         self._auto_steps: dict[int, int] = {}
-
-    def add_message(self, rank: int, kind: str, payload: Any) -> None:
-        """Take ``(kind, payload)`` as a launch context sends it; other kinds are ignored."""
-        batch = decode(rank, kind, payload)
-        if isinstance(batch, MetricsBatch):
-            self.add_batch(batch)
 
     def add_batch(self, batch: MetricsBatch) -> None:
         for record_rank, step, values in batch.records:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from notebook_kit.runtime.messages import MetricsBatch, Progress, decode
+from notebook_kit.runtime.messages import MetricsBatch, Progress
 
 __all__ = ["ProgressState", "RateClock", "format_duration", "format_rate", "progress_text"]
 
@@ -39,12 +38,6 @@ class ProgressState:
         self.total = progress.total
         if progress.epoch_length is not None and self.epoch_length is None:
             self.epoch_length = progress.epoch_length
-
-    def take(self, rank: int, kind: str, payload: Any) -> None:
-        """Take ``(kind, payload)`` as a launch context sends it; other kinds are ignored."""
-        batch = decode(rank, kind, payload)
-        if isinstance(batch, MetricsBatch):
-            self.take_batch(batch)
 
     def take_batch(self, batch: MetricsBatch) -> None:
         """Follow rank 0: its counters, and the steps it logged."""

@@ -15,7 +15,7 @@ from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.speed import Speed, SpeedTracker, speed_line
-from notebook_kit.runtime.messages import MetricsBatch, decode
+from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["Attempt", "RunProgress", "RunRecord", "RunRecorder", "last_run"]
 
@@ -153,7 +153,7 @@ class RunRecorder:
 
     Example::
 
-        recorder = RunRecorder(); recorder.on_message(0, "log", payload)
+        recorder = RunRecorder(); recorder.on_metrics(batch)
     """
 
     def __init__(self) -> None:
@@ -173,14 +173,6 @@ class RunRecorder:
         self._counted = 0  # the attempt's first count from rank 0, once one is seen
         if self.attempts:  # a restart counts from zero: its steps are added once it resumes
             self.progress.steps = 0
-
-    def on_message(self, rank: int, kind: str, payload: Any) -> bool:
-        """Take ``(kind, payload)`` as a launch context sends it; False unless it is metrics."""
-        batch = decode(rank, kind, payload)
-        if not isinstance(batch, MetricsBatch):
-            return False
-        self.on_metrics(batch)
-        return True
 
     def on_metrics(self, batch: MetricsBatch) -> int | None:
         """Take a batch's metrics and progress.

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
     from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
-    from notebook_kit.launch.cluster.local import local_cluster
+    from notebook_kit.launch.cluster.engines.dask_local import local_cluster
     from notebook_kit.launch.launcher import notebook_launcher, notebook_launcher_async
     from notebook_kit.launch.panel import ConfigPanel
     from notebook_kit.launch.pool.worker_pool import WorkerPool

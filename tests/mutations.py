@@ -780,7 +780,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a keeper that died is made again by the next launch",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "            _deaths[key] = _deaths.get(key, 0) + 1\n",
                 "            return made\n",
             ),
@@ -808,7 +808,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a running node's control read waits in the hub for a change",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "                await asyncio.wait_for(state.changed.wait(), wait)\n",
                 "                pass\n",
             ),
@@ -824,7 +824,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a kernel joined as a Ray client runs the cell again on that connection",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "getattr(client.get_context().client_worker, ",
                 "getattr(client.client_worker, ",
             ),
@@ -836,7 +836,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a ray:// handle that no head takes is refused at once, naming the fix",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "        socket.create_connection((host, port), timeout=_REACH_SECONDS).close()\n",
                 "        pass\n",
             ),
@@ -848,7 +848,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "after a failed Ray client connection the kernel can join a cluster again",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "    except BaseException as error:\n        ray.shutdown()\n",
                 "    except BaseException as error:\n",
             ),
@@ -875,7 +875,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a lease tick alone wakes no node's control read",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "        moved = _but_lease(control) != _but_lease(state.control)\n",
                 "        moved = True\n",
             ),
@@ -891,7 +891,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a Ray node's processes come from the kernel's keeper, which outlives Ray's workers",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "        return self._zygote\n",
                 "        return local_zygote(env).path\n",
             ),
@@ -1662,7 +1662,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "nodes that share a host share its cores as the ranks of one launch would",
         (
             Edit(
-                "launch/cluster/node_process.py",
+                "launch/node_process/process.py",
                 " * max(order.host_nodes, 1)\n",
                 "\n",
             ),
@@ -1695,7 +1695,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster pool's node processes stay and serve every run (pids unchanged)",
         (
             Edit(
-                "launch/cluster/node_process.py", "        if order.pool:\n", "        if False:\n"
+                "launch/node_process/process.py", "        if order.pool:\n", "        if False:\n"
             ),
         ),
         (
@@ -1752,7 +1752,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the Stop button ends a cluster pool's run on every node at the same step",
         (
             Edit(
-                "launch/cluster/node_pool.py",
+                "launch/node_process/pooling.py",
                 "                if order.seq == self.current:\n"
                 "                    self.stop_flag.set()\n",
                 "                if order.seq == self.current:\n                    pass\n",
@@ -2223,7 +2223,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "never pickled, and FSDP's weights come home whole",
         (
             Edit(
-                "launch/cluster/node_launch.py",
+                "launch/node_process/launch.py",
                 "    if plan.node_rank != 0:\n"
                 "        call = (OffHomeCall(function), args, kwargs)\n",
                 "",
@@ -2270,7 +2270,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "NOTEBOOK_KIT_RESTART_COUNT counts a cluster's restarts as a local launch's",
         (
             Edit(
-                "launch/cluster/node_launch.py",
+                "launch/node_process/launch.py",
                 "        total = self.restarts_before + restart_count\n",
                 "        total = restart_count\n",
             ),
@@ -2282,7 +2282,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a node's stall report is printed in the kernel",
         (
             Edit(
-                "launch/cluster/node_launch.py",
+                "launch/node_process/launch.py",
                 "                self._relay.send(NodePrint(line))\n",
                 "                pass\n",
             ),
@@ -2398,7 +2398,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "leaves its workers running",
         (
             Edit(
-                "launch/cluster/local.py",
+                "launch/cluster/engines/dask_local.py",
                 "        start_new_session=True,",
                 "        start_new_session=False,",
             ),
@@ -2413,7 +2413,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "node 0 binds its rendezvous socket on an IPv6 address too",
         (
             Edit(
-                "launch/cluster/node_process.py",
+                "launch/node_process/process.py",
                 '    if ":" not in host:\n        return open_rendezvous_socket(host, None)\n',
                 "    return open_rendezvous_socket(host, None)\n",
             ),
@@ -2554,7 +2554,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "SIGTERM to a node process lets its ranks save: should_stop() on every rank at one step",
         (
             Edit(
-                "launch/cluster/node_process.py",
+                "launch/node_process/process.py",
                 "        signal.signal(signal.SIGTERM, lambda signum, frame: relay.preempt())\n",
                 "",
             ),
@@ -3000,7 +3000,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a run on Ray leaves no placement group behind",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 """        if run.group is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(run.group)
@@ -3015,7 +3015,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the nodes' events reach the kernel on Ray (metrics, output, the final step)",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 """        for batch in batches:
             events(batch)
 """,
@@ -3031,7 +3031,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a node whose Ray worker process died is named lost with the cause",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 """    if isinstance(error, exceptions.WorkerCrashedError):
         return "its Ray worker process died"
 """,
@@ -3045,7 +3045,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "without ray, cluster='ray' says how to install it",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 """runs the launch on a Ray cluster, which needs ray: {INSTALL_HINT}."
 """,
                 """runs the launch on a Ray cluster, which needs ray."
@@ -3062,7 +3062,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "on Ray, a node asked to end (another node lost) ends with its outcome, not lost itself",
         (
             Edit(
-                "launch/cluster/node_process.py",
+                "launch/node_process/process.py",
                 "    _take_signals()\n",
                 "",
             ),
@@ -3074,7 +3074,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a pool on Ray hears every command, in order (its ranks keep their state between cells)",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 """            for command in commands:
                 commanded(command)
 """,
@@ -3105,7 +3105,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the kernel's hub drops a run's state when the run ends",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "        state = self._runs.pop(run, None)\n",
                 "        state = self._runs.get(run)\n",
             ),
@@ -3120,7 +3120,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a control value published as the run ends does not bring the run back into the hub",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "            if run in self._forgotten:  # a publish that crossed",
                 "            if False:  # a publish that crossed",
             ),
@@ -3132,7 +3132,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a node's claim that reaches the hub before the kernel's first call for the run asks again",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "            return False if run in self._forgotten else None\n",
                 "            return False\n",
             ),
@@ -3144,7 +3144,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "one hub per kernel serves every run: its process is not started again for each",
         (
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "    if made is not None:\n        try:",
                 "    if False:\n        try:",
             ),
@@ -3156,7 +3156,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "SIGTERM to a node's Ray worker lets the node's ranks save before the worker ends",
         (
             Edit(
-                "node/ray_task.py",
+                "node/links/ray.py",
                 "        previous = signal.signal(signal.SIGTERM, on_sigterm)\n",
                 "        previous = signal.getsignal(signal.SIGTERM)\n",
             ),

@@ -29,17 +29,17 @@ MUTATIONS: tuple[Mutation, ...] = (
             # Ray lists a dead node with no resources, so its places leave the fresh read even
             # without the "Alive" check: they stay where a read keeps every place it saw.
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 'if not node.get("Alive") or resources.get("CPU", 0) < 1:',
                 'if resources.get("CPU", 0) < 1:',
             ),
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "        return set(self._read_places())\n",
                 "        self._read_places()\n        return set(self._places)\n",
             ),
             Edit(
-                "launch/cluster/ray_engine.py",
+                "launch/cluster/engines/ray.py",
                 "        places = {n: p for n, p in self._read_places().items()"
                 " if n not in exclude}\n",
                 "        self._read_places()\n"

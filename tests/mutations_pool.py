@@ -73,7 +73,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "local_cluster's dashboard listens on the loopback address only",
         (
             Edit(
-                "launch/cluster/local.py",
+                "launch/cluster/engines/dask_local.py",
                 '    dashboard_address: str | None = "127.0.0.1:0",',
                 '    dashboard_address: str | None = ":0",',
             ),
@@ -85,7 +85,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "local_cluster(dashboard_address=None) leaves the scheduler serving no HTTP at all",
         (
             Edit(
-                "launch/cluster/local.py",
+                "launch/cluster/engines/dask_local.py",
                 "            cluster.sync(_stop_http, cluster.scheduler)\n",
                 "            pass\n",
             ),

@@ -14,8 +14,8 @@ from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.schema import CALL_SETTINGS, SETTINGS
 from notebook_kit.launch.cluster import cluster_plan
 from notebook_kit.launch.cluster.cluster_plan import _settings
-from notebook_kit.launch.cluster.node_process import node_options
 from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.node_process.process import node_options
 from notebook_kit.node.protocol import NodeOrder, NodeSettings, Rendezvous
 
 # Each setting, a value other than its default, and where a cluster run honours it: "node"
@@ -147,7 +147,7 @@ def test_min_nodes_without_a_cluster_is_refused_with_the_fix():
 
 
 def test_a_restart_takes_the_workers_there_down_to_min_nodes():
-    from notebook_kit.launch.cluster.connect import choose_workers
+    from notebook_kit.launch.cluster.engines.dask import choose_workers
 
     workers = {"tcp://a:1": {"host": "a"}, "tcp://b:1": {"host": "b"}}
     assert choose_workers(workers, 3, min_nodes=2) == ["tcp://a:1", "tcp://b:1"]
@@ -171,7 +171,7 @@ class _Cluster:
         return set(self.workers)
 
     def choose(self, num_nodes, min_nodes=None, exclude=frozenset()):
-        from notebook_kit.launch.cluster.connect import choose_workers
+        from notebook_kit.launch.cluster.engines.dask import choose_workers
 
         listed = {address: {"host": address} for address in self.workers}
         return choose_workers(

@@ -14,11 +14,11 @@ from notebook_kit.config.environment import usable_cpu_count
 from notebook_kit.launch.cluster.attempt import nodes_per_host
 from notebook_kit.launch.cluster.cluster_plan import _settings
 from notebook_kit.launch.cluster.code_shipping import pickle_recording_modules
-from notebook_kit.launch.cluster.connect import choose_workers, dask_client
 from notebook_kit.launch.cluster.engine import DaskEngine
-from notebook_kit.launch.cluster.node_process import node_threads
+from notebook_kit.launch.cluster.engines.dask import choose_workers, dask_client
 from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
 from notebook_kit.launch.cluster.run import _payload
+from notebook_kit.launch.node_process.process import node_threads
 from notebook_kit.launch.pool.shipping import SendTooLargeError
 from notebook_kit.node.probe import interface_for, probe_version, worker_python_path
 from notebook_kit.node.protocol import NodeOrder, NodeSettings, ProbeReport

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from notebook_kit import notebook_launcher, notebook_launcher_async
-from notebook_kit.launch.cluster.connect import choose_workers, current_workers
+from notebook_kit.launch.cluster.engines.dask import choose_workers, current_workers
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
 from tests.optional import needs
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from notebook_kit import WorkerPool, notebook_launcher
-from notebook_kit.launch.cluster.ray_engine import _renamed
-from notebook_kit.node.ray_task import RunHub
+from notebook_kit.launch.cluster.engines.ray import _renamed
+from notebook_kit.node.links.ray import RunHub
 from tests.optional import needs
 
 

@@ -236,7 +236,7 @@ def test_a_nodes_control_read_waits_in_the_hub_actor_while_the_kernel_publishes(
     in it, and answers that read when Stop arrives, not at a lease tick."""
     import ray
 
-    from notebook_kit.node import ray_task
+    from notebook_kit.node.links import ray as ray_task
 
     def control(lease: int, stop: bool = False) -> dict:
         return {"lease": lease, "stop": stop, "abort": ""}
@@ -350,7 +350,7 @@ def test_a_ray_node_that_left_offers_no_places_to_a_restart():
 
     import ray
 
-    from notebook_kit.launch.cluster.ray_engine import RayEngine
+    from notebook_kit.launch.cluster.engines.ray import RayEngine
 
     before = _ray_node_ids(alive=True)
     ray_cli = Path(sys.executable).with_name("ray")

@@ -337,7 +337,7 @@ class _Relay:
         try:
             self.process = ZygoteChild(
                 self.link.zygote(env),
-                "notebook_kit.launch.cluster.node_process:main",
+                "notebook_kit.launch.node_process.process:main",
                 [orders_read.fileno(), events_write.fileno()],
                 env,
                 name=NODE_PROCESS_NAME,

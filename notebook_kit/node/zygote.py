@@ -40,7 +40,7 @@ from typing import Any
 
 __all__ = ["PRELOAD", "Zygote", "ZygoteChild", "ZygoteError", "local_zygote"]
 
-PRELOAD = ("torch", "torch.distributed", "notebook_kit.launch.cluster.node_process")
+PRELOAD = ("torch", "torch.distributed", "notebook_kit.launch.node_process.process")
 _INT = struct.Struct("!i")
 _MAX_FDS = 16
 _PR_SET_PDEATHSIG = 1
@@ -63,7 +63,7 @@ class Zygote:
     Example::
 
         zygote = Zygote(env=dict(os.environ))
-        child = ZygoteChild(zygote.path, "notebook_kit.launch.cluster.node_process:main",
+        child = ZygoteChild(zygote.path, "notebook_kit.launch.node_process.process:main",
                             fds=[orders_fd, events_fd], env=dict(os.environ))
         child.wait()
     """

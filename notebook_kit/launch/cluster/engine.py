@@ -4,7 +4,7 @@ A cluster run (a launch's attempt, a pool's nodes) never calls the engine's own 
 :class:`Engine` to choose and probe workers, ship the payload, open a run's shared state,
 submit one node task per node, publish the control value, carry the events and commands, watch
 which workers are present, and forget the run. :class:`DaskEngine` does it on a Dask cluster;
-:class:`~notebook_kit.launch.cluster.ray_engine.RayEngine` on a Ray cluster. An engine is one
+:class:`~notebook_kit.launch.cluster.engines.ray.RayEngine` on a Ray cluster. An engine is one
 class on this side and one node-side link (:class:`~notebook_kit.node.task.NodeLink`).
 
 Runs in the kernel.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from notebook_kit.launch.cluster.code_shipping import payload_for_nodes
-from notebook_kit.launch.cluster.connect import choose_workers, current_workers, dask_client
+from notebook_kit.launch.cluster.engines.dask import choose_workers, current_workers, dask_client
 from notebook_kit.launch.cluster.probing import probe_workers
 from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
 from notebook_kit.node.task import run_node
@@ -176,7 +176,7 @@ def engine_for(cluster: Any) -> Engine:
     ``"ray"`` (the Ray cluster this kernel joined with ``ray.init``) or ``"ray://host:port"``
     (a Ray client connection to that cluster's head)."""
     if isinstance(cluster, str):
-        from notebook_kit.launch.cluster.ray_engine import ray_engine
+        from notebook_kit.launch.cluster.engines.ray import ray_engine
 
         return ray_engine(cluster)
     return DaskEngine(dask_client(cluster))

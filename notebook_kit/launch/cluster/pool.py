@@ -7,7 +7,7 @@ view and the Stop button behave the same on both.
 
 One :class:`~notebook_kit.launch.cluster.attempt.ClusterAttempt`, started with ``pool=True``,
 lasts the nodes' life: each node task keeps its node process, which keeps its ranks
-(:mod:`notebook_kit.launch.cluster.node_pool`). A command is one order broadcast to every node
+(:mod:`notebook_kit.launch.node_process.pooling`). A command is one order broadcast to every node
 as a Dask event (in order, none lost); each node answers with an event carrying its ranks'
 answers. The attempt's loop still watches the nodes (a lost worker, silence, the kernel's
 lease), so a node that goes away ends the nodes, and the kernel's death ends every node through

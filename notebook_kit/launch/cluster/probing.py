@@ -71,7 +71,7 @@ def ask_workers(client: Any, workers: list[str], function: Callable, *args: Any)
 
 def refuse_busy_workers(client: Any, workers: list[str]) -> None:
     """Name the first chosen worker whose every thread runs a task already."""
-    from notebook_kit.launch.cluster.connect import current_workers
+    from notebook_kit.launch.cluster.engines.dask import current_workers
 
     known = current_workers(client)
     processing = client.processing(workers)

@@ -8,7 +8,7 @@ again after a failure, and every ending leaves the cluster ready for the next la
 ``cluster_plan`` checks the options, :func:`cluster_steps` runs: a launcher's steps (see
 :class:`~notebook_kit.launch.launchers.base.Launcher`), which yield what to wait on, so the
 blocking and the awaited entry points drive a cluster run as they drive a local one
-(``ClusterLauncher`` in :mod:`notebook_kit.launch.launchers.dask_cluster`).
+(``ClusterLauncher`` in :mod:`notebook_kit.launch.launchers.cluster`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.calling_process import torchrun_place
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
 from notebook_kit.launch.launchers.base import Launcher, Steps
-from notebook_kit.launch.launchers.dask_cluster import ClusterLauncher
+from notebook_kit.launch.launchers.cluster import ClusterLauncher
 from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.launchers.kernel_and_torchrun import InKernelLauncher, TorchrunLauncher
 

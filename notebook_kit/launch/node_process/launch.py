@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
-from notebook_kit.launch.cluster.node_relay import RelayObserver
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.kernel_models import find_kernel_models
 from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.launchers.forked import ForkedLauncher
+from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.supervisor import Supervisor
 from notebook_kit.node.protocol import NodePrint

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from notebook_kit.config.launch_plan import LaunchPlan
-from notebook_kit.launch.cluster.node_relay import RelayObserver
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launchers.driver import run_blocking
+from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.pool.persistent import PersistentLauncher
 from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
 from notebook_kit.live.observer import Stream

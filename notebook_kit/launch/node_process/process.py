@@ -20,10 +20,10 @@ import cloudpickle
 
 from notebook_kit.config.launch_plan import auto_threads
 from notebook_kit.errors import WorkerError
-from notebook_kit.launch.cluster.node_launch import launch_node, prints_to_kernel
-from notebook_kit.launch.cluster.node_relay import RelayObserver
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.node_process.launch import launch_node, prints_to_kernel
+from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.preflight import open_rendezvous_socket
 from notebook_kit.node.protocol import (
     ADDRESS,
@@ -75,7 +75,7 @@ def _run(order: NodeOrder, orders: Connection, events: Connection, seal: Seal) -
         # save (should_stop() turns True everywhere) before the machine goes.
         signal.signal(signal.SIGTERM, lambda signum, frame: relay.preempt())
         if order.pool:
-            from notebook_kit.launch.cluster.node_pool import serve_node_pool
+            from notebook_kit.launch.node_process.pooling import serve_node_pool
 
             with prints_to_kernel(relay):
                 return serve_node_pool(plan, relay, seat, orders)

@@ -1,4 +1,4 @@
-"""The node task on a Ray cluster: a Ray task that serves one node, and the runs' hub actor.
+"""Worker side of the Ray engine, run in a Ray worker: one node's Ray task, the runs' hub actor.
 
 A cluster run on Ray (``notebook_launcher(cluster="ray")``) shares everything with the Dask
 path but the engine: the node task is a Ray task placed in its bundle of the run's placement

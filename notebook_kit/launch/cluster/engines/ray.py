@@ -1,4 +1,4 @@
-"""The kernel's side of a cluster run on Ray: ``notebook_launcher(cluster="ray")``.
+"""Kernel side of the Ray engine, run in the kernel: ``notebook_launcher(cluster="ray")``.
 
 ``cluster="ray"`` runs on the Ray cluster this kernel joined with ``ray.init(...)``;
 ``cluster="ray://head:10001"`` first connects a Ray client to that cluster's head. A string
@@ -11,7 +11,7 @@ bundle per Ray node (``STRICT_SPREAD``). As with Dask, ``num_nodes`` above the n
 nodes puts several nodes on one Ray node (each bundle pinned to the Ray node it was probed on),
 which is how a one-machine Ray cluster runs several nodes. The group is removed when the
 attempt is forgotten. The run's state (control value, node 0's address, events, a pool's
-commands) lives in the kernel's :class:`~notebook_kit.node.ray_task.RunHub` actor, dropped
+commands) lives in the kernel's :class:`~notebook_kit.node.links.ray.RunHub` actor, dropped
 when the attempt is forgotten. The hub is one actor per kernel, with no CPU, made by the first
 run and reused by the next ones, as a Dask client's scheduler is; it ends with the kernel's
 Ray connection (``ray.shutdown()``, or the kernel's exit).
@@ -38,10 +38,10 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_kit.launch.cluster.code_shipping import payload_asking
-from notebook_kit.launch.cluster.connect import choose_workers
+from notebook_kit.launch.cluster.engines.dask import choose_workers
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
+from notebook_kit.node.links.ray import NodeKeeper, RunHub, probe_ray_worker, run_ray_node
 from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
-from notebook_kit.node.ray_task import NodeKeeper, RunHub, probe_ray_worker, run_ray_node
 
 __all__ = ["INSTALL_HINT", "RayEngine", "keeper", "kernel_hub", "ray_engine"]
 
@@ -453,7 +453,7 @@ def kernel_hub() -> Any:
 
 
 def keeper(node_id: str) -> Any:
-    """This kernel's :class:`~notebook_kit.node.ray_task.NodeKeeper` on a Ray node: made by
+    """This kernel's :class:`~notebook_kit.node.links.ray.NodeKeeper` on a Ray node: made by
     the first probe there, kept as the hub is.
 
     Example::

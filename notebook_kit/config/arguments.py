@@ -2,16 +2,65 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import ipaddress
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
 Backend = Literal["gloo", "nccl"]
 
 MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16")
 BACKEND_CHOICES: tuple[str, ...] = ("gloo", "nccl")
+
+_Parameters = ParamSpec("_Parameters")
+_Result = TypeVar("_Result")
+
+
+def takes_arguments_of(
+    signature: Callable[_Parameters, Any],
+) -> Callable[[Callable[..., _Result]], Callable[_Parameters, _Result]]:
+    """Give the decorated function ``signature``'s parameters, and its body one dict of them.
+
+    The settings are written out once in ``signature`` (for ``help()``, type checkers and
+    ``tests/test_schema.py``); the body gets the call's arguments bound against it, defaults
+    filled in, as ``body(options)`` (a method's ``self`` comes first: ``body(self, options)``).
+    An ``async def`` body stays awaitable. A call that does not fit raises Python's TypeError.
+
+    Example:
+        >>> def keywords(a: int = 1, *, b: int = 2) -> None: ...
+        >>> takes_arguments_of(keywords)(lambda options: options)(b=3)
+        {'a': 1, 'b': 3}
+    """
+    parameters = inspect.signature(signature)
+    method = next(iter(parameters.parameters), None) == "self"
+
+    def decorate(body: Callable[..., _Result]) -> Callable[_Parameters, _Result]:
+        def bind(args: Any, kwargs: Any) -> list[Any]:
+            try:
+                bound = parameters.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{body.__name__}() {error}") from None
+            bound.apply_defaults()
+            options = dict(bound.arguments)
+            return [options.pop("self"), options] if method else [options]
+
+        @functools.wraps(body)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return body(*bind(args, kwargs))
+
+        @functools.wraps(body)
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
+            return await body(*bind(args, kwargs))  # type: ignore[misc]
+
+        wrapper: Any = call_async if inspect.iscoroutinefunction(body) else call
+        wrapper.__signature__ = parameters
+        wrapper.__annotations__ = signature.__annotations__
+        return wrapper
+
+    return decorate
 
 
 def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:

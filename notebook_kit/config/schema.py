@@ -9,12 +9,14 @@ only (they describe one call, so no file, panel or flag holds them).
 
 To add a setting:
 
-1. Add one :class:`Setting` to :data:`SETTINGS` (or :data:`CALL_SETTINGS`).
+1. Add one :class:`Setting` to :data:`SETTINGS` (or :data:`CALL_SETTINGS`), with its ``scope``:
+   where it goes on a cluster, whether a pool refuses it, whether workers read it.
 2. Write it out where a signature must stay explicit for ``help()`` and type checkers, in
    schema order: a field of ``LaunchConfig`` and a keyword of ``notebook_launcher``,
    ``notebook_launcher_async`` and ``WorkerPool``. ``tests/test_schema.py`` compares
    them with the schema (names, order, defaults, annotations) and says what is missing.
-3. Use it: usually ``make_plan`` copies it into the ``LaunchPlan`` the workers read.
+3. Use it: ``make_plan`` copies it into a ``LaunchPlan`` field of the same name, and a "worker"
+   setting reaches every worker as its variable.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "choice_words",
     "keyword_settings",
     "parse_text",
+    "scoped",
     "settings_from_environ",
 ]
 
@@ -51,6 +54,12 @@ _AUTO_WORDS = ("auto", "none", "")
 _YES_NO = {"y": True, "yes": True, "true": True, "n": False, "no": False, "false": False}
 
 Kind = Literal["int", "str", "bool", "choice", "seconds"]
+# Where a setting goes. On a cluster (``cluster=``) exactly one of: "node", every node's launcher
+# is given it; "kernel", the kernel keeps it, as it restarts, shows and times every node
+# together; "cluster", the cluster decides it, so a value given for it is refused. Beside that:
+# "launch", only a one-off launch takes it (a WorkerPool would lose its workers' state), and
+# "worker", every worker's Accelerator reads it from its NOTEBOOK_KIT_<NAME> variable.
+Scope = Literal["node", "kernel", "cluster", "launch", "worker"]
 # How the ConfigPanel shows a setting: a dropdown of process counts, of choices, a bounded
 # number box, or a text box (for numbers that may be left empty, "auto", and addresses).
 Widget = Literal["processes", "choice", "count", "text"]
@@ -75,6 +84,8 @@ class Setting:
         widget: How the panel shows it; ``placeholder`` is a text box's empty text.
         switch: A yes/no setting whose command-line option takes no value, as Accelerate's
             ``--use_fsdp``: ``--use-fsdp`` turns it on, ``--no-use-fsdp`` off.
+        scope: Where it goes (:data:`Scope`); exactly one of "node", "kernel" and "cluster".
+        cluster_decides: For scope "cluster": why the cluster decides it, said when refused.
     """
 
     name: str
@@ -91,6 +102,8 @@ class Setting:
     widget: Widget = "text"
     placeholder: str = ""
     switch: bool = False
+    scope: tuple[Scope, ...] = ("node",)
+    cluster_decides: str = ""
 
     @property
     def upper(self) -> int | None:
@@ -118,14 +131,26 @@ class Setting:
         return ENV_PREFIX + self.name.upper()
 
 
-def _declare(*settings: Setting) -> dict[str, Setting]:
-    return {setting.name: setting for setting in settings}
-
-
 # The biggest nodes have 8-16 GPUs and a few hundred cores; a count beyond this is a typo. The
 # machine's own limits (open files, processes, cores) are checked when a launch is planned.
 MAX_PROCESSES = 1024
 MAX_NODES = 4096
+
+
+def _declare(*settings: Setting) -> dict[str, Setting]:
+    return {setting.name: setting for setting in settings}
+
+
+def _mesh_size(dim: str, what: str, ceiling: int = MAX_PROCESSES) -> Setting:
+    """One of Accelerate's ``ParallelismConfig`` sizes: a count, 1 (off) by default."""
+    return Setting(
+        f"parallelism_config_{dim}_size", "int", 1, f"{what}; 1 = off.", int,
+        minimum=1, ceiling=ceiling, widget="count", scope=("node", "worker"),
+    )  # fmt: skip
+
+
+_NODE_0_BINDS = "node 0 binds its own port on its own address"
+
 
 SETTINGS: dict[str, Setting] = _declare(
     Setting(
@@ -135,12 +160,12 @@ SETTINGS: dict[str, Setting] = _declare(
     ),
     Setting(
         "mixed_precision", "choice", "no", "Autocast dtype for the forward pass: no, fp16 or bf16.",
-        MixedPrecision, choices=MIXED_PRECISION_CHOICES, widget="choice",
+        MixedPrecision, choices=MIXED_PRECISION_CHOICES, widget="choice", scope=("node", "worker"),
     ),
     Setting(
         "gradient_accumulation_steps", "int", 1,
         "Batches whose gradients add up before each optimizer step.",
-        int, minimum=1, ceiling=4096, widget="count",
+        int, minimum=1, ceiling=4096, widget="count", scope=("node", "worker"),
     ),
     Setting(
         "backend", "choice", None,
@@ -155,22 +180,24 @@ SETTINGS: dict[str, Setting] = _declare(
     ),
     Setting(
         "master_addr", "str", "127.0.0.1", "Address of node 0, reachable from every node.", str,
+        scope=("cluster",), cluster_decides=_NODE_0_BINDS,
     ),
     Setting(
         "master_port", "int", None,
         "TCP port on node 0; empty = a free port on one node, 29500 across nodes.",
         int | None, optional=True, minimum=1, maximum=65535, alias="use_port",
-        placeholder="auto (free port)",
+        placeholder="auto (free port)", scope=("cluster",), cluster_decides=_NODE_0_BINDS,
     ),
     Setting(
         "num_nodes", "int", 1,
         "Machines taking part; run the same launch on each of them.",
-        int, minimum=1, ceiling=MAX_NODES, widget="count",
+        int, minimum=1, ceiling=MAX_NODES, widget="count", scope=("kernel",),
     ),
     Setting(
         "node_rank", "int", 0,
         "Index of this machine, 0 to num_nodes - 1; node 0 hosts master_addr.",
-        int, minimum=0, ceiling=MAX_NODES - 1, widget="count",
+        int, minimum=0, ceiling=MAX_NODES - 1, widget="count", scope=("cluster",),
+        cluster_decides="the kernel numbers the nodes, one per worker it chose on the cluster",
     ),
     Setting(
         "threads_per_process", "int", None,
@@ -180,44 +207,30 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "live", "bool", None,
         "Live plots, progress and a Stop button; auto = when a notebook shows them.",
-        bool | None, optional=True, widget="choice",
+        bool | None, optional=True, widget="choice", scope=("kernel",),
     ),
     Setting(
         "max_restarts", "int", 0,
         "Times a failed launch is restarted before the error is raised.",
-        int, minimum=0, ceiling=100, widget="count",
+        int, minimum=0, ceiling=100, widget="count", scope=("kernel", "launch"),
     ),
     Setting(
         "use_fsdp", "bool", False,
         "Shard models with FSDP2 in every worker's Accelerator (FSDP_* variables).",
-        bool, alias="fsdp", widget="choice", switch=True,
+        bool, alias="fsdp", widget="choice", switch=True, scope=("node", "worker"),
     ),
     # Accelerate's ParallelismConfig sizes; they multiply to the world size (docs/parallelism.md).
-    Setting(
-        "parallelism_config_dp_replicate_size", "int", 1,
-        "Model replicas (HSDP: replicate across nodes, shard within); 1 = off.",
-        int, minimum=1, ceiling=MAX_NODES, widget="count",
+    _mesh_size(
+        "dp_replicate", "Model replicas (HSDP: replicate across nodes, shard within)", MAX_NODES,
     ),
-    Setting(
-        "parallelism_config_dp_shard_size", "int", 1,
-        "Ranks each model is sharded over with FSDP2 (needs fsdp); 1 = off.",
-        int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
-    ),
-    Setting(
-        "parallelism_config_tp_size", "int", 1,
-        "Ranks each layer is split over (tensor parallel); 1 = off.",
-        int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
-    ),
-    Setting(
-        "parallelism_config_cp_size", "int", 1,
-        "Ranks each sequence is split over (context parallel, GPU); 1 = off.",
-        int, minimum=1, ceiling=MAX_PROCESSES, widget="count",
-    ),
+    _mesh_size("dp_shard", "Ranks each model is sharded over with FSDP2 (needs fsdp)"),
+    _mesh_size("tp", "Ranks each layer is split over (tensor parallel)"),
+    _mesh_size("cp", "Ranks each sequence is split over (context parallel, GPU)"),
     # Whole seconds, so the panel, the flag and the variable take it as they take any count.
     Setting(
         "storage_timeout", "int", 60,
         "Seconds a checkpoint's storage may stay silent before the save fails.",
-        int, minimum=1, ceiling=3600, widget="count",
+        int, minimum=1, ceiling=3600, widget="count", scope=("node", "worker"),
     ),
 )  # fmt: skip
 
@@ -225,7 +238,7 @@ CALL_SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "timeout", "seconds", None,
         "Seconds after which the run is stopped and TimeoutError raised.",
-        float | None, optional=True,
+        float | None, optional=True, scope=("kernel",),
     ),
     Setting(
         "rendezvous_timeout", "seconds", 300.0,
@@ -235,7 +248,7 @@ CALL_SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "isolate", "bool", False,
         "Run a single process in a forked worker, not in this kernel.",
-        bool,
+        bool, scope=("cluster", "launch"), cluster_decides="every node forks its ranks",
     ),
     Setting(
         "stall_seconds", "seconds", 60.0,
@@ -245,9 +258,20 @@ CALL_SETTINGS: dict[str, Setting] = _declare(
     Setting(
         "min_nodes", "int", None,
         "Fewest nodes a cluster run restarts on after losing some; empty = num_nodes.",
-        int | None, optional=True, minimum=1, ceiling=MAX_NODES,
+        int | None, optional=True, minimum=1, ceiling=MAX_NODES, scope=("kernel", "launch"),
     ),
 )  # fmt: skip
+
+
+def scoped(scope: Scope) -> dict[str, Setting]:
+    """The settings of the launcher (:data:`SETTINGS`, :data:`CALL_SETTINGS`) in ``scope``.
+
+    Example:
+        >>> list(scoped("launch"))
+        ['max_restarts', 'isolate', 'min_nodes']
+    """
+    every = (*SETTINGS.values(), *CALL_SETTINGS.values())
+    return {setting.name: setting for setting in every if scope in setting.scope}
 
 
 def keyword_settings() -> dict[str, Setting]:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from notebook_kit.config import arguments
+from notebook_kit.config.arguments import takes_arguments_of
 from notebook_kit.config.launch_config import LaunchConfig, resolve_launch_config
 from notebook_kit.config.launch_plan import (
     DEFAULT_RENDEZVOUS_TIMEOUT,
@@ -29,7 +30,7 @@ start_warmup()  # from the import cell on, workers' one-time imports are paid he
 integrations.register()  # every launch turns on the Trainer and Accelerate integrations
 
 
-def notebook_launcher(
+def _launch_arguments(
     function: Callable[..., Any],
     args: tuple[Any, ...] = (),
     num_processes: int | None = None,
@@ -67,6 +68,12 @@ def notebook_launcher(
     log_line_prefix_template: str | None = None,
     cluster: Any = None,
 ) -> Any:
+    """The arguments of :func:`notebook_launcher` and :func:`notebook_launcher_async`."""
+    raise NotImplementedError  # only a signature: takes_arguments_of gives it to both
+
+
+@takes_arguments_of(_launch_arguments)
+def notebook_launcher(options: dict[str, Any]) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` forked workers and return rank 0's
     result.
 
@@ -149,62 +156,13 @@ def notebook_launcher(
         notebook_launcher(train, args=(0.1,), num_processes=2)
         # 0.2
     """
-    options = dict(locals())
     with interrupt_latch():  # however often Ctrl-C is pressed, one KeyboardInterrupt
-        call, plan = _resolve_any(function, args, kwargs, options)
+        call, plan, observer = _resolve_any(options)
         return run_blocking(select_launcher(plan).run(call, observer))
 
 
-def _resolve_any(
-    function: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
-) -> tuple[Call, LaunchPlan | ClusterPlan]:
-    """The call and the plan of a launch here, or on a Dask cluster when ``cluster`` is given."""
-    if options.get("cluster") is not None:
-        function = arguments.check_function(function)
-        args, kwargs = arguments.check_args(args, kwargs)
-        return (function, args, kwargs), resolve_cluster_plan(options["cluster"], options)
-    with interrupts_survive_forks():  # the kernel probe may fork
-        return _resolve(function, args, kwargs, options)
-
-
-async def notebook_launcher_async(
-    function: Callable[..., Any],
-    args: tuple[Any, ...] = (),
-    num_processes: int | None = None,
-    *,
-    kwargs: Mapping[str, Any] | None = None,
-    mixed_precision: arguments.MixedPrecision | None = None,
-    gradient_accumulation_steps: int | None = None,
-    backend: arguments.Backend | None = None,
-    seed: int | None = None,
-    master_addr: str | None = None,
-    use_port: int | None = None,
-    num_nodes: int | None = None,
-    node_rank: int | None = None,
-    threads_per_process: int | None = None,
-    live: bool | None = None,
-    max_restarts: int | None = None,
-    fsdp: bool | None = None,
-    parallelism_config_dp_replicate_size: int | None = None,
-    parallelism_config_dp_shard_size: int | None = None,
-    parallelism_config_tp_size: int | None = None,
-    parallelism_config_cp_size: int | None = None,
-    storage_timeout: int | None = None,
-    timeout: float | None = None,
-    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
-    isolate: bool = False,
-    stall_seconds: float | None = DEFAULT_STALL_SECONDS,
-    min_nodes: int | None = None,
-    config: LaunchConfig | None = None,
-    observer: LaunchObserver | None = None,
-    rdzv_backend: str | None = None,
-    rdzv_endpoint: str | None = None,
-    rdzv_conf: Mapping[str, Any] | None = None,
-    rdzv_id: str | None = None,
-    monitor_interval: float | None = None,
-    log_line_prefix_template: str | None = None,
-    cluster: Any = None,
-) -> Any:
+@takes_arguments_of(_launch_arguments)
+async def notebook_launcher_async(options: dict[str, Any]) -> Any:
     """``await`` form of :func:`notebook_launcher`, with the same arguments and result.
 
     While the workers run, the kernel's event loop stays free, so widget events (a Stop
@@ -214,14 +172,24 @@ async def notebook_launcher_async(
 
         result = await notebook_launcher_async(train, num_processes=2)
     """
-    options = dict(locals())
     with interrupt_latch():  # however often Ctrl-C is pressed, one KeyboardInterrupt
-        call, plan = _resolve_any(function, args, kwargs, options)
+        call, plan, observer = _resolve_any(options)
         return await run_awaitable(select_launcher(plan).run(call, observer))
 
 
-# The call, where it reports, and where it runs (a live Dask client is no stored setting).
-_NOT_SETTINGS = ("function", "args", "kwargs", "observer", "cluster")
+def _resolve_any(
+    options: dict[str, Any],
+) -> tuple[Call, LaunchPlan | ClusterPlan, LaunchObserver | None]:
+    """The call, the plan and the observer of a launch here, or on a cluster when ``cluster`` is
+    given; what remains of ``options`` are the settings."""
+    function, args, kwargs = options.pop("function"), options.pop("args"), options.pop("kwargs")
+    observer, cluster = options.pop("observer"), options.pop("cluster")
+    if cluster is not None:
+        function = arguments.check_function(function)
+        args, kwargs = arguments.check_args(args, kwargs)
+        return (function, args, kwargs), resolve_cluster_plan(cluster, options), observer
+    with interrupts_survive_forks():  # the kernel probe may fork
+        return (*_resolve(function, args, kwargs, options), observer)
 
 
 def _resolve(
@@ -231,8 +199,7 @@ def _resolve(
 
     Explicit arguments win over ``config``, which wins over the saved default.
     """
-    options = translate_rendezvous_options(options)
-    settings = {name: value for name, value in options.items() if name not in _NOT_SETTINGS}
+    settings = translate_rendezvous_options(options)
     _check_option_names(settings, "notebook_launcher")  # before the function checks, as always
     function = arguments.check_function(function)
     args, kwargs = arguments.check_args(args, kwargs)

@@ -23,6 +23,7 @@ from notebook_kit.config.schema import (
     CALL_SETTINGS,
     SETTINGS,
     check_argument,
+    scoped,
     settings_from_environ,
 )
 from notebook_kit.launch.cluster.engine import Engine, engine_for
@@ -38,24 +39,12 @@ __all__ = [
     "resolve_cluster_plan",
 ]
 
-# Every launch setting of the schema is in exactly one of these (tests/test_cluster_settings
-# checks it, so a new setting is placed here before it can be released):
-# what every node's launcher is given, by schema name (node 0's probe fills num_processes);
-NODE_SETTINGS = (
-    "num_processes", "mixed_precision", "backend", "threads_per_process",
-    "gradient_accumulation_steps", "seed", "use_fsdp", "rendezvous_timeout", "stall_seconds",
-    "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
-    "parallelism_config_tp_size", "parallelism_config_cp_size", "storage_timeout",
-)  # fmt: skip
-# what the kernel itself honours (it restarts, shows and times every node together);
-KERNEL_KEEPS = ("num_nodes", "max_restarts", "live", "timeout", "min_nodes")
-# and what the cluster decides, so a value given for it is refused before anything starts.
-CLUSTER_REFUSES = {
-    "master_addr": "node 0 binds its own port on its own address",
-    "master_port": "node 0 binds its own port on its own address",
-    "node_rank": "the kernel numbers the nodes, one per worker it chose on the cluster",
-    "isolate": "every node forks its ranks",
-}
+# Each setting's scope in the schema places it on a cluster, as these names say: what every
+# node's launcher is given (node 0's probe fills num_processes), what the kernel keeps, and
+# what the cluster decides, so a value given for it is refused before anything starts.
+NODE_SETTINGS = tuple(scoped("node"))
+KERNEL_KEEPS = tuple(scoped("kernel"))
+CLUSTER_REFUSES = {name: setting.cluster_decides for name, setting in scoped("cluster").items()}
 
 
 @dataclass(frozen=True)
@@ -108,12 +97,13 @@ def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
     stored = _stored(config)
     _refuse_what_the_cluster_decides(options, config, stored)
-    named = [n for n in (*NODE_SETTINGS, *KERNEL_KEEPS) if n in SETTINGS and n != "num_nodes"]
-    explicit = check_explicit_settings({n: options.get(SETTINGS[n].keyword) for n in named})
+    honoured = {n: s for n, s in SETTINGS.items() if "cluster" not in s.scope}
+    given = {n: options.get(s.keyword) for n, s in honoured.items() if n != "num_nodes"}
+    explicit = check_explicit_settings(given)
     # The cluster numbers the nodes: resolved as one node, so no loopback check applies.
     resolved = resolve_launch_config(config, **explicit, num_nodes=1, node_rank=0)
     # What the kernel keeps goes to the nodes at its default: it restarts and shows them all.
-    kept = {name: SETTINGS[name].default for name in KERNEL_KEEPS if name in SETTINGS}
+    kept = {n: s.default for n, s in honoured.items() if "kernel" in s.scope}
     rendezvous = options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT)
     stall = options.get("stall_seconds", DEFAULT_STALL_SECONDS)
     settings = NodeSettings(
@@ -145,12 +135,11 @@ def _refuse_what_the_cluster_decides(
 ) -> None:
     """A value for what the cluster decides: given here, in ``config``, a variable or the
     saved default, it is refused rather than silently replaced."""
-    for name, why in CLUSTER_REFUSES.items():
-        setting = SETTINGS.get(name) or CALL_SETTINGS[name]
-        given = options.get(setting.keyword)
-        if name == "isolate":
+    for name, setting in scoped("cluster").items():
+        given, why = options.get(setting.keyword), setting.cluster_decides
+        if name not in SETTINGS:  # isolate: a call's yes/no, never stored
             if given:
-                raise ValueError(f"isolate=True has no meaning with cluster=: {why}.")
+                raise ValueError(f"{setting.keyword}=True has no meaning with cluster=: {why}.")
             continue
         if given is not None:
             raise ValueError(

@@ -8,9 +8,8 @@ always starts clean.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from notebook_kit.accelerator.accelerate_objects import adopt
 from notebook_kit.accelerator.async_save import BackgroundSaves
 from notebook_kit.accelerator.checkpoint_methods import CheckpointMethods
 from notebook_kit.accelerator.configuration import (
-    AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     ProjectConfiguration,
@@ -40,7 +38,6 @@ from notebook_kit.accelerator.partial_state import AcceleratorState, as_accelera
 from notebook_kit.accelerator.precision import (
     MIXED_PRECISION_CHOICES,
     MixedPrecision,
-    autocast_context,
     restore_forward,
 )
 from notebook_kit.accelerator.process_methods import ProcessMethods
@@ -53,6 +50,7 @@ from notebook_kit.accelerator.settings import (
     loader_configuration,
 )
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
+from notebook_kit.accelerator.step_methods import StepMethods
 from notebook_kit.accelerator.storage import is_local, storage_path
 from notebook_kit.accelerator.strategies import (
     Strategy,
@@ -63,7 +61,7 @@ from notebook_kit.accelerator.strategies import (
 from notebook_kit.integrations.trackers import check_log_with
 from notebook_kit.runtime.context import LaunchContext, current_launch
 from notebook_kit.runtime.log_values import LoggedHistory
-from notebook_kit.runtime.metrics import speed_counter, step_clock
+from notebook_kit.runtime.metrics import speed_counter
 from notebook_kit.runtime.peak_flops import peak_flops
 from notebook_kit.runtime.throughput import model_flops, watch_gradients
 
@@ -78,7 +76,9 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, ParallelMethods):
+class Accelerator(
+    CheckpointMethods, ProcessMethods, DistributedMethods, ParallelMethods, StepMethods
+):
     """Runs a PyTorch training loop on one process or many, with Accelerate's API.
 
     Args:
@@ -329,7 +329,6 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
 
             loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=32))
         """
-        config = self.dataloader_config
         shards, shard = self._data_shards()  # a tp or cp group reads one batch together
         prepared = prepare_data_loader(
             data_loader,
@@ -337,13 +336,9 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
             process_index=shard,
             gradient_state=self.gradient_state,
             device=self.device if self.device_placement else torch.device("cpu"),
-            split_batches=config.split_batches,
-            even_batches=config.even_batches,
-            dispatch_batches=config.dispatch_batches,
-            use_seedable_sampler=config.use_seedable_sampler,
-            data_seed=config.data_seed,
-            non_blocking=config.non_blocking,
             rng_types=self.rng_types,
+            # DataLoaderConfiguration's fields are prepare_data_loader's keywords, as in Accelerate.
+            **dataclasses.asdict(self.dataloader_config),
         )
         self._dataloaders.append(prepared)
         reads_for_its_group = getattr(self.strategy, "reads_for_its_group", None)
@@ -374,99 +369,6 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
         return (
             self.strategy.full_state_dict(model, "get_state_dict") if unwrap else model.state_dict()
         )
-
-    # -- training step --------------------------------------------------------------------
-
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps and scaled for fp16.
-
-        Example::
-
-            accelerator.backward(loss)
-        """
-        if self.gradient_state.num_steps > 1:
-            loss = loss / self.gradient_state.num_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        clock = step_clock(current_launch()) if self.strategy.times_collectives else None
-        if clock is None:
-            loss.backward(**kwargs)
-        else:  # the collective wait: from the model's last gradient to the return
-            clock.time_backward(loss, **kwargs)
-
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
-        """One micro-step: gradients are all-reduced only on the step that applies them.
-
-        Example::
-
-            with accelerator.accumulate(model):
-                accelerator.backward(loss_fn(model(x), y))
-                optimizer.step(); optimizer.zero_grad()
-        """
-        self.gradient_state.advance()
-        # sync_each_batch all-reduces every micro-step (the optimizer still waits for the sync).
-        each_batch = self.use_distributed and self.gradient_state.sync_each_batch
-        with contextlib.ExitStack() as stack:
-            if not (self.sync_gradients or each_batch):
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
-            yield
-
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside the block (no-op on one process).
-
-        Example::
-
-            with accelerator.no_sync(model):
-                accelerator.backward(loss)
-        """
-        with self.strategy.no_sync(model):
-            yield
-
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
-        """Autocast context for code outside the prepared model's forward (e.g. the loss).
-
-        ``autocast_handler`` overrides the ``AutocastKwargs`` given to the constructor.
-
-        Example::
-
-            with accelerator.autocast():
-                loss = loss_fn(model(x), y)
-        """
-        handler = autocast_handler or self.handlers.autocast
-        options = handler.to_kwargs() if handler is not None else {}
-        return autocast_context(self.mixed_precision, self.device, **options)
-
-    def unscale_gradients(self) -> None:
-        """Undo fp16 loss scaling on the gradients (once per optimizer step)."""
-        if self.scaler is not None and self.sync_gradients:
-            for optimizer in self._optimizers:
-                self.scaler.unscale_(optimizer.optimizer)
-
-    def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip the gradients' total norm (after undoing fp16 scaling); returns the norm.
-
-        Example::
-
-            if accelerator.sync_gradients:
-                accelerator.clip_grad_norm_(model.parameters(), 1.0)
-        """
-        self.unscale_gradients()
-        return self.strategy.clip_grad_norm(parameters, max_norm, norm_type)
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Clamp every gradient to ``[-clip_value, clip_value]`` (after undoing fp16 scaling).
-
-        Example::
-
-            accelerator.clip_grad_value_(model.parameters(), 0.5)
-        """
-        self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     def free_memory(self) -> None:
         """Forget every prepared object, so they can be garbage-collected."""

@@ -8,6 +8,7 @@ steps once per process so a schedule written for one process keeps its length.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -23,6 +24,7 @@ class _Loader(Protocol):
     remainder: int
 
 
+@dataclass(eq=False)  # shared by reference: identity, not value, is what matters
 class GradientState:
     """Accumulation bookkeeping of one Accelerator, shared with its prepared objects.
 
@@ -35,20 +37,13 @@ class GradientState:
         sync_each_batch: All-reduce gradients on every micro-step (the optimizer still waits).
     """
 
-    def __init__(
-        self,
-        num_steps: int,
-        adjust_scheduler: bool = True,
-        sync_with_dataloader: bool = True,
-        sync_each_batch: bool = False,
-    ) -> None:
-        self.num_steps = num_steps
-        self.adjust_scheduler = adjust_scheduler
-        self.sync_with_dataloader = sync_with_dataloader
-        self.sync_each_batch = sync_each_batch
-        self.sync_gradients = True
-        self.step = 0
-        self._active: list[_Loader] = []
+    num_steps: int
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+    sync_gradients: bool = field(default=True, init=False)
+    step: int = field(default=0, init=False)
+    _active: list[_Loader] = field(default_factory=list, init=False, repr=False)
 
     @property
     def plugin_kwargs(self) -> dict[str, Any]:
@@ -194,6 +189,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.__dict__.update(state)
 
 
+@dataclass(eq=False, repr=False)  # a wrapper: compared and shown as itself
 class AcceleratedScheduler:
     """Wraps an LR scheduler so it steps only when its optimizers really stepped.
 
@@ -203,21 +199,12 @@ class AcceleratedScheduler:
         scheduler.step()
     """
 
-    def __init__(
-        self,
-        scheduler: Any,
-        optimizers: list[AcceleratedOptimizer],
-        gradient_state: GradientState,
-        num_processes: int,
-        split_batches: bool,
-        step_with_optimizer: bool = True,
-    ) -> None:
-        self.scheduler = scheduler
-        self.optimizers = optimizers
-        self.gradient_state = gradient_state
-        self.num_processes = num_processes
-        self.split_batches = split_batches
-        self.step_with_optimizer = step_with_optimizer
+    scheduler: Any
+    optimizers: list[AcceleratedOptimizer]
+    gradient_state: GradientState
+    num_processes: int
+    split_batches: bool
+    step_with_optimizer: bool = True
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:

@@ -1,10 +1,10 @@
 """The ``notebook-kit`` command: ``config`` writes the saved default, ``env`` reports the machine,
 ``launch`` runs a script on many processes, ``export`` turns a notebook into such a script.
 
-Each subcommand is one ``_add_<name>_command`` function that registers its parser and handler;
-:data:`_SUBCOMMANDS` lists them. Launch options shared with scripts are added by
-:func:`add_launch_config_arguments`, one ``--option-name`` per LaunchConfig field, so the command
-line, the panel's rendered command and the config file always agree.
+Each subcommand is a ``_run_<name>`` handler and a ``_<name>_options`` function (one row of
+:data:`_SUBCOMMANDS`), with its texts in :data:`_ABOUT`. Launch options shared with scripts are
+added by :func:`add_launch_config_arguments`, one ``--option-name`` per LaunchConfig field, so
+the command line, the panel's rendered command and the config file always agree.
 """
 
 from __future__ import annotations
@@ -135,6 +135,47 @@ def _questionnaire(start: LaunchConfig) -> LaunchConfig:
     return start.replace(**answers)
 
 
+# Each subcommand's line in `notebook-kit --help`, and what its own --help says first.
+_ABOUT: dict[str, tuple[str, str]] = {
+    "config": (
+        "write the saved default launch config by answering questions",
+        "Ask for every launch setting and save the answers as the default config.",
+    ),
+    "env": (
+        "report torch, CPUs, GPUs, backends, fork-safety and the saved config",
+        "Report what this machine offers a launch and where the saved config lives.",
+    ),
+    "launch": (
+        "run a script on every process of this node through torch.distributed.run",
+        "Run SCRIPT on NUM_PROCESSES processes per node with torchrun's elastic "
+        "agent. In a SLURM or Coiled Batch job the node rank, number of nodes and node 0's "
+        "address come from the scheduler; options given here win.",
+    ),
+    "export": (
+        "write a notebook's code as a script that runs under notebook-kit launch",
+        "Write the code cells of NOTEBOOK as a script; magics, display-only "
+        "statements and cells tagged skip-export are left out, and the cells from the first "
+        "notebook_launcher call on become main().",
+    ),
+    "execute": (
+        "run a notebook top to bottom in a fresh kernel, headless, printing its output",
+        "Run every cell of a notebook in a new kernel; stop at the first error.",
+    ),
+    "merge-weights": (
+        "merge a sharded (FSDP) checkpoint into one model.safetensors",
+        "Merge the model shards save_state wrote under FSDP into OUTPUT/"
+        "model.safetensors, which load_state_dict and from_pretrained read; no processes "
+        "are started.",
+    ),
+}
+
+
+def _error(command: str, error: object) -> int:
+    """Say what was wrong with a ``notebook-kit`` call; 2 is argparse's status for usage errors."""
+    print(f"notebook-kit {command}: error: {error}", file=sys.stderr)
+    return 2
+
+
 def _run_config(args: argparse.Namespace) -> int:
     path = Path(args.path) if args.path else default_config_path()
     if args.default:
@@ -160,19 +201,13 @@ def _run_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_config_command(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "config",
-        help="write the saved default launch config by answering questions",
-        description="Ask for every launch setting and save the answers as the default config.",
-    )
+def _config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--default", action="store_true", help="write the built-in defaults without asking"
     )
     parser.add_argument(
         "--path", help="file to write instead of the default location (see `notebook-kit env`)"
     )
-    parser.set_defaults(handler=_run_config)
 
 
 def _run_env(args: argparse.Namespace) -> int:
@@ -183,14 +218,8 @@ def _run_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_env_command(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "env",
-        help="report torch, CPUs, GPUs, backends, fork-safety and the saved config",
-        description="Report what this machine offers a launch and where the saved config lives.",
-    )
+def _env_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(handler=_run_env)
 
 
 _NO_SCRIPT = """\
@@ -214,22 +243,14 @@ def _run_launch(args: argparse.Namespace) -> int:
     try:
         launch = plan_script_launch(args.script, args.script_args, _given(args), args.config)
     except LaunchInputError as error:
-        print(f"notebook-kit launch: error: {error}", file=sys.stderr)
-        return 2
+        return _error("launch", error)
     if args.dry_run:
         print(f"{launch.banner()}\n{launch.command_line()}")
         return 0
     return run_script_launch(launch)
 
 
-def _add_launch_command(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "launch",
-        help="run a script on every process of this node through torch.distributed.run",
-        description="Run SCRIPT on NUM_PROCESSES processes per node with torchrun's elastic "
-        "agent. In a SLURM or Coiled Batch job the node rank, number of nodes and node 0's "
-        "address come from the scheduler; options given here win.",
-    )
+def _launch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="LaunchConfig JSON file (default: the saved default)"
     )
@@ -240,7 +261,6 @@ def _add_launch_command(commands: argparse._SubParsersAction) -> None:
     # Optional for argparse so that a missing script gets an example, not "required: ...".
     parser.add_argument("script", nargs="?", help="the Python script to run on every process")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    parser.set_defaults(handler=_run_launch)
 
 
 def _run_export(args: argparse.Namespace) -> int:
@@ -251,21 +271,18 @@ def _run_export(args: argparse.Namespace) -> int:
     try:  # the request is checked before anything is written
         request = BatchRequest(args.nodes, args.num_processes, args.gpus, args.master_port)
     except ValueError as error:
-        print(f"notebook-kit export: error: {error}", file=sys.stderr)
-        return 2
+        return _error("export", error)
     if not kinds and (args.gpus or args.nodes_given):
-        print(
-            "notebook-kit export: error: --nodes, --num-processes, --gpus and --master-port "
-            "size a batch script: add --coiled-batch or --slurm",
-            file=sys.stderr,
+        return _error(
+            "export",
+            "--nodes, --num-processes, --gpus and --master-port size a batch script: "
+            "add --coiled-batch or --slurm",
         )
-        return 2
     try:
         result = export_notebook(args.notebook, args.output)
         written = [write_batch_script(kind, result.path, request) for kind in kinds]
     except (ExportError, OSError) as error:
-        print(f"notebook-kit export: error: {error}", file=sys.stderr)
-        return 2
+        return _error("export", error)
     print(result.summary())
     for path in written:
         print(f"Wrote {path}")
@@ -280,14 +297,7 @@ class _Given(argparse.Action):
         namespace.nodes_given = True
 
 
-def _add_export_command(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "export",
-        help="write a notebook's code as a script that runs under notebook-kit launch",
-        description="Write the code cells of NOTEBOOK as a script; magics, display-only "
-        "statements and cells tagged skip-export are left out, and the cells from the first "
-        "notebook_launcher call on become main().",
-    )
+def _export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("notebook", help="the .ipynb file")
     parser.add_argument("-o", "--output", help="script to write (default: NOTEBOOK with .py)")
     batch = parser.add_argument_group(
@@ -312,10 +322,9 @@ def _add_export_command(commands: argparse._SubParsersAction) -> None:
     batch.add_argument(
         "--master-port", type=int, default=29500, action=_Given, help="port on node 0"
     )
-    parser.set_defaults(handler=_run_export, nodes_given=False)
+    parser.set_defaults(nodes_given=False)
 
 
-# One registration function per subcommand; a new subcommand adds itself here.
 def _run_execute(args: argparse.Namespace) -> int:
     from nbclient.exceptions import CellExecutionError
 
@@ -328,21 +337,14 @@ def _run_execute(args: argparse.Namespace) -> int:
         print(f"notebook-kit execute: a cell failed:\n{error}", file=sys.stderr)
         return 1
     except (FileNotFoundError, IsADirectoryError, NotebookFileError) as error:
-        print(f"notebook-kit execute: error: {error}", file=sys.stderr)
-        return 2
+        return _error("execute", error)
     return 0
 
 
-def _add_execute_command(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "execute",
-        help="run a notebook top to bottom in a fresh kernel, headless, printing its output",
-        description="Run every cell of a notebook in a new kernel; stop at the first error.",
-    )
+def _execute_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("notebook", type=Path, help="the .ipynb file to run")
     parser.add_argument("-o", "--output", type=Path, help="save the executed notebook here")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take")
-    parser.set_defaults(handler=_run_execute)
 
 
 def _run_merge_weights(args: argparse.Namespace) -> int:
@@ -352,33 +354,25 @@ def _run_merge_weights(args: argparse.Namespace) -> int:
     try:
         written = merge_sharded_weights(args.checkpoint, args.output)
     except (FileNotFoundError, CheckpointError) as error:
-        print(f"notebook-kit merge-weights: error: {error}", file=sys.stderr)
-        return 2
+        return _error("merge-weights", error)
     print(f"Wrote {written}")
     return 0
 
 
-def _add_merge_weights_command(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "merge-weights",
-        help="merge a sharded (FSDP) checkpoint into one model.safetensors",
-        description="Merge the model shards save_state wrote under FSDP into OUTPUT/"
-        "model.safetensors, which load_state_dict and from_pretrained read; no processes "
-        "are started.",
-    )
+def _merge_weights_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path, help="the checkpoint folder save_state wrote")
     parser.add_argument("output", type=Path, help="the folder to write model.safetensors into")
-    parser.set_defaults(handler=_run_merge_weights)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_config_command,
-    _add_env_command,
-    _add_launch_command,
-    _add_export_command,
-    _add_execute_command,
-    _add_merge_weights_command,
-]
+# name -> (what runs it, what adds its options); its texts are in _ABOUT.
+_SUBCOMMANDS = {
+    "config": (_run_config, _config_options),
+    "env": (_run_env, _env_options),
+    "launch": (_run_launch, _launch_options),
+    "export": (_run_export, _export_options),
+    "execute": (_run_execute, _execute_options),
+    "merge-weights": (_run_merge_weights, _merge_weights_options),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,8 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="notebook-kit", description="Distributed PyTorch training from notebooks."
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add_command in _SUBCOMMANDS:
-        add_command(commands)
+    for name, (handler, add_options) in _SUBCOMMANDS.items():
+        help_line, description = _ABOUT[name]
+        command = commands.add_parser(name, help=help_line, description=description)
+        command.set_defaults(handler=handler)
+        add_options(command)
     return parser
 
 

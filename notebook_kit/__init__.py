@@ -6,7 +6,6 @@ The public names are imported on first use (PEP 562), so a light entry point suc
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from notebook_kit.config.environment import environment
+from notebook_kit.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from notebook_kit.accelerator.accelerator import Accelerator
@@ -183,16 +183,4 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its submodule on first access and keep it."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """Module attributes plus the public names not imported yet."""
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

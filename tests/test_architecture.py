@@ -15,9 +15,10 @@ import notebook_kit
 
 PACKAGE = Path(notebook_kit.__file__).parent
 
-# What each part may import, besides itself. The root modules ``errors`` and ``atomic_file``
-# are leaves every part may use; the root ``__init__`` and ``__main__`` are the public face.
-LEAVES = {"errors", "atomic_file"}
+# What each part may import, besides itself. The root modules ``errors``, ``atomic_file`` and
+# ``lazy_names`` (the packages' imports on first use) are leaves every part may use; the root
+# ``__init__`` and ``__main__`` are the public face.
+LEAVES = {"errors", "atomic_file", "lazy_names"}
 ALLOWED: dict[str, set[str]] = {
     "leaf": set(),
     "config": set(),

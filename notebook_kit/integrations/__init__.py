@@ -3,7 +3,7 @@
 - :class:`LiveViewCallback` (``trainer_callback``): a ``TrainerCallback`` feeding the live view.
 - :class:`LiveViewTracker` (``accelerate_tracker``): an Accelerate ``GeneralTracker`` that sends
   ``accelerator.log(...)`` of Accelerate's own ``Accelerator`` to the live plot.
-- :class:`TensorBoardTracker` (``tensorboard_tracker``) and the tracker list of notebook_kit's
+- :class:`TensorBoardTracker` (``named_trackers``) and the tracker list of notebook_kit's
   ``Accelerator`` (``trackers``: ``log_with="tensorboard"``).
 - ``activation``: what a launch turns on in its processes (the right world size for
   Accelerate and the Trainer, the callback on every Trainer, weights home for models
@@ -21,12 +21,13 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from notebook_kit.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from notebook_kit.integrations.accelerate_tracker import LiveViewTracker
-    from notebook_kit.integrations.tensorboard_tracker import TensorBoardTracker
+    from notebook_kit.integrations.named_trackers import TensorBoardTracker
     from notebook_kit.integrations.trainer_callback import LiveViewCallback
 
 __all__ = ["LiveViewCallback", "LiveViewTracker", "TensorBoardTracker"]
@@ -34,15 +35,7 @@ __all__ = ["LiveViewCallback", "LiveViewTracker", "TensorBoardTracker"]
 _LAZY = {
     "LiveViewCallback": "trainer_callback",
     "LiveViewTracker": "accelerate_tracker",
-    "TensorBoardTracker": "tensorboard_tracker",
+    "TensorBoardTracker": "named_trackers",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Import a framework's integration on first access (and the framework with it)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -17,12 +17,14 @@ import os
 import time
 from typing import Any
 
+from notebook_kit.integrations.named_trackers import NamedTracker, install_hint
+
 __all__ = ["MLflowTracker"]
 
 _BATCH = 100  # params or metrics per request: MLflow's limit for params and tags
 
 
-class MLflowTracker:
+class MLflowTracker(NamedTracker):
     """Logs metrics and parameters to an MLflow run.
 
     Args:
@@ -44,8 +46,6 @@ class MLflowTracker:
     """
 
     name = "mlflow"
-    requires_logging_directory = False
-    main_process_only = True
 
     def __init__(
         self,
@@ -79,10 +79,7 @@ class MLflowTracker:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError as error:
-            raise ImportError(
-                'log_with="mlflow" needs MLflow: pip install mlflow-skinny '
-                "(or pip install notebook_kit[mlflow])."
-            ) from error
+            raise ImportError(install_hint(self.name)) from error
         self.client = MlflowClient()
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")

@@ -1,8 +1,13 @@
-"""``TensorBoardTracker``: event files TensorBoard reads, for notebook_kit's ``Accelerator``.
+"""The trackers ``log_with`` names, for notebook_kit's ``Accelerator``: TensorBoard and W&B here,
+MLflow in :mod:`~notebook_kit.integrations.mlflow_tracker`; each on :class:`NamedTracker`.
 
-Same name, arguments and folder layout as Accelerate's tracker: ``log_with="tensorboard"``
-writes ``<logging_dir>/<project_name>/events.out.tfevents.*`` through torch's own
-``SummaryWriter``, which needs the ``tensorboard`` package (``pip install tensorboard``).
+Same names, arguments and layout as Accelerate's trackers. ``log_with="tensorboard"`` writes
+``<logging_dir>/<project_name>/events.out.tfevents.*`` through torch's own ``SummaryWriter``
+(``pip install tensorboard``). ``log_with="wandb"`` and ``init_trackers("my-project",
+config=..., init_kwargs={"wandb": {...}})`` start ``wandb.init(project="my-project",
+**init_kwargs["wandb"])`` on the main process, store ``config`` as the run's config and log
+every ``accelerator.log`` call at its step (``pip install wandb``; ``WANDB_MODE=offline`` keeps
+the run on disk, ``wandb sync`` uploads it later).
 """
 
 from __future__ import annotations
@@ -11,10 +16,45 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TensorBoardTracker"]
+__all__ = ["PACKAGES", "NamedTracker", "TensorBoardTracker", "WandBTracker", "install_hint"]
+
+# name -> (the module it imports, the package that provides it, the extra that installs it)
+PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow-skinny", "mlflow"),
+}
 
 
-class TensorBoardTracker:
+def install_hint(name: str) -> str:
+    """What to install for the tracker ``log_with`` calls ``name``.
+
+    Example:
+        >>> install_hint("mlflow")
+        'log_with="mlflow" needs the mlflow-skinny package: pip install mlflow-skinny ...'
+    """
+    _, package, extra = PACKAGES[name]
+    return (
+        f'log_with="{name}" needs the {package} package: pip install {package} '
+        f"(or pip install notebook_kit[{extra}])."
+    )
+
+
+class NamedTracker:
+    """What a named tracker shares: Accelerate's ``GeneralTracker`` class attributes.
+
+    Example::
+
+        class MyTracker(NamedTracker):
+            name = "mine"
+    """
+
+    name: str
+    requires_logging_directory = False
+    main_process_only = True  # Accelerate calls trackers on the main process only
+
+
+class TensorBoardTracker(NamedTracker):
     """Writes logged metrics as TensorBoard scalars (and the run's configuration as hparams).
 
     Args:
@@ -31,7 +71,6 @@ class TensorBoardTracker:
 
     name = "tensorboard"
     requires_logging_directory = True
-    main_process_only = True
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str], **kwargs: Any) -> None:
         self.run_name = run_name
@@ -48,10 +87,7 @@ class TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
-            raise ImportError(
-                'log_with="tensorboard" needs the tensorboard package: pip install tensorboard '
-                "(or pip install notebook_kit[tensorboard])."
-            ) from error
+            raise ImportError(install_hint(self.name)) from error
         self.writer = SummaryWriter(str(self.logging_dir), **self.writer_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -77,3 +113,47 @@ class TensorBoardTracker:
     def finish(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class WandBTracker(NamedTracker):
+    """Logs metrics to a Weights & Biases run.
+
+    Args:
+        run_name: The W&B project (``init_trackers``' ``project_name``).
+        **kwargs: Passed on to ``wandb.init`` (``name``, ``entity``, ``tags``, ``dir``, ...).
+
+    Example::
+
+        accelerator = Accelerator(log_with="wandb")  # WANDB_MODE=offline: a run on disk
+        accelerator.init_trackers("digits", init_kwargs={"wandb": {"entity": "my-team"}})
+    """
+
+    name = "wandb"
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        """The ``wandb`` run (after ``start``)."""
+        return self.run
+
+    def start(self) -> None:
+        try:
+            import wandb
+        except ImportError as error:
+            raise ImportError(install_hint(self.name)) from error
+        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """The run's configuration (W&B's config panel)."""
+        self.run.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()

@@ -17,19 +17,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from notebook_kit.integrations.mlflow_tracker import MLflowTracker
-from notebook_kit.integrations.tensorboard_tracker import TensorBoardTracker
-from notebook_kit.integrations.wandb_tracker import WandBTracker
+from notebook_kit.integrations.named_trackers import (
+    PACKAGES,
+    TensorBoardTracker,
+    WandBTracker,
+    install_hint,
+)
 
 __all__ = ["TRACKER_NAMES", "check_log_with", "make_trackers"]
 
 TRACKER_NAMES = ("all", "tensorboard", "wandb", "mlflow")  # "all": the live plot only
 _NEEDS_DIRECTORY = {"tensorboard"}
-# name -> (the module it imports, the package that provides it, the extra that installs it)
-_PACKAGES = {
-    "tensorboard": ("tensorboard", "tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb", "wandb"),
-    "mlflow": ("mlflow", "mlflow-skinny", "mlflow"),
-}
 
 
 def check_log_with(log_with: Any, logging_dir: str | os.PathLike[str] | None) -> list[Any]:
@@ -101,14 +99,8 @@ def make_trackers(
 
 
 def _check_installed(name: str) -> None:
-    if name not in _PACKAGES:
-        return
-    module, package, extra = _PACKAGES[name]
-    if importlib.util.find_spec(module) is None:
-        raise ValueError(
-            f'log_with="{name}" needs the {package} package: pip install {package} '
-            f"(or pip install notebook_kit[{extra}])."
-        )
+    if name in PACKAGES and importlib.util.find_spec(PACKAGES[name][0]) is None:
+        raise ValueError(install_hint(name))
 
 
 def _is_tracker(item: Any) -> bool:

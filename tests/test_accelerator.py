@@ -20,7 +20,7 @@ from notebook_kit.accelerator.strategies import fsdp_from_settings
 from notebook_kit.config.schema import SETTINGS
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime.context import LaunchContext, active_launch
-from notebook_kit.runtime.messages import MetricsBatch, decode
+from notebook_kit.runtime.messages import MetricsBatch, decode, encode
 
 
 @pytest.mark.parametrize(
@@ -211,12 +211,12 @@ def test_split_between_processes_shares():
 
 def test_log_keeps_history_and_sends_to_the_kernel():
     sent = []
-    with active_launch(LaunchContext(send=lambda kind, payload: sent.append((kind, payload)))):
+    with active_launch(LaunchContext(send=lambda message: sent.append(encode(message)))):
         accelerator = Accelerator()
         accelerator.log({"loss": torch.tensor(0.5), "lr": 1}, step=3)
     assert accelerator.logged == [{"step": 3, "values": {"loss": 0.5, "lr": 1.0}}]
     received = MetricsAggregator()
-    batches = [decode(0, kind, payload) for kind, payload in sent]
+    batches = [decode(data) for data in sent]
     assert all(isinstance(batch, MetricsBatch) for batch in batches)
     for batch in batches:
         received.add_batch(batch)  # type: ignore[arg-type]

@@ -199,11 +199,13 @@ class _Recorder:
 
 def _train_until_stopped(limit: int = 100_000):
     from notebook_kit.runtime.context import current_launch
+    from notebook_kit.runtime.messages import MetricsBatch
 
     step = 0
     while step < limit:
         dist.all_reduce(torch.ones(1))
-        current_launch().send("log", {"rank": dist.get_rank(), "step": step, "values": {}})
+        rank = dist.get_rank()
+        current_launch().send(MetricsBatch(rank, ((rank, step, {}),), None, None))
         if notebook_kit.should_stop():
             break
         time.sleep(0.01)
@@ -597,7 +599,7 @@ def test_an_unsubscribe_that_arrives_after_the_clean_up_leaves_no_topic(client):
     clean-up call: the scheduler must not keep an empty topic for it."""
     from distributed import Client
 
-    from notebook_kit.launch.cluster.engine import forget_on_scheduler as _forget
+    from notebook_kit.launch.cluster.engines.dask import forget_on_scheduler as _forget
 
     topic = f"notebook_kit-{secrets.token_hex(8)}-events"
     with Client(client.scheduler.address) as late:
@@ -635,7 +637,7 @@ def test_a_node_task_run_again_refuses_to_train(client, tmp_path):
     from distributed import Variable
 
     from notebook_kit.node.protocol import NodeOrder, NodeSettings, RunNames, control_value
-    from notebook_kit.node.task import run_node
+    from notebook_kit.node.links.dask import run_node
 
     names = RunNames("rerun-check")
     Variable(names.control, client=client).set(control_value(0, False, ""))

@@ -243,8 +243,8 @@ class _PendingScalar(metrics.DeviceScalar):
 
 def test_gpu_values_still_on_their_way_are_sent_later_in_order_without_waiting():
     sent: list[tuple[int | None, dict]] = []
-    context = LaunchContext(send=lambda kind, payload: sent.extend(
-        (step, values) for _, step, values in payload["records"]))  # fmt: skip
+    context = LaunchContext(send=lambda batch: sent.extend(
+        (step, values) for _, step, values in batch.records))  # fmt: skip
     channel = metrics.channel(context)
     assert channel.direct, "a world of one sends on the training thread: it must not wait"
     pending = _PendingScalar(0.5)

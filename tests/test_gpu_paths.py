@@ -34,16 +34,16 @@ from notebook_kit.launch.plan import make_plan
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.runtime import metrics
 from notebook_kit.runtime.context import LaunchContext, active_launch
-from notebook_kit.runtime.messages import decode
+from notebook_kit.runtime.messages import decode, encode
 from notebook_kit.runtime.seeding import get_rng_states, set_rng_states
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 
 # -- logging never reads a tensor on the training thread ---------------------------------------
 
 
-def _forked_worker_context(sent: list[tuple[str, Any]]) -> LaunchContext:
+def _forked_worker_context(sent: list[bytes]) -> LaunchContext:
     """A worker's launch of two processes: the channel sends from its own thread."""
-    return LaunchContext(rank=0, world_size=2, send=lambda kind, data: sent.append((kind, data)))
+    return LaunchContext(rank=0, world_size=2, send=lambda message: sent.append(encode(message)))
 
 
 def test_accelerator_log_of_tensors_never_reads_them_on_the_training_thread(monkeypatch):
@@ -59,7 +59,7 @@ def test_accelerator_log_of_tensors_never_reads_them_on_the_training_thread(monk
         return real_float(self)
 
     losses = [torch.tensor(1.0 / (step + 1)) for step in range(20)]
-    sent: list[tuple[str, Any]] = []
+    sent: list[bytes] = []
     context = _forked_worker_context(sent)
     accelerator = Accelerator()  # one process; the launch below stands for a worker's
     with active_launch(context):
@@ -76,8 +76,8 @@ def test_accelerator_log_of_tensors_never_reads_them_on_the_training_thread(monk
     assert readers, "the values were read by the sender thread"
     expected = [real_item(loss) / 100 for loss in losses]
     received = MetricsAggregator()
-    for kind, payload in sent:
-        received.add_batch(decode(0, kind, payload))  # type: ignore[arg-type]
+    for data in sent:
+        received.add_batch(decode(data))  # type: ignore[arg-type]
     assert [value for _, value in received.history("loss")] == pytest.approx(expected)
     assert [record["values"]["loss"] for record in accelerator.logged] == pytest.approx(expected)
 
@@ -113,14 +113,14 @@ _REFUSED = [
 
 @pytest.mark.parametrize(("values", "step", "logged"), _ACCEPTED)
 def test_both_log_calls_accept_the_same_values(values, step, logged):
-    sent: list[tuple[str, Any]] = []
+    sent: list[bytes] = []
     context = _forked_worker_context(sent)
     accelerator = Accelerator()
     with active_launch(context):
         accelerator.log(values, step=step)
         notebook_kit.log(values, step=step)
         metrics.close_channel(context)
-    records = [record for _, payload in sent for record in payload["records"]]
+    records = [record for data in sent for record in decode(data).records]
     expected_step = None if step is None else int(step)
     assert records == [(0, expected_step, logged)] * 2
     assert list(accelerator.logged) == [{"step": expected_step, "values": logged}]
@@ -137,7 +137,7 @@ def test_both_log_calls_refuse_the_same_values_naming_the_key(values, step, erro
 
 def test_nothing_logged_can_stop_the_sender_or_fail_the_end_of_the_run():
     # What integrations hand the channel directly is not checked: it must survive anything.
-    sent: list[tuple[str, Any]] = []
+    sent: list[bytes] = []
     context = _forked_worker_context(sent)
     metrics.log_from_worker(context, {"huge": 10**400, "loss": 1.0}, step=0)
     sender = metrics.channel(context)._thread
@@ -146,7 +146,7 @@ def test_nothing_logged_can_stop_the_sender_or_fail_the_end_of_the_run():
     assert sender.is_alive(), "the sender thread died on a value"
     metrics.log_from_worker(context, {"loss": 0.5}, step=1)
     metrics.close_channel(context)  # raises nothing
-    records = [record for _, payload in sent for record in payload["records"]]
+    records = [record for data in sent for record in decode(data).records]
     assert records == [(0, 0, {"loss": 1.0}), (0, 1, {"loss": 0.5})]
 
 

@@ -20,10 +20,10 @@ from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch,
 from tests.optional import needs_tensorboard, needs_transformers
 
 
-def _context(**fields: Any) -> tuple[LaunchContext, list[tuple[str, Any]]]:
+def _context(**fields: Any) -> tuple[LaunchContext, list[Any]]:
     """A launch of one process whose messages are collected instead of sent to a kernel."""
-    sent: list[tuple[str, Any]] = []
-    context = LaunchContext(send=lambda kind, payload: sent.append((kind, payload)), **fields)
+    sent: list[Any] = []
+    context = LaunchContext(send=sent.append, **fields)
     return context, sent
 
 
@@ -122,9 +122,9 @@ def test_module_level_calls_feed_the_launch_in_the_kernel() -> None:
         assert notebook_kit.should_stop() is False
         context.stop_flag.set()
         assert notebook_kit.should_stop() is True
-    last = sent[-1][1]
-    assert last["total"] == 5 and last["steps"] == 2
-    assert [record for _, payload in sent for record in payload["records"]] == [
+    last = sent[-1].progress
+    assert last.total == 5 and last.steps == 2
+    assert [record for batch in sent for record in batch.records] == [
         (0, 0, {"loss": 0.5, "lr": 0.1})
     ]
 
@@ -151,9 +151,9 @@ def test_callback_logs_curves_counts_steps_and_stops_through_the_control() -> No
         context.stop_flag.set()
         callback.on_step_end(None, state, control)
         assert control.should_training_stop  # the Trainer's own flow ends the run
-    records = [record for _, payload in sent for record in payload["records"]]
+    records = [record for batch in sent for record in batch.records]
     assert records == [(0, 4, {"loss": 0.7, "learning_rate": 1e-3, "epoch": 0.5})]
-    assert sent[-1][1]["total"] == 10 and sent[-1][1]["steps"] == 4
+    assert sent[-1].progress.total == 10 and sent[-1].progress.steps == 4
 
 
 @needs_transformers

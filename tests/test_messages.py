@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pickle
-
+import msgpack
 import pytest
 
+from notebook_kit.runtime.codec import ProtocolError
 from notebook_kit.runtime.messages import (
     Failure,
     Finished,
@@ -15,6 +15,7 @@ from notebook_kit.runtime.messages import (
     Result,
     Started,
     decode,
+    encode,
     weights_of,
 )
 
@@ -30,21 +31,31 @@ EXAMPLES = (
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
-def test_every_kind_decodes_to_what_was_sent_through_a_pickle_of_plain_data(message) -> None:
-    sent: list[tuple[str, object]] = []
-    from notebook_kit.runtime import messages
-
-    messages.send(lambda kind, payload: sent.append((kind, payload)), message)
-    ((kind, payload),) = sent
-    wire = pickle.dumps((kind, payload))
+def test_every_kind_decodes_to_what_was_sent_as_plain_data(message) -> None:
+    wire = encode(message)
     assert b"notebook_kit" not in wire  # the kernel needs none of the worker's classes
-    assert decode(0 if isinstance(message, MetricsBatch) else 1, *pickle.loads(wire)) == message
+    assert 3 not in _extensions(wire)  # nothing pickled: each field is plain data
+    assert decode(wire) == message
 
 
-def test_a_single_record_is_a_batch_of_one_without_progress_or_drop_count() -> None:
-    batch = decode(3, "log", {"step": 5, "values": {"loss": 2, "name": "text"}})
-    assert batch == MetricsBatch(3, ((3, 5, {"loss": 2.0}),), dropped=None, progress=None)
-    assert decode(0, "something else", {}) is None
+def _extensions(data: bytes) -> set[int]:
+    """Every msgpack extension code in ``data``, nested ones too."""
+    codes: set[int] = set()
+
+    def hook(code: int, inner: bytes) -> None:
+        codes.add(code)
+        if code != 3:
+            msgpack.unpackb(inner, ext_hook=hook, strict_map_key=False)
+
+    msgpack.unpackb(data, ext_hook=hook, strict_map_key=False)
+    return codes
+
+
+def test_a_single_record_is_a_batch_of_one_and_a_foreign_frame_is_refused() -> None:
+    batch = MetricsBatch(3, ((3, 5, {"loss": 2.0}),), dropped=None, progress=None)
+    assert decode(encode(batch)) == batch
+    with pytest.raises(ProtocolError):
+        decode(b"something else")
 
 
 def test_a_failure_keeps_the_users_frames_and_names_its_rank() -> None:

@@ -16,9 +16,10 @@ from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.record import RunRecorder, last_run
 from notebook_kit.runtime import metrics, progress
+from notebook_kit.runtime.codec import ProtocolError
 from notebook_kit.runtime.context import LaunchContext
-from notebook_kit.runtime.messages import MetricsBatch, Progress, decode
-from notebook_kit.runtime.metrics import BATCH_KIND, WorkerChannel
+from notebook_kit.runtime.messages import MetricsBatch, Progress, decode, encode
+from notebook_kit.runtime.metrics import WorkerChannel
 
 
 def test_mean_over_ranks_per_step_and_per_rank_values_kept() -> None:
@@ -44,11 +45,12 @@ def test_steps_default_to_each_ranks_call_count() -> None:
 
 def test_single_records_from_the_accelerator_are_understood() -> None:
     aggregator = MetricsAggregator()
-    taken = decode(1, "log", {"rank": 1, "step": 3, "values": {"acc": 0.5}})
+    taken = decode(encode(MetricsBatch(1, ((1, 3, {"acc": 0.5}),), None, None)))
     assert isinstance(taken, MetricsBatch)
     aggregator.add_batch(taken)
     assert taken and aggregator.history("acc") == [(3, 0.5)]
-    assert not decode(1, "something else", {})
+    with pytest.raises(ProtocolError):
+        decode(b"something else")
 
 
 def _context(send: Any, rank: int = 0, world_size: int = 2) -> LaunchContext:
@@ -56,12 +58,12 @@ def _context(send: Any, rank: int = 0, world_size: int = 2) -> LaunchContext:
 
 
 def test_a_blocked_kernel_never_blocks_log_and_drops_are_counted() -> None:
-    sent: list[tuple[str, Any]] = []
+    sent: list[bytes] = []
     release = threading.Event()
 
-    def slow_send(kind: str, payload: Any) -> None:
+    def slow_send(message: Any) -> None:
         release.wait(10)  # the kernel is not reading: the pipe is full
-        sent.append((kind, payload))
+        sent.append(encode(message))
 
     context = _context(slow_send)
     channel = WorkerChannel(context, capacity=100)
@@ -74,8 +76,8 @@ def test_a_blocked_kernel_never_blocks_log_and_drops_are_counted() -> None:
     release.set()
     metrics.close_channel(context)
     aggregator = MetricsAggregator()
-    for kind, payload in sent:
-        aggregator.add_batch(decode(0, kind, payload))  # type: ignore[arg-type]
+    for data in sent:
+        aggregator.add_batch(decode(data))  # type: ignore[arg-type]
     received = len(aggregator.history("loss"))
     assert received + channel.dropped == 1000
     assert aggregator.total_dropped == channel.dropped
@@ -83,24 +85,24 @@ def test_a_blocked_kernel_never_blocks_log_and_drops_are_counted() -> None:
 
 
 def test_values_are_read_when_logged_and_unreadable_ones_left_out() -> None:
-    sent: list[tuple[str, Any]] = []
-    context = _context(lambda kind, payload: sent.append((kind, payload)))
+    sent: list[Any] = []
+    context = _context(lambda message: sent.append(decode(encode(message))))
     loss = torch.tensor(2.0)
     metrics.log_from_worker(context, {"loss": loss, "name": "not a number", "acc": 1}, step=0)
     loss += 1  # a later in-place change must not alter what was logged
     metrics.close_channel(context)
-    ((kind, payload),) = sent
-    assert kind == BATCH_KIND
-    assert payload["records"] == [(0, 0, {"loss": 2.0, "acc": 1.0})]
+    (batch,) = sent
+    assert isinstance(batch, MetricsBatch)
+    assert batch.records == ((0, 0, {"loss": 2.0, "acc": 1.0}),)
 
 
 def test_world_of_one_sends_directly_without_a_thread() -> None:
     sent: list[Any] = []
-    context = _context(lambda kind, payload: sent.append(payload), world_size=1)
+    context = _context(sent.append, world_size=1)
     metrics.log_from_worker(context, {"loss": 1.0}, step=0)
     progress.advance(context)
-    assert [p["records"] for p in sent] == [[(0, 0, {"loss": 1.0})], []]
-    assert sent[-1]["steps"] == 1
+    assert [b.records for b in sent] == [((0, 0, {"loss": 1.0}),), ()]
+    assert sent[-1].progress.steps == 1
     assert metrics.channel(context)._thread is None
 
 

@@ -20,7 +20,7 @@ from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.cluster.cluster_plan import check_cluster_mesh
 from notebook_kit.launch.plan import parallelism_sizes
 from notebook_kit.node.protocol import NodeSettings, ProbeReport
-from notebook_kit.runtime.messages import Failure, decode
+from notebook_kit.runtime.messages import Failure, decode, encode
 
 SIZE_VARIABLES = [
     f"{prefix}PARALLELISM_CONFIG_{dim}_SIZE"
@@ -177,7 +177,7 @@ def test_the_banner_and_a_script_launch_carry_the_mesh():
 
 def test_a_failure_names_the_ranks_mesh_coordinates():
     sent = Failure("ValueError", "boom", "Traceback ...", 1.0, mesh="dp_replicate=1, dp_shard=0")
-    failure = decode(2, sent.KIND, sent.payload()).on_rank(2)
+    failure = decode(encode(sent)).on_rank(2)
     assert failure.mesh == "dp_replicate=1, dp_shard=0"
     message = str(WorkerError([failure], 4))
     assert message.startswith("Rank 2 of 4 (mesh coordinates dp_replicate=1, dp_shard=0) failed")

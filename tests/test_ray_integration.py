@@ -188,11 +188,13 @@ class _Recorder:
 
 def _train_until_stopped(limit: int = 100_000):
     from notebook_kit.runtime.context import current_launch
+    from notebook_kit.runtime.messages import MetricsBatch
 
     step = 0
     while step < limit and not notebook_kit.should_stop():
         dist.all_reduce(torch.ones(1))
-        current_launch().send("log", {"rank": dist.get_rank(), "step": step, "values": {}})
+        rank = dist.get_rank()
+        current_launch().send(MetricsBatch(rank, ((rank, step, {}),), None, None))
         time.sleep(0.01)
         step += 1
     steps = [None, None]

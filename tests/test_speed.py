@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import msgpack
 import pytest
 import torch
 
@@ -18,8 +19,8 @@ from notebook_kit.live.plot import draw_metrics, new_figure
 from notebook_kit.live.record import last_run
 from notebook_kit.live.speed import SpeedTracker, _lagging, speed_line
 from notebook_kit.runtime.context import LaunchContext, StopFlag
-from notebook_kit.runtime.messages import MetricsBatch, Progress, RankSpeed, decode
-from notebook_kit.runtime.metrics import BATCH_KIND, step_clock, waiting_on_ranks
+from notebook_kit.runtime.messages import MetricsBatch, Progress, RankSpeed, decode, encode
+from notebook_kit.runtime.metrics import step_clock, waiting_on_ranks
 from notebook_kit.runtime.peak_flops import peak_flops
 from notebook_kit.runtime.throughput import (
     SpeedCounter,
@@ -47,9 +48,10 @@ def shown(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 def test_rank_speed_travels_in_a_metrics_batch_and_old_senders_still_decode() -> None:
     speed = RankSpeed(samples=32, batches=4, tokens=100, seconds=2.0, peak_memory_bytes=7)
-    decoded = decode(0, BATCH_KIND, _batch(1, speed).payload())
+    decoded = decode(encode(_batch(1, speed)))
     assert isinstance(decoded, MetricsBatch) and decoded.speed == speed
-    old = decode(0, BATCH_KIND, {"rank": 1, "records": [], "steps": 0})
+    fields = msgpack.packb(["MetricsBatch", [1, [], 0, None]])  # a sender without speed
+    old = decode(msgpack.packb(msgpack.ExtType(1, fields)))
     assert isinstance(old, MetricsBatch) and old.speed is None
 
 

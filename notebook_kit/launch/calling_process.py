@@ -32,7 +32,7 @@ from notebook_kit.runtime.context import (
     current_launch,
     temporary_environment,
 )
-from notebook_kit.runtime.messages import MetricsBatch, decode
+from notebook_kit.runtime.messages import MetricsBatch, WorkerMessage
 from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
 
@@ -63,7 +63,7 @@ def run_in_calling_process(
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=plan.gradient_accumulation_steps,
         storage_timeout=plan.storage_timeout,
-        send=lambda kind, payload: _deliver(observer, place.rank, kind, payload, newest),
+        send=lambda message: _deliver(observer, message, newest),
         stop_flag=stop_flag,
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
@@ -103,14 +103,11 @@ def run_in_calling_process(
         stop_flag.close()
 
 
-def _deliver(
-    observer: LaunchObserver, rank: int, kind: str, payload: Any, newest: _NewestValues
-) -> None:
+def _deliver(observer: LaunchObserver, message: WorkerMessage, newest: _NewestValues) -> None:
     """Hand a message to the observer; with no wait loop here, each message is its tick."""
-    batch = decode(rank, kind, payload)
-    if isinstance(batch, MetricsBatch):
-        newest.take(batch)
-        observer.on_metrics(batch)
+    if isinstance(message, MetricsBatch):
+        newest.take(message)
+        observer.on_metrics(message)
     observer.on_tick()
 
 

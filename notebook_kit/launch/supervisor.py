@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import time
 import warnings
@@ -26,6 +25,7 @@ from notebook_kit.launch.interrupts import interrupts_deferred
 from notebook_kit.launch.line_reader import LineReader
 from notebook_kit.launch.stall_watch import StallWatch
 from notebook_kit.live.observer import LaunchObserver, RankSummary
+from notebook_kit.runtime.codec import ProtocolError
 from notebook_kit.runtime.messages import (
     Failure,
     Finished,
@@ -240,10 +240,11 @@ class Supervisor:
         """Read every message waiting on a worker's connection."""
         with contextlib.suppress(EOFError, OSError):
             while not worker.messages.closed and worker.messages.poll():
-                kind, payload = pickle.loads(worker.messages.recv_bytes())
-                message = decode(worker.rank, kind, payload)
-                if message is not None:
-                    self._handle_message(worker, message)
+                try:
+                    message = decode(worker.messages.recv_bytes())
+                except ProtocolError:  # not a message of this version: dropped
+                    continue
+                self._handle_message(worker, message)
             return
         worker.messages.close()  # the worker is gone; its exit status tells the rest
 

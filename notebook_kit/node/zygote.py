@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import importlib
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -36,7 +35,9 @@ import sys
 import tempfile
 import threading
 import traceback
-from typing import Any
+from dataclasses import dataclass
+
+from notebook_kit.runtime import codec
 
 __all__ = ["PRELOAD", "Zygote", "ZygoteChild", "ZygoteError", "local_zygote"]
 
@@ -47,6 +48,18 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _NAME = b"nk-zygote"
 _REQUEST_SECONDS = 10.0  # the zygote waits this long for a connected starter's request
+
+
+@dataclass(frozen=True)
+class ZygoteRequest:
+    """What a starter asks of the zygote: call ``target`` in a new child, with ``env`` set."""
+
+    target: str  # "module:function"
+    env: dict[str, str]
+    name: str = ""  # the child's process name
+
+
+_REQUEST_KINDS = codec.kinds_of(ZygoteRequest)
 
 
 class ZygoteError(RuntimeError):
@@ -129,7 +142,7 @@ class ZygoteChild:
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._socket.connect(path)
-            request = pickle.dumps({"target": target, "env": env, "name": name})
+            request = codec.encode(ZygoteRequest(target, env, name), _REQUEST_KINDS)
             socket.send_fds(self._socket, [_INT.pack(len(request))], [*streams, *fds])
             self._socket.sendall(request)
             self._socket.settimeout(timeout)
@@ -265,7 +278,7 @@ class _Server:
                 if not chunk:
                     raise EOFError("the starter left mid-request")
                 request += chunk
-            order = pickle.loads(request)
+            order = codec.decode(request, _REQUEST_KINDS, ZygoteRequest)
         except Exception:  # a starter that left or sent nonsense: the zygote serves on
             connection.close()
             for fd in fds:
@@ -337,15 +350,15 @@ class _Server:
                 os.waitpid(pid, 0)
 
     def _become_child(
-        self, connection: socket.socket, order: dict[str, Any], fds: list[int], zygote: int
+        self, connection: socket.socket, order: ZygoteRequest, fds: list[int], zygote: int
     ) -> None:
         """In the fork: die with the zygote, drop its state, take the request's streams and
         environment, and run the target; never returns."""
         code = 1
         try:
             _die_with(zygote)
-            if order["name"]:
-                _name(order["name"].encode()[:15])
+            if order.name:
+                _name(order.name.encode()[:15])
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_DFL)
@@ -359,8 +372,8 @@ class _Server:
             os.dup2(fds[1], 2)
             os.close(fds[0])
             os.close(fds[1])
-            _take_environment(order["env"])
-            module, _, function = order["target"].partition(":")
+            _take_environment(order.env)
+            module, _, function = order.target.partition(":")
             code = getattr(importlib.import_module(module), function)([str(fd) for fd in fds[2:]])
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else 1

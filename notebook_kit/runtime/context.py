@@ -13,7 +13,10 @@ import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from notebook_kit.runtime.messages import Send
 
 __all__ = ["LaunchContext", "LaunchHook", "StopFlag", "add_launch_hook", "current_launch"]
 
@@ -84,8 +87,8 @@ class LaunchContext:
         gradient_accumulation_steps: Launch-level accumulation (None: Accelerator default).
         storage_timeout: Seconds a checkpoint save waits on silent storage (None: not set by
             a launch; ``NOTEBOOK_KIT_STORAGE_TIMEOUT`` or the default decides).
-        send: Sends ``(kind, payload)`` to the kernel; None when there is no kernel to talk to
-            (a run in the calling process or under torchrun).
+        send: Sends a message (:mod:`notebook_kit.runtime.messages`) to the kernel; None when
+            there is no kernel to talk to.
         stop_flag: Set by the kernel to ask the training loop to stop; None if unsupported.
         prepared_models: Modules given to ``Accelerator.prepare`` in this process, in order.
         weight_gatherers: For sharded models (FSDP), ``id(model)`` -> a collective that
@@ -109,7 +112,7 @@ class LaunchContext:
     mixed_precision: str | None = None
     gradient_accumulation_steps: int | None = None
     storage_timeout: int | None = None
-    send: Callable[[str, Any], None] | None = None
+    send: Send | None = None
     stop_flag: StopFlag | None = None
     prepared_models: list[Any] = field(default_factory=list)
     weight_gatherers: dict[int, Callable[[Any], dict[str, Any]]] = field(default_factory=dict)

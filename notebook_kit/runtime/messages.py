@@ -1,12 +1,12 @@
 """What a worker tells the kernel, as typed data: one frozen dataclass per kind of message.
 
-A worker hands a message to ``LaunchContext.send`` as ``(kind, payload)``, the payload being
-plain builtins: the kernel unpickles it without needing any class of the worker's, and a
-torchrun process or an older worker speaks the same. Each kind is encoded in one place (its
-``payload`` method, or the ``from_…`` constructor that builds it in the worker) and decoded in
-one place (:func:`decode`), so the kernel side (supervisor, pool, live view) only ever sees
-these classes. Output lines do not travel here (they come through the worker's stdout and
-stderr pipes) but have their type too, :class:`OutputLine`, for whoever keeps them.
+A worker hands a message to ``LaunchContext.send``; a forked worker's pipe carries it as the
+codec's plain data (:func:`encode`, :func:`decode`: msgpack, no pickle but for a user's value
+or tensors inside a :class:`Result` or :class:`PoolAnswer`), and a process that runs the
+function itself (one process, torchrun) hands it over as it is. So the kernel side
+(supervisor, pool, live view) only ever sees these classes. Output lines do not travel here
+(they come through the worker's stdout and stderr pipes) but have their type too,
+:class:`OutputLine`, for whoever keeps them.
 
 Lives in ``runtime`` because both sides import it: the worker to encode, the kernel to decode.
 """
@@ -18,9 +18,10 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from notebook_kit.errors import WorkerFailure
+from notebook_kit.runtime import codec
 
 __all__ = [
     "Failure",
@@ -36,24 +37,20 @@ __all__ = [
     "Started",
     "WorkerMessage",
     "decode",
+    "encode",
     "plain_values",
     "weights_of",
 ]
 
 Record = tuple[int, int | None, dict[str, float]]  # rank, step (None: count the calls), values
-Send = Callable[[str, Any], None]
 
 
 @dataclass(frozen=True)
 class Started:
     """A persistent (pool) worker formed the process group and waits for commands."""
 
-    KIND: ClassVar[str] = "started"
     rank: int
     pid: int
-
-    def payload(self) -> dict[str, Any]:
-        return {"rank": self.rank, "pid": self.pid}
 
 
 @dataclass(frozen=True)
@@ -99,9 +96,6 @@ class RankSpeed:
     flops: float | None = None
     peak_flops: float | None = None
 
-    def payload(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _SPEED_FIELDS}
-
     @property
     def step(self) -> float | None:
         """Seconds per step; None before a step was timed."""
@@ -130,36 +124,18 @@ def _per_step(total: float | None, steps: int) -> float | None:
     return total / steps if total is not None and steps else None
 
 
-_SPEED_FIELDS = tuple(RankSpeed.__dataclass_fields__)
-
-
 @dataclass(frozen=True)
 class MetricsBatch:
     """Records a rank logged since its last batch, how many it had to drop, and its progress.
 
-    A single record sent on its own (``SINGLE_KIND``, no progress, no drop count) decodes to
-    a batch of one with ``progress=None`` and ``dropped=None``.
+    A record sent on its own is a batch of one with ``progress=None`` and ``dropped=None``.
     """
 
-    KIND: ClassVar[str] = "metrics"
-    SINGLE_KIND: ClassVar[str] = "log"
     rank: int
     records: tuple[Record, ...]
     dropped: int | None = 0
     progress: Progress | None = None
     speed: RankSpeed | None = None  # None: this batch says nothing new about speed or memory
-
-    def payload(self) -> dict[str, Any]:
-        progress = self.progress or Progress()
-        return {
-            "speed": None if self.speed is None else self.speed.payload(),
-            "rank": self.rank,
-            "records": list(self.records),
-            "dropped": self.dropped or 0,
-            "steps": progress.steps or 0,
-            "total": progress.total,
-            "epoch_length": progress.epoch_length,
-        }
 
 
 @dataclass(frozen=True)
@@ -175,7 +151,6 @@ class OutputLine:
 class Failure:
     """An exception a worker raised, as data: what the kernel turns into a ``WorkerFailure``."""
 
-    KIND: ClassVar[str] = "error"
     exception_type: str
     message: str
     traceback: str
@@ -210,15 +185,6 @@ class Failure:
         qualified = f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
         return cls(qualified, str(error), text)
 
-    def payload(self) -> dict[str, Any]:
-        return {
-            "type": self.exception_type,
-            "message": self.message,
-            "traceback": self.traceback,
-            "time": self.time,
-            "mesh": self.mesh,
-        }
-
     def on_rank(self, rank: int) -> WorkerFailure:
         """The failure model the launcher, the pool and the views share."""
         return WorkerFailure(
@@ -236,12 +202,8 @@ class Failure:
 class Finished:
     """A rank's function ended (how, and when): sent by every rank but the one with the result."""
 
-    KIND: ClassVar[str] = "done"
     ended: str  # "returned", or "called sys.exit(0)"
     time: float
-
-    def payload(self) -> dict[str, Any]:
-        return {"ended": self.ended, "time": self.time}
 
 
 @dataclass(frozen=True)
@@ -253,19 +215,10 @@ class Result:
     (:class:`~notebook_kit.runtime.weights_file.StoredTensor`).
     """
 
-    KIND: ClassVar[str] = "result"
     value: Any
     weights: dict[int, dict[str, Any]]
     ended: str = "returned"
     time: float = field(default_factory=time.monotonic)
-
-    def payload(self) -> dict[str, Any]:
-        return {
-            "value": self.value,
-            "weights": self.weights,
-            "ended": self.ended,
-            "time": self.time,
-        }
 
 
 @dataclass(frozen=True)
@@ -276,24 +229,12 @@ class PoolAnswer:
     ``{"repr", "unpicklable"}``), or None when the kernel did not ask for it.
     """
 
-    KIND: ClassVar[str] = "pool_answer"
     command: int
     status: str  # "ok", "error" or "interrupted"
     failure: Failure | None = None
     weights: dict[int, dict[str, Any]] = field(default_factory=dict)
     value: dict[str, Any] | None = None
     detail: str | None = None  # what a group check found wrong
-
-    def payload(self) -> dict[str, Any]:
-        failure = self.failure.payload() if self.failure is not None else None
-        return {
-            "command": self.command,
-            "status": self.status,
-            "failure": failure,
-            "weights": self.weights,
-            "value": self.value,
-            "detail": self.detail,
-        }
 
 
 @dataclass(frozen=True)
@@ -304,82 +245,32 @@ class Stacks:
     (``dist.barrier``, the Stop vote of ``should_stop()``) or None, and its stack as text.
     """
 
-    KIND: ClassVar[str] = "stacks"
     threads: tuple[dict[str, Any], ...]
-
-    def payload(self) -> dict[str, Any]:
-        return {"threads": list(self.threads)}
 
 
 WorkerMessage = Started | MetricsBatch | Failure | Finished | Result | PoolAnswer | Stacks
+Send = Callable[[WorkerMessage], None]  # a context's way to the kernel
 
 
-def send(deliver: Send, message: WorkerMessage) -> None:
-    """Hand ``message`` to a context's ``send``: the one place a message becomes its payload."""
-    deliver(message.KIND, message.payload())
+# Every class a worker's frame may hold: the kernel rebuilds none but these.
+KINDS = codec.kinds_of(
+    Started, MetricsBatch, Progress, RankSpeed, Failure, Finished, Result, PoolAnswer, Stacks
+)
 
 
-def decode(rank: int, kind: str, payload: Any) -> WorkerMessage | None:
-    """The message a worker of ``rank`` sent as ``(kind, payload)``; None for a foreign kind.
-
-    Payloads may omit fields (an older or hand-made sender): what is missing takes its default.
+def encode(message: WorkerMessage, dumps: codec.Dumps | None = None) -> bytes:
+    """``message`` as the bytes a worker's pipe carries (``dumps`` pickles a user's value).
 
     Example:
-        >>> decode(0, "log", {"rank": 0, "step": 3, "values": {"loss": 1.0}}).records
-        ((0, 3, {'loss': 1.0}),)
+        >>> decode(encode(Finished("returned", 1.5)))
+        Finished(ended='returned', time=1.5)
     """
-    decoder = _DECODERS.get(kind)
-    return None if decoder is None else decoder(rank, payload)
+    return codec.encode(message, KINDS, dumps=dumps)
 
 
-def _metrics(rank: int, payload: Mapping[str, Any]) -> MetricsBatch:
-    progress = Progress(payload.get("steps"), payload.get("total"), payload.get("epoch_length"))
-    speed = payload.get("speed")
-    return MetricsBatch(
-        int(payload.get("rank", rank)),
-        tuple(payload.get("records", ())),
-        payload.get("dropped", 0),
-        progress,
-        None if speed is None else RankSpeed(**{k: speed[k] for k in _SPEED_FIELDS if k in speed}),
-    )
-
-
-def _single(rank: int, payload: Mapping[str, Any]) -> MetricsBatch:
-    sender = int(payload.get("rank", rank))
-    record = (sender, payload.get("step"), plain_values(dict(payload.get("values", {}))))
-    return MetricsBatch(sender, (record,), dropped=None, progress=None)
-
-
-def _failure(rank: int, payload: Mapping[str, Any]) -> Failure:
-    trace = payload["traceback"]
-    mesh = str(payload.get("mesh", ""))
-    return Failure(payload["type"], payload["message"], trace, payload["time"], mesh)
-
-
-def _answer(rank: int, payload: Mapping[str, Any]) -> PoolAnswer:
-    failure = payload.get("failure")
-    return PoolAnswer(
-        command=payload["command"],
-        status=payload["status"],
-        failure=_failure(rank, failure) if failure is not None else None,
-        weights=payload.get("weights") or {},
-        value=payload.get("value"),
-        detail=payload.get("detail"),
-    )
-
-
-_DECODERS: dict[str, Callable[[int, Any], WorkerMessage]] = {
-    Started.KIND: lambda rank, p: Started(int(p.get("rank", rank)), int(p["pid"])),
-    MetricsBatch.KIND: _metrics,
-    MetricsBatch.SINGLE_KIND: _single,
-    Failure.KIND: _failure,
-    Finished.KIND: lambda rank, p: Finished(p["ended"], p["time"]),
-    Result.KIND: lambda rank, p: Result(
-        p.get("value"), p.get("weights") or {}, p.get("ended", "returned"), p.get("time", 0.0)
-    ),
-    PoolAnswer.KIND: _answer,
-    Stacks.KIND: lambda rank, p: Stacks(tuple(p.get("threads", ()))),
-}
+def decode(data: bytes) -> WorkerMessage:
+    """The message :func:`encode` made of ``data``; raises ``ProtocolError`` for anything else."""
+    return codec.decode(data, KINDS)
 
 
 def weights_of(

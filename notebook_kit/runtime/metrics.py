@@ -18,15 +18,12 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext
 from notebook_kit.runtime.messages import MetricsBatch, Progress, plain_values
 from notebook_kit.runtime.step_clock import StepClock
-from notebook_kit.runtime.throughput import SpeedCounter
+from notebook_kit.runtime.throughput import DeviceScalar, SpeedCounter
 
 __all__ = [
-    "BATCH_KIND",
-    "SINGLE_KIND",
     "DeviceScalar",
     "WorkerChannel",
     "channel",
@@ -44,8 +41,6 @@ __all__ = [
     "waiting_on_ranks",
 ]
 
-BATCH_KIND = MetricsBatch.KIND  # message kind of a batch from the sender thread
-SINGLE_KIND = MetricsBatch.SINGLE_KIND  # one record sent on its own: {"rank", "step", "values"}
 _BUFFER_RECORDS = 10_000
 _SEND_INTERVAL = 0.05  # seconds between batches: bounds the latency a record adds
 _EXTENSION = "metrics"  # where a context keeps its channel
@@ -146,7 +141,7 @@ class WorkerChannel:
                 progress=Progress(steps=state[1], total=state[2], epoch_length=state[3]),
                 speed=speed,
             )
-            messages.send(send, batch)
+            send(batch)
             self._sent_state = state
             if speed is not None:
                 self.speed.sent, self.speed.sent_at = speed, now
@@ -332,51 +327,6 @@ def close_channel(context: LaunchContext | None) -> None:
     """
     if context is not None and _EXTENSION in context.extensions:
         channel(context).close()
-
-
-class DeviceScalar:
-    """A scalar logged on a GPU: copied to host memory in the background, read when it arrived.
-
-    The copy is queued on the current stream of the tensor's own GPU, behind the work that
-    computes the value, and an event recorded on that same stream marks its arrival (an event
-    on another GPU's stream could say "arrived" before the copy ran). ``record_stream`` keeps
-    the caching allocator from handing the source's memory to other work before the copy read
-    it. The sender thread asks the event with the GPU made current first: a new thread's
-    current device is 0, and asking from there would open a context on GPU 0 in every rank.
-    Neither logging nor sending ever waits for the GPU; only :meth:`item` on a value not yet
-    arrived does (at the end of a run).
-    """
-
-    __slots__ = ("arrived", "device", "host")
-
-    def __init__(self, tensor: Any) -> None:
-        import torch
-
-        source = tensor.detach()
-        self.device = source.device
-        with torch.cuda.device(self.device):
-            stream = torch.cuda.current_stream(self.device)
-            self.host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-            self.host.copy_(source, non_blocking=True)
-            source.record_stream(stream)
-            self.arrived = torch.cuda.Event()
-            self.arrived.record(stream)
-
-    def _on_device(self) -> Any:
-        import torch
-
-        device = getattr(self, "device", None)
-        return contextlib.nullcontext() if device is None else torch.cuda.device(device)
-
-    def ready(self) -> bool:
-        with self._on_device():
-            return bool(self.arrived.query())
-
-    def item(self) -> Any:
-        with self._on_device():
-            if not self.arrived.query():  # only a value still on its way is waited for
-                self.arrived.synchronize()
-        return self.host.item()
 
 
 def _snapshot(value: Any) -> Any:

@@ -6,7 +6,7 @@ each batch the loader hands out (:class:`~notebook_kit.runtime.step_clock.StepCl
 metrics sender thread does the rest when it sends a batch
 (:class:`notebook_kit.runtime.metrics.WorkerChannel`): it sums the attention masks (a mask on
 a GPU was summed there without a sync and arrives like a logged GPU value, as a
-:class:`~notebook_kit.runtime.metrics.DeviceScalar`), and reads the peak memory of the process
+:class:`DeviceScalar`), and reads the peak memory of the process
 and of its GPU. The kernel turns what every rank counted into rates
 (:mod:`notebook_kit.live.speed`).
 
@@ -18,6 +18,7 @@ the loader, from its first call on.
 from __future__ import annotations
 
 import collections
+import contextlib
 import resource
 import sys
 import time
@@ -29,6 +30,7 @@ from notebook_kit.runtime.messages import RankSpeed
 from notebook_kit.runtime.step_clock import StepClock, watch_gradients
 
 __all__ = [
+    "DeviceScalar",
     "ModelFlops",
     "SpeedCounter",
     "StepClock",
@@ -337,11 +339,54 @@ def batch_tokens(batch: Any) -> Any:
     mask = batch.get("attention_mask")
     if mask is not None and hasattr(mask, "sum"):
         if getattr(getattr(mask, "device", None), "type", "cpu") == "cuda":
-            from notebook_kit.runtime.metrics import DeviceScalar
-
             return DeviceScalar(mask.sum())
         return mask
     ids = batch.get("input_ids")
     if ids is not None and hasattr(ids, "numel"):
         return int(ids.numel())
     return None
+
+
+class DeviceScalar:
+    """A scalar logged on a GPU: copied to host memory in the background, read when it arrived.
+
+    The copy is queued on the current stream of the tensor's own GPU, behind the work that
+    computes the value, and an event recorded on that same stream marks its arrival (an event
+    on another GPU's stream could say "arrived" before the copy ran). ``record_stream`` keeps
+    the caching allocator from handing the source's memory to other work before the copy read
+    it. The sender thread asks the event with the GPU made current first: a new thread's
+    current device is 0, and asking from there would open a context on GPU 0 in every rank.
+    Neither logging nor sending ever waits for the GPU; only :meth:`item` on a value not yet
+    arrived does (at the end of a run).
+    """
+
+    __slots__ = ("arrived", "device", "host")
+
+    def __init__(self, tensor: Any) -> None:
+        import torch
+
+        source = tensor.detach()
+        self.device = source.device
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.current_stream(self.device)
+            self.host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+            self.host.copy_(source, non_blocking=True)
+            source.record_stream(stream)
+            self.arrived = torch.cuda.Event()
+            self.arrived.record(stream)
+
+    def _on_device(self) -> Any:
+        import torch
+
+        device = getattr(self, "device", None)
+        return contextlib.nullcontext() if device is None else torch.cuda.device(device)
+
+    def ready(self) -> bool:
+        with self._on_device():
+            return bool(self.arrived.query())
+
+    def item(self) -> Any:
+        with self._on_device():
+            if not self.arrived.query():  # only a value still on its way is waited for
+                self.arrived.synchronize()
+        return self.host.item()

@@ -26,7 +26,7 @@ import torch
 
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
-from notebook_kit.runtime.messages import Failure, Finished, Result, weights_of
+from notebook_kit.runtime.messages import Failure, Finished, Result, Send, WorkerMessage, weights_of
 from notebook_kit.runtime.seeding import set_seed
 from notebook_kit.runtime.weights_file import gather_and_store, store_home_weights
 from notebook_kit.worker.host_pickling import dumps_for_kernel
@@ -156,11 +156,11 @@ def _unbuffered_text_stream(fd: int) -> io.TextIOWrapper:
     )
 
 
-def _message_sender(connection: Connection) -> Callable[[str, Any], None]:
+def _message_sender(connection: Connection) -> Send:
     lock = threading.Lock()
 
-    def send(kind: str, payload: Any) -> None:
-        data = dumps_for_kernel((kind, payload))  # tensors arrive on the CPU
+    def send(message: WorkerMessage) -> None:
+        data = messages.encode(message, dumps_for_kernel)  # tensors arrive on the CPU
         with lock:
             connection.send_bytes(data)
 
@@ -172,7 +172,7 @@ def _run(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     spec: WorkerSpec,
-    send: Callable[[str, Any], None],
+    send: Send,
     stop_flag: StopFlag,
 ) -> int:
     _set_environment(spec)
@@ -253,7 +253,7 @@ def _set_environment(spec: WorkerSpec) -> None:
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
-def _report_exception(send: Callable[[str, Any], None], rank: int, mesh: str = "") -> int:
+def _report_exception(send: Send, rank: int, mesh: str = "") -> int:
     """Send the exception to the kernel, which shows it once; print it only if that fails.
 
     ``mesh``: the rank's device-mesh coordinates, named beside its rank.
@@ -262,7 +262,7 @@ def _report_exception(send: Callable[[str, Any], None], rank: int, mesh: str = "
     # Skip this module's own frames: the traceback starts in the user's function.
     failure = dataclasses.replace(Failure.from_exception(error, trace, [__file__]), mesh=mesh)
     try:
-        messages.send(send, failure)
+        send(failure)
     except BaseException:
         with contextlib.suppress(BaseException):
             sys.stderr.write(f"rank {rank}: {failure.traceback}")
@@ -270,7 +270,7 @@ def _report_exception(send: Callable[[str, Any], None], rank: int, mesh: str = "
 
 
 def _report_result(
-    send: Callable[[str, Any], None],
+    send: Send,
     spec: WorkerSpec,
     context: LaunchContext,
     value: Any,
@@ -283,7 +283,7 @@ def _report_result(
     still needed it can be named when they fail for want of it.
     """
     if spec.local_rank != 0:
-        messages.send(send, Finished(ended, time.monotonic()))
+        send(Finished(ended, time.monotonic()))
         return True
     # Forked: a model the kernel holds has the same id here.
     home = {i: i for i in spec.home_model_ids}
@@ -299,14 +299,14 @@ def _report_result(
     try:
         if weights is None:
             weights = weights_of(context.prepared_models, home, context.gathered_weights)
-        messages.send(send, Result(value, weights, ended))
+        send(Result(value, weights, ended))
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         message = (
             f"rank 0 returned a value of type {type(value).__module__}.{type(value).__qualname__} "
             f"that cannot be pickled back to the kernel ({error}). Return plain data, tensors or "
             f"a state_dict instead."
         )
-        messages.send(send, Failure("ResultError", message, ""))
+        send(Failure("ResultError", message, ""))
         return False
     return True
 

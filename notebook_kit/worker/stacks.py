@@ -16,12 +16,10 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
-from notebook_kit.runtime import messages
-from notebook_kit.runtime.messages import Stacks
+from notebook_kit.runtime.messages import Send, Stacks
 from notebook_kit.runtime.waiting import collective_of
 
 __all__ = ["STACKS_SIGNAL", "answer_stack_requests", "current_stacks"]
@@ -33,18 +31,18 @@ _PACKAGE = PurePath(__file__).parents[1]
 _SHOWN_FRAMES = 8
 
 
-def answer_stack_requests(send: Callable[[str, Any], None]) -> None:
+def answer_stack_requests(send: Send) -> None:
     """Block :data:`STACKS_SIGNAL` here (threads started later inherit it) and answer it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})
     thread = threading.Thread(target=_answer, args=(send,), name=_HELPERS[2], daemon=True)
     thread.start()
 
 
-def _answer(send: Callable[[str, Any], None]) -> None:
+def _answer(send: Send) -> None:
     while True:
         signal.sigwait({STACKS_SIGNAL})
         with contextlib.suppress(Exception):  # the kernel went away: nothing to tell
-            messages.send(send, Stacks(tuple(current_stacks())))
+            send(Stacks(tuple(current_stacks())))
 
 
 def current_stacks() -> list[dict[str, Any]]:

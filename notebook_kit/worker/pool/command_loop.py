@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
 from notebook_kit.runtime.weights_file import gather_and_store
@@ -84,7 +83,7 @@ def serve_pool(channels: PoolChannels) -> None:
     guard.watch()
     loop = _Loop(base, guard)
     assert base.send is not None, "a pool worker talks to its kernel"
-    messages.send(base.send, Started(base.rank, os.getpid()))
+    base.send(Started(base.rank, os.getpid()))
     with contextlib.suppress(EOFError, OSError):  # the kernel went away: leave quietly
         while loop.serve(pickle.loads(commands.recv_bytes()), commands):
             pass
@@ -174,7 +173,7 @@ class _Loop:
     def _answer(self, answer: PoolAnswer) -> None:
         libc_flush()  # what C code printed reaches the kernel before the answer
         assert self.base.send is not None
-        messages.send(self.base.send, answer)
+        self.base.send(answer)
 
     def _check(self, timeout: float) -> tuple[str, str | None]:
         """One small all-reduce with a deadline: do all ranks still meet in the same place?

@@ -12,6 +12,7 @@ import io
 import pickle
 from typing import Any
 
+import cloudpickle
 import torch
 from torch import nn
 
@@ -58,8 +59,19 @@ class _HostPickler(pickle.Pickler):
         return reduce_on_host(obj)
 
 
-def dumps_for_kernel(obj: Any) -> bytes:
+class _HostCloudPickler(cloudpickle.Pickler):
+    """cloudpickle, with tensors moved to the CPU on the way."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = reduce_on_host(obj)
+        return super().reducer_override(obj) if reduced is NotImplemented else reduced
+
+
+def dumps_for_kernel(obj: Any, *, by_value: bool = False) -> bytes:
     """``pickle.dumps(obj)``, with tensors on any device stored as CPU tensors.
+
+    ``by_value``: classes and functions defined on the workers travel by value (cloudpickle),
+    as a pool call's result must, since the kernel cannot import them.
 
     Example::
 
@@ -67,5 +79,6 @@ def dumps_for_kernel(obj: Any) -> bytes:
         # device(type='cpu')
     """
     buffer = io.BytesIO()
-    _HostPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    pickler = _HostCloudPickler if by_value else _HostPickler
+    pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()

@@ -32,9 +32,10 @@ import torch.distributed as dist
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
 from notebook_kit.runtime.weights_file import gather_and_store
+from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.pool import namespace as pool_namespace
 from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
-from notebook_kit.worker.pool.namespace import dumps_by_value, namespace, run_cell
+from notebook_kit.worker.pool.namespace import namespace, run_cell
 
 __all__ = ["PoolChannels", "serve_pool"]
 
@@ -218,7 +219,7 @@ def _encode_value(value: Any) -> dict[str, Any]:
     if value is None:
         return {"value": None}
     try:
-        return {"value": dumps_by_value(value)}
+        return {"value": dumps_for_kernel(value, by_value=True)}
     except Exception as error:
         return {"repr": _safe_repr(value), "unpicklable": f"{type(error).__name__}: {error}"}
 

@@ -15,20 +15,13 @@ decided by the kernel's pickler (``launch/pool/shipping.py``) and undone here:
 from __future__ import annotations
 
 import ast
-import io
 import linecache
-import pickle
 import sys
 import types
 from typing import Any
 
-import cloudpickle
-
-from notebook_kit.worker.host_pickling import reduce_on_host
-
 __all__ = [
     "EMPTY_CELL",
-    "dumps_by_value",
     "make_function",
     "named",
     "namespace",
@@ -113,26 +106,3 @@ def run_cell(source: str, filename: str) -> Any:
     if last is None:
         return None
     return eval(compile(last, filename, "eval"), space)
-
-
-class _HostCloudPickler(cloudpickle.Pickler):
-    """cloudpickle, with tensors moved to the CPU on the way (the kernel stays CUDA-free)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        reduced = reduce_on_host(obj)
-        if reduced is not NotImplemented:
-            return reduced
-        return super().reducer_override(obj)
-
-
-def dumps_by_value(obj: Any) -> bytes:
-    """Pickle a value for the kernel: classes and functions defined on the workers by value.
-
-    Example::
-
-        pickle.loads(dumps_by_value({"w": torch.ones(2, device="cuda")}))["w"].device
-        # device(type='cpu')
-    """
-    buffer = io.BytesIO()
-    _HostCloudPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()

@@ -2498,7 +2498,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "speed-line-not-in-the-live-view",
         "the live view shows the speed line under the plot while the run goes",
-        (Edit("live/notebook_view.py", "        self._refresh_speed()\n", ""),),
+        (Edit("live/notebook_view.py", "        self._refresh_lines()\n", ""),),
         (
             "tests/test_speed.py::"
             "test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary",
@@ -2510,7 +2510,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/notebook_view.py",
-                "summary_bundle(line, summary.outcome, banner, self.recorder.speed_line())",
+                'summary_bundle(line, summary.outcome, banner, self.recorder.texts("summary"))',
                 "summary_bundle(line, summary.outcome, banner)",
             ),
         ),
@@ -2841,7 +2841,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "speed-png-without-its-lines",
         "the final PNG carries the speed lines",
-        (Edit("live/notebook_view.py", "            footer=self.recorder.speed_line(),\n", ""),),
+        (
+            Edit(
+                "live/notebook_view.py",
+                'footer="\\n".join(text for _, text in self.recorder.texts("summary")),',
+                'footer="",',
+            ),
+        ),
         (
             "tests/test_speed.py::"
             "test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary",
@@ -2852,9 +2858,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster run's speed figures have a line per node",
         (
             Edit(
-                "live/record.py",
-                "        return speed_line(speed, self._info.node_of() "
-                "if self._info is not None else None)\n",
+                "live/speed.py",
+                "        return speed_line(speed, info.node_of() if info is not None else None)\n",
                 "        return speed_line(speed)\n",
             ),
         ),

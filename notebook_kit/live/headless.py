@@ -81,6 +81,7 @@ class HeadlessObserver:
         self.recorder.on_metrics(batch)
 
     def on_tick(self) -> None:
+        self.recorder.tick()
         self.clock.observe(self.recorder.progress.count)
         if time.monotonic() - self._last_line >= self.interval:
             self._print_progress()
@@ -111,9 +112,8 @@ class HeadlessObserver:
         if self.recorder.metrics.version or self.recorder.progress.count:
             ending = "stopped" if summary.stopped else "finished"
             print(f"[{ending}] {self._line(summary.duration)}", flush=True)
-        speed = self.recorder.speed_line()
-        if speed:
-            print(f"[{speed.replace(': ', '] ', 1)}", flush=True)
+        for _, text in self.recorder.texts("headless"):
+            print(text, flush=True)
         self.console.on_finish(summary)
 
 
@@ -144,6 +144,7 @@ class QuietObserver:
         self.recorder.on_metrics(batch)
 
     def on_tick(self) -> None:
+        self.recorder.tick()
         # Only when something was written: in a kernel a flush waits for its output thread,
         # and an in-kernel run ticks once per step.
         if self._unflushed:

@@ -78,7 +78,7 @@ class LiveObserver:
         self.box: widgets.VBox | None = None
         self.status: widgets.HTML | None = None
         self.table: widgets.HTML | None = None
-        self.speed: widgets.HTML | None = None
+        self.lines: dict[str, widgets.HTML] = {}  # each panel's line under the plot, by name
         self._line_layout: widgets.Layout | None = None
         self.figure: Any = None
         self._handle: Any = None
@@ -101,8 +101,8 @@ class LiveObserver:
         )
         if earlier is not None:
             self.plot.resume(self.recorder.metrics, self.recorder.restarts)
-        self.status = self.table = self.speed = None
-        self._speed_text = ""
+        self.status = self.table = None
+        self.lines = {}
         self._last_refresh = 0.0
         self._evals: list[str] = []
         self._stopping_shown = False
@@ -122,7 +122,7 @@ class LiveObserver:
         self.status = shared.html(_status_html(info.banner), ("nk-status",), status_layout)
         header_layout = widgets.Layout(height="36px")
         header = shared.box([self.stop.widget, self.progress.widget], ("nk-header",), header_layout)
-        # The speed line's, when it appears: two lines high; more (a line per node) scroll.
+        # A panel's line, when it appears: two lines high; more (a line per node) scroll.
         self._line_layout = header_layout
         parts = [self.status, header, self.stop.note, *self.plot.widgets, self.output.widget]
         box_layout = widgets.Layout(height=BOX_HEIGHT)  # before the parts have rendered, too
@@ -163,7 +163,13 @@ class LiveObserver:
             self.plot.resume(self.recorder.metrics, self.recorder.restarts, drop_from=resumed)
         self.plot.on_metrics(batch)
 
+    @property
+    def speed(self) -> widgets.HTML | None:
+        """The speed line under the plot, once the first figures arrived."""
+        return self.lines.get("speed")
+
     def on_tick(self) -> None:
+        self.recorder.tick()
         if self._shown_at is not None and not self._broken and self._route_due(self._shown_at):
             try:
                 self._route_clicks()
@@ -190,26 +196,26 @@ class LiveObserver:
             self.output.refresh()
         self.plot.refresh(self.recorder.metrics, self.recorder.progress)
         self._refresh_table()
-        self._refresh_speed()
+        self._refresh_lines()
         dropped = self.recorder.metrics.total_dropped
         if dropped and info is not None and self.status is not None:
             note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
             self.status.value = _status_html(info.banner, note)
 
-    def _refresh_speed(self) -> None:
-        """The speed line under the plot, made when the first figures arrive (as the
+    def _refresh_lines(self) -> None:
+        """Each panel's line under the plot, made when it first has something to say (as the
         evaluation table is): a run that counts and logs nothing opens no model for it."""
-        text = self.recorder.speed_line()
-        if text == self._speed_text or self.box is None:
+        if self.box is None or self.output is None:
             return
-        self._speed_text = text
-        if self.speed is None:
-            self.speed = self.shared.html(_speed_html(text), ("nk-speed",), self._line_layout)
-            parts = list(self.box.children)
-            parts.insert(parts.index(self.plot.widgets[-1]) + 1, self.speed)
-            self.box.children = tuple(parts)
-        else:
-            self.speed.value = _speed_html(text)
+        for name, text in self.recorder.texts("live"):
+            line = self.lines.get(name)
+            if line is None:
+                line = self.shared.html(_line_html(text), (f"nk-{name}",), self._line_layout)
+                parts = list(self.box.children)
+                parts.insert(parts.index(self.output.widget), line)  # above the tabs
+                self.box.children, self.lines[name] = tuple(parts), line
+            elif line.value != _line_html(text):
+                line.value = _line_html(text)
 
     def _refresh_table(self) -> None:
         evals = self.plot.evals
@@ -267,7 +273,7 @@ class LiveObserver:
             y_scale=self.plot.y_scale,  # type: ignore[arg-type]
             x_metric=self.plot.x_metric if self.plot.x_axis == "epoch" else None,
             marks=self.recorder.restarts,
-            footer=self.recorder.speed_line(),
+            footer="\n".join(text for _, text in self.recorder.texts("summary")),
         )
         return figure
 
@@ -287,7 +293,7 @@ class LiveObserver:
             restarts,
         )
         banner = self.info.banner if self.info is not None else ""
-        bundle = summary_bundle(line, summary.outcome, banner, self.recorder.speed_line())
+        bundle = summary_bundle(line, summary.outcome, banner, self.recorder.texts("summary"))
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
         else:  # no display ids outside a kernel: just show it
@@ -313,7 +319,7 @@ class LiveObserver:
     def _close_widgets(self) -> None:
         """The static outputs replaced them: free the models (and the saved widget state)."""
         extra = [] if self.stop is None else [self.stop.button, self.stop.note]
-        for widget in (self.box, self.table, self.speed, *self.plot.widgets, *extra):
+        for widget in (self.box, self.table, *self.lines.values(), *self.plot.widgets, *extra):
             if widget is not None:
                 close_tree(widget)
 
@@ -335,7 +341,7 @@ def close_tree(widget: widgets.Widget) -> None:
                 part.close()
 
 
-def _speed_html(text: str) -> str:
+def _line_html(text: str) -> str:
     return (
         '<div style="white-space:pre-wrap;font-size:12px;line-height:16px;max-height:34px;'
         'overflow-y:auto">'

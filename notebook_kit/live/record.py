@@ -13,11 +13,15 @@ from typing import Any
 from notebook_kit.errors import choose_root_cause
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
+from notebook_kit.live.panel import Panel
 from notebook_kit.live.progress import ProgressState
-from notebook_kit.live.speed import Speed, SpeedTracker, speed_line
+from notebook_kit.live.speed import Speed, SpeedPanel
 from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["Attempt", "RunProgress", "RunRecord", "RunRecorder", "last_run"]
+__all__ = ["PANELS", "Attempt", "RunProgress", "RunRecord", "RunRecorder", "last_run"]
+
+# Every figure of the view, in the order the displays show them (live/panel.py says how).
+PANELS: tuple[type[Panel], ...] = (SpeedPanel,)
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,8 @@ class RunRecord:
         steps: Training steps counted by the progress bar.
         dropped: Metric records the workers could not send (the kernel was too slow).
         figure: The final live plot (a matplotlib Figure), or None when none was drawn.
-        speed: Samples/s, steps/s, tokens/s and each rank's memory peaks
-            (:class:`~notebook_kit.live.speed.Speed`); None when no rank counted or logged.
         attempts: Every attempt, in order (one unless the launch restarted).
+        panels: What each figure of the view kept, by its name (``speed`` below).
 
     Example::
 
@@ -78,8 +81,14 @@ class RunRecord:
     steps: int = 0
     dropped: int = 0
     figure: Any = field(default=None, repr=False, compare=False)
-    speed: Speed | None = field(default=None, compare=False)
     attempts: tuple[Attempt, ...] = ()
+    panels: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def speed(self) -> Speed | None:
+        """Samples/s, steps/s, tokens/s and each rank's memory peaks
+        (:class:`~notebook_kit.live.speed.Speed`); None when no rank counted or logged."""
+        return self.panels.get("speed")
 
     @property
     def exit_codes(self) -> dict[int, int | None]:
@@ -159,20 +168,22 @@ class RunRecorder:
     def __init__(self) -> None:
         self.metrics = MetricsAggregator()
         self.progress = RunProgress()
-        self.speed = SpeedTracker()
         self.attempts: list[Attempt] = []
         self.restarts: list[tuple[int, str]] = []  # (step it resumed at, label) per restart
-        self._info: LaunchInfo | None = None
+        self.info: LaunchInfo | None = None
+        self.panels = [make(self) for make in PANELS]
         self._started = time.monotonic()
         self._first_step: int | None = None
         self._counted = 0
 
     def start(self, info: LaunchInfo) -> None:
         """An attempt starts: the first, or a restart after a failure."""
-        self._info, self._started, self._first_step = info, time.monotonic(), None
+        self.info, self._started, self._first_step = info, time.monotonic(), None
         self._counted = 0  # the attempt's first count from rank 0, once one is seen
         if self.attempts:  # a restart counts from zero: its steps are added once it resumes
             self.progress.steps = 0
+        for panel in self.panels:
+            panel.start()
 
     def on_metrics(self, batch: MetricsBatch) -> int | None:
         """Take a batch's metrics and progress.
@@ -193,24 +204,29 @@ class RunRecorder:
                     resumed = self._first_step
                     self.progress.resume_at(resumed, max(steps), self._counted)
                     self.metrics.drop_from(resumed)
-                    world = self._info.world_size if self._info is not None else 0
+                    world = self.info.world_size if self.info is not None else 0
                     self.restarts.append((resumed, f"restart {len(self.attempts)} · {world} ranks"))
         self.metrics.add_batch(batch)
         self.progress.take_batch(batch)
-        self.speed.take(batch.rank, batch.speed)
+        for panel in self.panels:
+            panel.take(batch)
         return resumed
 
-    def speed_line(self) -> str:
-        """The speed line to show now: empty while no rank counted a batch (a prepared loader,
-        ``log(samples=...)``) or logged a metric, so such a run shows nothing new."""
-        speed = self.speed.speed()
-        if speed is None or not (speed.steps or self.metrics.version):
-            return ""
-        return speed_line(speed, self._info.node_of() if self._info is not None else None)
+    def tick(self) -> None:
+        for panel in self.panels:
+            panel.tick()
+
+    def texts(self, place: str) -> list[tuple[str, str]]:
+        """``(name, text)`` of each panel with something to show in ``place``: ``"live"``,
+        ``"summary"`` or ``"headless"`` (a :class:`~notebook_kit.live.panel.Panel` hook)."""
+        texts = [(panel.name, getattr(panel, place)()) for panel in self.panels]
+        return [(name, text) for name, text in texts if text]
 
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last
-        info = self._info
+        info = self.info
+        for panel in self.panels:
+            panel.finish(summary)
         # The root cause, as the summary line and the WorkerError name it.
         first = choose_root_cause(list(summary.failures)) if summary.failures else None
         failure = f"rank {first.rank}: {first.summary()}" if first is not None else None
@@ -235,7 +251,7 @@ class RunRecorder:
             steps=self.progress.count,
             dropped=self.metrics.total_dropped,
             figure=figure,
-            speed=self.speed.speed(),
             attempts=tuple(self.attempts),
+            panels={panel.name: panel.record() for panel in self.panels},
         )
         return _last

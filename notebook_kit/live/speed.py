@@ -19,9 +19,17 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from notebook_kit.runtime.messages import RankSpeed
+from notebook_kit.live.panel import Panel, Run
+from notebook_kit.runtime.messages import MetricsBatch, RankSpeed, WorkerMessage
 
-__all__ = ["STRAGGLER_MARGIN", "STRAGGLER_STEPS", "Speed", "SpeedTracker", "speed_line"]
+__all__ = [
+    "STRAGGLER_MARGIN",
+    "STRAGGLER_STEPS",
+    "Speed",
+    "SpeedPanel",
+    "SpeedTracker",
+    "speed_line",
+]
 
 STRAGGLER_MARGIN = 0.15  # busy time above the other ranks' median, as a fraction of it
 STRAGGLER_STEPS = 10  # steps in the window a straggler must also lag in
@@ -308,3 +316,35 @@ def _bytes(count: int) -> str:
     if count >= 2**30:
         return f"{count / 2**30:.1f} GiB"
     return f"{count / 2**20:.0f} MiB"
+
+
+class SpeedPanel(Panel):
+    """The speed line: under the plot while the run goes, under its summary and its saved plot
+    at the end, ``[speed] …`` without a notebook, and ``last_run().speed``."""
+
+    name = "speed"
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run)
+        self.tracker = SpeedTracker()
+
+    def take(self, message: WorkerMessage) -> None:
+        if isinstance(message, MetricsBatch):
+            self.tracker.take(message.rank, message.speed)
+
+    def live(self) -> str:
+        """Empty while no rank counted a batch (a prepared loader, ``log(samples=...)``) or
+        logged a metric, so such a run shows nothing new."""
+        speed, info = self.tracker.speed(), self.run.info
+        if speed is None or not (speed.steps or self.run.metrics.version):
+            return ""
+        return speed_line(speed, info.node_of() if info is not None else None)
+
+    summary = live
+
+    def headless(self) -> str:
+        line = self.live()
+        return f"[{line.replace(': ', '] ', 1)}" if line else ""
+
+    def record(self) -> Speed | None:
+        return self.tracker.speed()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, choose_root_cause
@@ -95,9 +96,11 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def summary_bundle(line: str, outcome: str, banner: str, speed: str = "") -> dict[str, str]:
-    """The summary as HTML (coloured by outcome, the speed line and the launch banner below)
-    and as text (the same lines)."""
+def summary_bundle(
+    line: str, outcome: str, banner: str, panels: Sequence[tuple[str, str]] = ()
+) -> dict[str, str]:
+    """The summary as HTML (coloured by outcome, each panel's ``(name, text)`` and the launch
+    banner below) and as text (the same lines)."""
     colour = _COLOURS.get(outcome, "inherit")
     icon = _ICONS.get(outcome, "")
     head, _, rest = line.partition(" · ")
@@ -105,20 +108,19 @@ def summary_bundle(line: str, outcome: str, banner: str, speed: str = "") -> dic
     body = (
         f'<div class="nk-summary" style="font-size:13px;padding:2px 0">'
         f'<span style="color:{colour}">{icon} <b>{html.escape(head)}</b></span>{tail}</div>'
-        f"{_speed_html(speed)}"
+        f"{''.join(_panel_html(name, text) for name, text in panels)}"
         f'<div class="nk-banner" style="color:#666;font-size:11px">{html.escape(banner)}</div>'
     )
-    text = "\n".join(part for part in (line, speed, banner) if part)
+    texts = [text for _, text in panels]
+    text = "\n".join(part for part in (line, *texts, banner) if part)
     return {"text/html": body, "text/plain": text}
 
 
-def _speed_html(speed: str) -> str:
-    """The speed line as the live view and the saved notebook show it (empty: nothing)."""
-    if not speed:
-        return ""
+def _panel_html(name: str, text: str) -> str:
+    """A panel's lines (the speed line) as the saved notebook shows them."""
     return (
-        '<div class="nk-speed" style="font-size:12px;color:#444;white-space:pre-line">'
-        f"{html.escape(speed)}</div>"
+        f'<div class="nk-{name}" style="font-size:12px;color:#444;white-space:pre-line">'
+        f"{html.escape(text)}</div>"
     )
 
 

@@ -32,7 +32,7 @@ from notebook_kit.config.arguments import is_loopback, loopback_master_problem
 from notebook_kit.config.command_line import option_name
 from notebook_kit.config.environment import gpu_count
 from notebook_kit.config.launch_config import LaunchConfig, field_errors, read_saved_default
-from notebook_kit.config.launch_plan import auto_process_count, auto_threads
+from notebook_kit.config.launch_plan import auto_process_count, auto_threads, worker_environment
 from notebook_kit.config.placement import (
     DEFAULT_MASTER_PORT,
     NodePlacement,
@@ -45,8 +45,6 @@ from notebook_kit.errors import is_consequence
 from notebook_kit.launch.plan import parallelism_sizes
 
 __all__ = ["LaunchInputError", "ScriptLaunch", "plan_script_launch", "run_script_launch"]
-
-_PLACEMENT_FIELDS = ("num_nodes", "node_rank", "master_addr", "master_port", "num_processes")
 
 
 class LaunchInputError(ValueError):
@@ -114,23 +112,7 @@ class ScriptLaunch:
             >>> launch.worker_environment()["NOTEBOOK_KIT_MIXED_PRECISION"]
             'bf16'
         """
-        config = self.config
-        environment = {
-            "OMP_NUM_THREADS": str(self.threads),
-            SETTINGS["mixed_precision"].env_var: config.mixed_precision,
-            SETTINGS["gradient_accumulation_steps"].env_var: str(
-                config.gradient_accumulation_steps
-            ),
-            SETTINGS["use_fsdp"].env_var: "yes" if config.use_fsdp else "no",
-        }
-        for name, setting in SETTINGS.items():  # the ParallelismConfig sizes, storage_timeout
-            if name.startswith("parallelism_config_") or name == "storage_timeout":
-                environment[setting.env_var] = str(getattr(config, name))
-        if config.num_nodes == 1 and sys.platform.startswith("linux"):
-            # One node talks over loopback only; gloo otherwise probes the host's interfaces.
-            environment["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-            environment["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
-        return environment
+        return worker_environment(self.config, self.threads)
 
     def banner(self) -> str:
         """One line saying what is about to start."""
@@ -179,8 +161,8 @@ def _base_config(config_path: str | None) -> tuple[LaunchConfig, str]:
 def _placement_values(placement: NodePlacement | None) -> dict[str, Any]:
     if placement is None:
         return {}
-    values = {field: getattr(placement, field) for field in _PLACEMENT_FIELDS}
-    return {field: value for field, value in values.items() if value is not None}
+    values = {name: getattr(placement, name) for name in SETTINGS if hasattr(placement, name)}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def _check_switch_value(script: str, script_args: Sequence[str], given: Mapping[str, Any]) -> None:

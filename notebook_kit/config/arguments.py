@@ -42,7 +42,7 @@ def takes_arguments_of(
             try:
                 bound = parameters.bind(*args, **kwargs)
             except TypeError as error:
-                raise TypeError(f"{body.__name__}() {error}") from None
+                raise TypeError(f"{body.__qualname__}() {error}") from None
             bound.apply_defaults()
             options = dict(bound.arguments)
             return [options.pop("self"), options] if method else [options]

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from notebook_kit.config.arguments import is_loopback
 from notebook_kit.config.environment import KernelState, usable_cpu_count
 from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout
+from notebook_kit.config.schema import scoped
+
+if TYPE_CHECKING:
+    from notebook_kit.config.launch_config import LaunchConfig
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
@@ -15,6 +22,7 @@ __all__ = [
     "LaunchPlan",
     "auto_process_count",
     "auto_threads",
+    "worker_environment",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -129,3 +137,28 @@ class LaunchPlan:
             return self._where(0)
         names = set(self.kernel.gpu_names[: self.num_processes]) if self.kernel else set()
         return f"{self.num_processes} GPUs" + (f" ({names.pop()})" if len(names) == 1 else "")
+
+
+def worker_environment(plan: LaunchPlan | LaunchConfig, threads: int) -> dict[str, str]:
+    """The variables every worker starts with, forked here or by ``notebook-kit launch``.
+
+    ``threads`` torch/OpenMP threads, each "worker" setting of the schema as the
+    ``NOTEBOOK_KIT_<NAME>`` variable its Accelerator reads, and, on one Linux node, gloo and
+    NCCL kept on loopback (unless the user chose an interface): gloo otherwise probes the
+    host's interfaces, and NCCL's bootstrap may pick one that hangs (docker0).
+
+    Example:
+        >>> from notebook_kit.config.launch_config import LaunchConfig
+        >>> worker_environment(LaunchConfig(use_fsdp=True), 2)["NOTEBOOK_KIT_USE_FSDP"]
+        'yes'
+    """
+    environment = {"OMP_NUM_THREADS": str(threads)}
+    for name, setting in scoped("worker").items():
+        value = getattr(plan, name)
+        environment[setting.env_var] = (
+            ("yes" if value else "no") if setting.kind == "bool" else str(value)
+        )
+    if plan.num_nodes == 1 and sys.platform.startswith("linux"):
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            environment[variable] = os.environ.get(variable, "lo")
+    return environment

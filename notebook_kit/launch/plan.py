@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from notebook_kit.launch.preflight import check_fork_safety
 __all__ = ["Call", "check_explicit_settings", "make_plan", "parallelism_sizes"]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
+_PLAN_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchPlan))
 
 
 def check_explicit_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,37 +80,30 @@ def make_plan(
         check_fork_safety(kernel)  # a tainted kernel sees no GPU: name that cause, not the count
     backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
     device = "cuda" if gpus and (in_kernel or backend == "nccl") else "cpu"
-    parallelism = parallelism_sizes(config, num_processes, device=device)
+    parallelism_sizes(config, num_processes, device=device)
     port = config.master_port
     if config.num_nodes > 1 and port is None:
         port = DEFAULT_MASTER_PORT
-    return LaunchPlan(
-        num_processes=num_processes,
-        num_nodes=config.num_nodes,
-        node_rank=config.node_rank,
-        master_addr=config.master_addr if config.num_nodes > 1 else LOOPBACK,
-        port=port,
-        backend=backend,
-        threads=config.threads_per_process or auto_threads(num_processes),
-        mixed_precision=config.mixed_precision,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        rendezvous_timeout=rendezvous_timeout,
-        timeout=timeout,
-        max_restarts=config.max_restarts,
-        use_fsdp=config.use_fsdp,
-        **{f"parallelism_config_{dim}_size": size for dim, size in parallelism},
-        seed=config.seed,
-        live=config.live,
-        device=device,
-        isolate=isolate,
-        cpu_reason=_cpu_reason(kernel, gpus, num_processes, config.backend)
+    decided = {
+        "num_processes": num_processes,
+        "master_addr": config.master_addr if config.num_nodes > 1 else LOOPBACK,
+        "port": port,
+        "backend": backend,
+        "threads": config.threads_per_process or auto_threads(num_processes),
+        "rendezvous_timeout": rendezvous_timeout,
+        "timeout": timeout,
+        "device": device,
+        "isolate": isolate,
+        "cpu_reason": _cpu_reason(kernel, gpus, num_processes, config.backend)
         if device == "cpu"
         else None,
-        kernel=kernel,
-        cores=usable_cpu_count(),
-        stall_seconds=stall_seconds,
-        storage_timeout=config.storage_timeout,
-    )
+        "kernel": kernel,
+        "cores": usable_cpu_count(),
+        "stall_seconds": stall_seconds,
+    }
+    # The other settings the plan has a field for go in as they are (mesh sizes checked above).
+    as_given = {name: getattr(config, name) for name in _PLAN_FIELDS if name in SETTINGS}
+    return LaunchPlan(**{**as_given, **decided})
 
 
 def parallelism_sizes(

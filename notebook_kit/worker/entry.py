@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from notebook_kit.config.launch_plan import worker_environment
 from notebook_kit.runtime import messages
 from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.messages import Failure, Finished, Result, Send, WorkerMessage, weights_of
@@ -228,6 +229,7 @@ def _run(
 
 
 def _set_environment(spec: WorkerSpec) -> None:
+    """This rank's place in the run, and what every worker of a launch is given."""
     os.environ.update(
         RANK=str(spec.rank),
         LOCAL_RANK=str(spec.local_rank),
@@ -237,20 +239,9 @@ def _set_environment(spec: WorkerSpec) -> None:
         GROUP_RANK=str(spec.plan.node_rank),
         MASTER_ADDR=spec.plan.master_addr,
         MASTER_PORT=str(spec.master_port),
-        OMP_NUM_THREADS=str(spec.plan.threads),
         NOTEBOOK_KIT_RESTART_COUNT=str(spec.restart_count),
-        NOTEBOOK_KIT_MIXED_PRECISION=spec.plan.mixed_precision,
-        NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS=str(spec.plan.gradient_accumulation_steps),
-        NOTEBOOK_KIT_USE_FSDP="yes" if spec.plan.use_fsdp else "no",
-        NOTEBOOK_KIT_STORAGE_TIMEOUT=str(spec.plan.storage_timeout),
+        **worker_environment(spec.plan, spec.plan.threads),
     )
-    for name in ("dp_replicate", "dp_shard", "tp", "cp"):  # read by every Accelerator
-        field = f"parallelism_config_{name}_size"
-        os.environ[f"NOTEBOOK_KIT_{field.upper()}"] = str(getattr(spec.plan, field))
-    if spec.plan.num_nodes == 1 and sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # single node: stay on loopback
-        # NCCL's bootstrap picks an interface of its own (docker0 can win, and then hangs).
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def _report_exception(send: Send, rank: int, mesh: str = "") -> int:

@@ -19,12 +19,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from notebook_kit.config import arguments
+from notebook_kit.config.arguments import takes_arguments_of
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.launch_plan import (
     DEFAULT_RENDEZVOUS_TIMEOUT,
     DEFAULT_STALL_SECONDS,
     LaunchPlan,
 )
+from notebook_kit.config.schema import scoped
 from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launcher import resolve_plan
@@ -75,6 +77,39 @@ def _stop_at_exit(live: _LiveProcesses) -> None:
         live.processes = None
 
 
+def _pool_arguments(
+    self: WorkerPool,
+    num_processes: int | None = None,
+    *,
+    mixed_precision: arguments.MixedPrecision | None = None,
+    gradient_accumulation_steps: int | None = None,
+    backend: arguments.Backend | None = None,
+    seed: int | None = None,
+    master_addr: str | None = None,
+    use_port: int | None = None,
+    num_nodes: int | None = None,
+    node_rank: int | None = None,
+    threads_per_process: int | None = None,
+    live: bool | None = None,
+    max_restarts: int | None = None,
+    fsdp: bool | None = None,
+    parallelism_config_dp_replicate_size: int | None = None,
+    parallelism_config_dp_shard_size: int | None = None,
+    parallelism_config_tp_size: int | None = None,
+    parallelism_config_cp_size: int | None = None,
+    storage_timeout: int | None = None,
+    timeout: float | None = None,
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
+    isolate: bool = True,
+    stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+    min_nodes: int | None = None,
+    config: LaunchConfig | None = None,
+    send_limit: int = DEFAULT_SEND_LIMIT,
+    cluster: Any = None,
+) -> None:
+    """The arguments of :class:`WorkerPool`, written out for ``help()`` and type checkers."""
+
+
 class WorkerPool:
     """Workers that stay: run functions and cells on every rank, keeping what they define.
 
@@ -107,43 +142,13 @@ class WorkerPool:
         pool.close()
     """
 
-    def __init__(
-        self,
-        num_processes: int | None = None,
-        *,
-        mixed_precision: arguments.MixedPrecision | None = None,
-        gradient_accumulation_steps: int | None = None,
-        backend: arguments.Backend | None = None,
-        seed: int | None = None,
-        master_addr: str | None = None,
-        use_port: int | None = None,
-        num_nodes: int | None = None,
-        node_rank: int | None = None,
-        threads_per_process: int | None = None,
-        live: bool | None = None,
-        max_restarts: int | None = None,
-        fsdp: bool | None = None,
-        parallelism_config_dp_replicate_size: int | None = None,
-        parallelism_config_dp_shard_size: int | None = None,
-        parallelism_config_tp_size: int | None = None,
-        parallelism_config_cp_size: int | None = None,
-        storage_timeout: int | None = None,
-        timeout: float | None = None,
-        rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
-        isolate: bool = True,
-        stall_seconds: float | None = DEFAULT_STALL_SECONDS,
-        min_nodes: int | None = None,
-        config: LaunchConfig | None = None,
-        send_limit: int = DEFAULT_SEND_LIMIT,
-        cluster: Any = None,
-    ) -> None:
-        options = {k: v for k, v in locals().items() if k not in ("self", "send_limit")}
-        send_limit = arguments.check_int("send_limit", send_limit, minimum=1)
-        refuse_launch_only(
-            options.pop("max_restarts"), options.pop("isolate"), options.pop("min_nodes")
-        )
+    @takes_arguments_of(_pool_arguments)
+    def __init__(self, options: dict[str, Any]) -> None:
+        send_limit = arguments.check_int("send_limit", options.pop("send_limit"), minimum=1)
+        refuse_launch_only(**{name: options.pop(name) for name in scoped("launch")})
         self._cluster_plan: ClusterPlan | None = None
-        if options.pop("cluster") is not None:
+        cluster = options.pop("cluster")
+        if cluster is not None:
             self._cluster_plan = cluster_plan(cluster, options, send_limit)
         else:
             self.plan: LaunchPlan = resolve_plan(options, "WorkerPool", isolate=True)

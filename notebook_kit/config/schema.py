@@ -12,9 +12,10 @@ To add a setting:
 1. Add one :class:`Setting` to :data:`SETTINGS` (or :data:`CALL_SETTINGS`), with its ``scope``:
    where it goes on a cluster, whether a pool refuses it, whether workers read it.
 2. Write it out where a signature must stay explicit for ``help()`` and type checkers, in
-   schema order: a field of ``LaunchConfig`` and a keyword of ``notebook_launcher``,
-   ``notebook_launcher_async`` and ``WorkerPool``. ``tests/test_schema.py`` compares
-   them with the schema (names, order, defaults, annotations) and says what is missing.
+   schema order: a field of ``LaunchConfig``, and a keyword of the launchers' signature
+   (``launch/launcher.py``, shared by ``notebook_launcher`` and its await form) and of
+   ``WorkerPool``'s. ``tests/test_schema.py`` compares them with the schema (names, order,
+   defaults, annotations) and says what is missing.
 3. Use it: ``make_plan`` copies it into a ``LaunchPlan`` field of the same name, and a "worker"
    setting reaches every worker as its variable.
 """

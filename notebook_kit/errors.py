@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["PortInUseError", "WorkerError", "WorkerFailure"]
+__all__ = ["PoolFate", "PoolRunError", "PortInUseError", "WorkerError", "WorkerFailure"]
+
+# What a failed pool command left of the pool: its workers still running with their state,
+# stopped (the next command starts new ones), or closed (a cluster pool's nodes).
+PoolFate = Literal["running", "stopped", "closed"]
 
 # Errors a rank raises only because another rank went away first: never the root cause.
 _SECONDARY_MARKERS = (
@@ -128,6 +134,72 @@ class WorkerError(RuntimeError):
             ranks = ", ".join(str(f.rank) for f in others)
             noun = "Rank" if len(others) == 1 else "Ranks"
             lines.append(f"{noun} {ranks} failed afterwards, likely as a consequence.")
+        if root.traceback:
+            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        return "\n".join(lines)
+
+
+class PoolRunError(WorkerError):
+    """A pool command failed on some rank; the message names it (with its node and worker on
+    a cluster), says what became of the pool and holds the rank's traceback.
+
+    Catch :class:`WorkerError` to handle a launch's failure and a pool's alike.
+
+    Attributes:
+        pool: What became of the pool: ``"running"`` (the workers keep their state),
+            ``"stopped"`` (the next command starts new workers) or ``"closed"``.
+        aftermath: The same, as the message says it.
+        nodes: On a cluster, each node's worker address (empty on one machine).
+        lost_nodes: Nodes whose worker died or went silent.
+
+    Example::
+
+        try:
+            pool.run(train)
+        except WorkerError as error:
+            print(error.rank, error.failure.exception_type)
+    """
+
+    def __init__(
+        self,
+        failures: list[WorkerFailure],
+        world_size: int,
+        aftermath: str,
+        pool: PoolFate = "running",
+        nodes: Sequence[str] = (),
+        lost_nodes: tuple[int, ...] = (),
+        worker_noun: str = "",
+    ) -> None:
+        self.aftermath, self.pool = aftermath, pool
+        self.nodes, self.lost_nodes, self.worker_noun = list(nodes), lost_nodes, worker_noun
+        super().__init__(failures, world_size)
+        if len(failures) > 1 and len({(f.exception_type, f.message) for f in failures}) == 1:
+            self.failures = sorted(failures, key=lambda failure: failure.rank)
+            self.failure = self.failures[0]  # the same error everywhere: show rank 0's
+            self.args = (self._format(),)
+
+    def _named(self, rank: int) -> str:
+        """ "Rank 3", or on a cluster "Rank 3 (node 1, Dask worker tcp://...)"."""
+        if not self.nodes:
+            return f"Rank {rank}"
+        node = rank // max(self.world_size // len(self.nodes), 1)
+        return f"Rank {rank} (node {node}, {self.worker_noun} {self.nodes[node]})"
+
+    def _format(self) -> str:
+        root = self.failure
+        lines = [
+            f"{self._named(root.rank)} of {self.world_size}{_at(root)} failed: {root.summary()}"
+        ]
+        others = self.failures[1:]
+        alike = all(
+            (f.exception_type, f.message) == (root.exception_type, root.message) for f in others
+        )
+        if others and alike:
+            noun = "Rank" if len(others) == 1 else "Ranks"
+            lines.append(f"{noun} {', '.join(str(f.rank) for f in others)} failed the same way.")
+        elif others:
+            lines += [f"Rank {f.rank} failed too: {f.summary()}" for f in others]
+        lines.append(self.aftermath)
         if root.traceback:
             lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
         return "\n".join(lines)

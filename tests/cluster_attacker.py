@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from notebook_kit.node.protocol import NodePrint, RunCommand, Seal, encode
+from notebook_kit.runtime.pool_commands import PoolCall
 
 _FIND_SECONDS = 90.0
 
@@ -37,7 +38,7 @@ def forged_events(marker: str) -> list[bytes]:
 def forged_commands(marker: str) -> list[bytes]:
     """A pool ``call`` whose body the ranks would unpickle, sealed with the wrong secret."""
     body = pickle.dumps(Forged(marker))
-    command = RunCommand(10**6, "call", body, (0, 1), ())
+    command = RunCommand(10**6, PoolCall(body, None), (0, 1), ())
     return [pickle.dumps(Forged(marker)), encode(command, Seal.new())]
 
 

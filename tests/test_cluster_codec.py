@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.runtime.codec import pack
 from notebook_kit.node.protocol import (
     CheckGroup,
     ClosePool,
@@ -37,6 +36,7 @@ from notebook_kit.node.protocol import (
     decode,
     encode,
 )
+from notebook_kit.runtime.codec import pack
 from notebook_kit.runtime.messages import (
     Failure,
     MetricsBatch,
@@ -45,6 +45,7 @@ from notebook_kit.runtime.messages import (
     Progress,
     RankSpeed,
 )
+from notebook_kit.runtime.pool_commands import PoolCell, PoolPull
 
 _FAILURE = WorkerFailure(1, -9, None, "killed by SIGKILL", "", 12.5, "dp=1")
 _ANSWER = PoolAnswer(3, "error", Failure("ValueError", "bad", "tb", 2.0), {}, None, "detail")
@@ -58,7 +59,7 @@ MESSAGES = [
     NodeFailed((_FAILURE,)),
     NodeError("RuntimeError", "no", "tb"),
     NodeInterrupted(),
-    RunCommand(4, "cell", b"\x80body", (0, 1), (0,)),
+    RunCommand(4, PoolCell("x = 1", "<cell 1>", b"\x80body"), (0, 1), (0,)),
     StopCommand(4),
     Interrupt(4),
     CheckGroup(5),
@@ -113,7 +114,7 @@ def test_a_kind_not_of_this_protocol_or_not_expected_here_is_refused():
     with pytest.raises(ProtocolError, match="no message kind 'Popen'"):
         decode(seal.close(msgpack.packb(unknown)), NodePrint, seal=seal)
     with pytest.raises(ProtocolError, match="expected NodePrint, got RunCommand"):
-        decode(encode(RunCommand(1, "call", b"", (0,), ()), seal), NodePrint, seal=seal)
+        decode(encode(RunCommand(1, PoolPull("x"), (0,), ()), seal), NodePrint, seal=seal)
     extra = msgpack.ExtType(1, msgpack.packb(["NodePrint", ["x", "a field too many"]]))
     with pytest.raises(ProtocolError, match="not a message"):
         decode(seal.close(msgpack.packb(extra)), NodePrint, seal=seal)

@@ -12,8 +12,8 @@ import types
 import pytest
 import torch
 
-from notebook_kit.errors import WorkerFailure
-from notebook_kit.launch.pool.results import STILL_RUNNING, PoolRunError, decode_value
+from notebook_kit.errors import PoolRunError, WorkerFailure
+from notebook_kit.launch.pool.results import STILL_RUNNING, decode_value
 from notebook_kit.launch.pool.shipping import (
     SendTooLargeError,
     WorkerHoldings,
@@ -174,3 +174,37 @@ def test_code_names_reads_nested_functions() -> None:
     code = compile("def f():\n    def g():\n        return deep\n    return g", "<c>", "exec")
     assert "deep" in code_names(code)
     assert isinstance(code, types.CodeType)
+
+
+def _members(protocol: type) -> set[str]:
+    """A protocol's declared members: its annotations and what its body defines."""
+    own = set(vars(protocol)) | set(getattr(protocol, "__annotations__", {}))
+    return {name for name in own if not name.startswith("_")}
+
+
+def test_both_pool_backends_have_every_member_of_the_backend_protocol() -> None:
+    from notebook_kit.launch.cluster.pool import ClusterNodes
+    from notebook_kit.launch.pool.backend import PoolBackend
+    from notebook_kit.launch.pool.workers import PoolProcesses
+
+    members = _members(PoolBackend)
+    assert {"start", "execute", "error", "restarts_after_fault", "world_size"} <= members
+    for backend in (PoolProcesses, ClusterNodes):
+        missing = {m for m in members if not hasattr(backend, m) and m not in _members(backend)}
+        assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
+
+
+def test_every_pool_command_crosses_a_workers_pipe_as_it_left() -> None:
+    from notebook_kit.runtime import pool_commands as pc
+
+    commands = (
+        pc.PoolCell("x = 1", "<cell 1>", b"\x80shipped"),
+        pc.PoolCall(b"\x80call", 7),
+        pc.PoolPush(b"\x80values"),
+        pc.PoolPull("model"),
+        pc.PoolCheck(0.4),
+        pc.PoolClose(),
+    )
+    for command in commands:
+        request = pc.PoolRequest(3, True, command)
+        assert pc.decode(pc.encode(request)) == request

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from notebook_kit import WorkerPool
+from notebook_kit.launch.pool.backend import RunOutcome
 from notebook_kit.launch.pool.results import run_summary
 from notebook_kit.launch.pool.turns import Turns
-from notebook_kit.launch.pool.workers import RunOutcome
 from notebook_kit.live.summary import summary_line
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.runtime import codec
+from notebook_kit.runtime import codec, pool_commands
 from notebook_kit.runtime.codec import ProtocolError, Seal
 from notebook_kit.runtime.messages import (
     Failure,
@@ -37,6 +37,7 @@ from notebook_kit.runtime.messages import (
     Progress,
     RankSpeed,
 )
+from notebook_kit.runtime.pool_commands import PoolCommand
 
 __all__ = [
     "ADDRESS",
@@ -146,12 +147,11 @@ class LaunchStop:
 
 @dataclass(frozen=True)
 class RunCommand:
-    """A pool command (``call``, ``cell``, ``push``, ``pull``) for the node's ranks among
+    """A pool command (a cell, a call, ``push``, ``pull``) for the node's ranks among
     ``ranks`` (global); ``want``: the global ranks whose value comes back."""
 
     seq: int
-    kind: str
-    body: bytes
+    command: PoolCommand
     ranks: tuple[int, ...]
     want: tuple[int, ...]
 
@@ -384,5 +384,6 @@ _KINDS: dict[str, type] = {
     for kind in (
         *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder,
         NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
+        *pool_commands.KINDS.values(),
     )
 }  # fmt: skip

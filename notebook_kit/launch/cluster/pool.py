@@ -22,14 +22,15 @@ import time
 
 import cloudpickle
 
-from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.errors import PoolFate, PoolRunError, WorkerFailure
 from notebook_kit.launch.cluster.attempt import ClusterAttempt
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, check_cluster_mesh
-from notebook_kit.launch.cluster.failures import ClusterWorkerError
 from notebook_kit.launch.cluster.probing import check_reports
 from notebook_kit.launch.interrupts import interrupt_taken
+from notebook_kit.launch.pool.backend import RunOutcome, Settle, WorkersStopped
+from notebook_kit.launch.pool.results import failures_of
+from notebook_kit.launch.pool.shipping import WorkerHoldings
 from notebook_kit.launch.pool.view import RunForward
-from notebook_kit.launch.pool.workers import RunOutcome, WorkersStopped
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.node.protocol import (
     CheckGroup,
@@ -40,8 +41,9 @@ from notebook_kit.node.protocol import (
 )
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import OutputLine
+from notebook_kit.runtime.pool_commands import PoolCommand
 
-__all__ = ["CLOSED", "ClusterNodes", "ClusterPoolError"]
+__all__ = ["CLOSED", "ClusterNodes"]
 
 _START_SLACK = 60.0  # beyond the rendezvous timeout: node processes import torch and fork
 _ANSWER_SECONDS = 10.0  # after an interrupt or a check: how long the nodes get to answer
@@ -53,28 +55,6 @@ CLOSED = (
 )
 
 
-class ClusterPoolError(ClusterWorkerError):
-    """A cluster pool's run failed on a rank; names it, its node, and what became of the pool."""
-
-    def __init__(
-        self,
-        failures: list[WorkerFailure],
-        world_size: int,
-        nodes: list[str],
-        aftermath: str,
-        lost_nodes: tuple[int, ...] = (),
-        worker_noun: str = "Dask worker",
-    ) -> None:
-        self.aftermath = aftermath
-        super().__init__(failures, world_size, nodes, lost_nodes, worker_noun)
-
-    def _format(self) -> str:
-        """The cluster launch's message, saying what became of the pool instead of a launch's
-        "the other workers were stopped" (its second line, whatever follows it)."""
-        lines = super()._format().split("\n")
-        return "\n".join([lines[0], *lines[2:], "", self.aftermath])
-
-
 def _ready() -> None:
     """The function the probe rebuilds on each worker (a pool's nodes run commands instead)."""
 
@@ -82,10 +62,11 @@ def _ready() -> None:
 class ClusterNodes:
     """One generation of a cluster pool's nodes, from start to close.
 
-    Started by :meth:`start`; then :meth:`execute` runs one pool command on every node::
+    A :class:`~notebook_kit.launch.pool.backend.PoolBackend`, started by :meth:`start`; then
+    :meth:`execute` runs one pool command on every node::
 
-        nodes = ClusterNodes.start(plan, stop_flag)
-        outcome = nodes.execute("cell", body, ranks=[0, 1, 2, 3], want=[0])
+        nodes = ClusterNodes.start(plan, stop_flag, 0, holdings)
+        outcome = nodes.execute(PoolPull("x"), ranks=[0, 1, 2, 3], want=[0])
         nodes.close()
     """
 
@@ -93,6 +74,8 @@ class ClusterNodes:
     # workers of that moment, which may be gone; a new pool chooses again.
     restarts_after_fault = False
     stopped_words = CLOSED
+    num_processes: int
+    world_size: int
 
     def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
         engine = plan.engine
@@ -117,8 +100,12 @@ class ClusterNodes:
         self._lost_at_fault: tuple[int, ...] = ()
 
     @classmethod
-    def start(cls, plan: ClusterPlan, stop_flag: StopFlag) -> ClusterNodes:
-        """Choose and probe the workers, start every node, wait until its ranks have grouped."""
+    def start(
+        cls, plan: ClusterPlan, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
+    ) -> ClusterNodes:
+        """Choose and probe the workers, start every node, wait until its ranks have grouped
+        (``generation``: a new pool chooses its nodes anew, whichever it is)."""
+        holdings.forget_all()  # a node holds nothing of this kernel's yet
         nodes = cls(plan, stop_flag)
         try:
             nodes._attempt.start()
@@ -135,6 +122,14 @@ class ClusterNodes:
             nodes.kill()
             raise
         return nodes
+
+    @staticmethod
+    def check_start() -> None:
+        """Nothing to check in the kernel: a node's ranks are forked on the node."""
+
+    @staticmethod
+    def weights_file() -> None:
+        """None: a node's rank 0 sends the trained weights in its answer."""
 
     # -- what WorkerPool reads -----------------------------------------------------------
 
@@ -173,17 +168,16 @@ class ClusterNodes:
             return ending.reason
         return None
 
-    def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError:
+    def error(self, failures: list[WorkerFailure], aftermath: str, pool: PoolFate) -> PoolRunError:
         """The error that names a failed rank with its node and worker."""
         lost, noun = self._lost_at_fault, self._attempt.engine.worker_noun
-        return ClusterPoolError(failures, self.world_size, self.workers, aftermath, lost, noun)
+        return PoolRunError(failures, self.world_size, aftermath, pool, self.workers, lost, noun)
 
     # -- commands ------------------------------------------------------------------------
 
     def execute(
         self,
-        kind: str,
-        body: bytes,
+        command: PoolCommand,
         ranks: list[int],
         want: list[int],
         timeout: float | None = None,
@@ -199,7 +193,7 @@ class ClusterNodes:
         outcome = RunOutcome()
         try:
             self._seq += 1
-            self._order(outcome, timeout, RunCommand(self._seq, kind, body, (*ranks,), (*want,)))
+            self._order(outcome, timeout, RunCommand(self._seq, command, (*ranks,), (*want,)))
             if outcome.faulted and len(ranks) == self.world_size:
                 self._seq += 1
                 self._order(RunOutcome(), None, CheckGroup(self._seq))
@@ -216,7 +210,9 @@ class ClusterNodes:
         seq = order.seq
         self._attempt.command(order)
         deadline = None if timeout is None else time.monotonic() + timeout
-        interrupt_sent, stop_sent, settle = False, False, None
+        stop_sent, settle = False, Settle(_ANSWER_SECONDS, "node", "answer")
+        if isinstance(order, CheckGroup):  # every node answers within the settling time
+            settle.begin(time.monotonic())
         while True:
             try:
                 got = {n: a for n, a in self._attempt.answers.items() if a.seq == seq}
@@ -233,18 +229,11 @@ class ClusterNodes:
                 if self.stop_flag.is_set() and not stop_sent:
                     stop_sent = True
                     self._attempt.command(StopCommand(seq))
-                if outcome.faulted and not interrupt_sent:
-                    interrupt_sent = True
-                    self._attempt.command(Interrupt(seq))
-                if (outcome.faulted or isinstance(order, CheckGroup)) and settle is None:
-                    settle = now + _ANSWER_SECONDS
-                if settle is not None and now > settle:
-                    late = sorted(set(range(len(self.workers))) - set(got))
-                    reason = (
-                        f"node {', '.join(map(str, late))} did not answer within "
-                        f"{_ANSWER_SECONDS:g} s"
-                    )
-                    raise self._stopped(outcome, reason, ())
+                if outcome.faulted:
+                    settle.fault(now, lambda: self._attempt.command(Interrupt(seq)))
+                late = settle.over(now) and settle.late(set(range(len(self.workers))) - set(got))
+                if late:
+                    raise self._stopped(outcome, late, ())
                 self._step("during the run")
             except KeyboardInterrupt:
                 interrupt_taken()  # the command ends for it: more presses only repeat it
@@ -259,8 +248,6 @@ class ClusterNodes:
     def _stopped(
         self, outcome: RunOutcome, reason: str, failures: tuple[WorkerFailure, ...]
     ) -> WorkersStopped:
-        from notebook_kit.launch.pool.results import failures_of
-
         ending = WorkersStopped(reason, failures_of(outcome.answers) + list(failures))
         ending.outcome = outcome
         return ending

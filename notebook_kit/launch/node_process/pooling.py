@@ -27,8 +27,9 @@ from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.node_process.relay import RelayObserver
+from notebook_kit.launch.pool.backend import RunOutcome, WorkersStopped
 from notebook_kit.launch.pool.persistent import PersistentLauncher
-from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
+from notebook_kit.launch.pool.workers import PoolProcesses
 from notebook_kit.live.observer import Stream
 from notebook_kit.node.protocol import (
     NODE_COMMANDS,
@@ -133,7 +134,7 @@ def _run(processes: PoolProcesses, order: RunCommand) -> dict[int, PoolAnswer]:
     mine = [rank for rank in order.ranks if rank in processes.ranks]
     wanted = [rank for rank in order.want if rank in processes.ranks]
     # (the kernel times a command: it interrupts every node when its timeout passes)
-    outcome = processes.execute(order.kind, order.body, mine, wanted) if mine else RunOutcome()
+    outcome = processes.execute(order.command, mine, wanted) if mine else RunOutcome()
     return outcome.answers
 
 

@@ -2,7 +2,8 @@
 
 A pool keeps its workers' state, so the settings that would rerun or move a command are
 refused with what to use instead rather than accepted and ignored; a cluster pool is checked
-as a cluster launch is (:mod:`notebook_kit.launch.cluster.cluster_plan`).
+as a cluster launch is (:mod:`notebook_kit.launch.cluster.cluster_plan`). :func:`pool_backend`
+chooses the backend the pool's workers run on, with the plan it starts them from.
 
 Runs in the kernel.
 """
@@ -12,12 +13,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from notebook_kit.config import arguments
+from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.pool.backend import PoolBackend
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT
+from notebook_kit.launch.pool.workers import PoolProcesses
+from notebook_kit.launch.preflight import check_fork_safety
 
 if TYPE_CHECKING:
     from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
 
-__all__ = ["cluster_plan", "refuse_launch_only"]
+__all__ = ["cluster_plan", "pool_backend", "refuse_launch_only"]
+
+
+def pool_backend(
+    cluster: Any, options: dict[str, Any], send_limit: int
+) -> tuple[LaunchPlan | ClusterPlan, type[PoolBackend]]:
+    """The plan a pool's workers start from, and the backend that starts them: the nodes of
+    ``cluster``, or processes forked from this kernel."""
+    if cluster is not None:
+        from notebook_kit.launch.cluster.pool import ClusterNodes  # the engine, only when asked
+
+        return cluster_plan(cluster, options, send_limit), ClusterNodes
+    plan = resolve_plan(options, "WorkerPool", isolate=True)
+    if plan.num_nodes != 1:
+        raise ValueError(
+            f"num_nodes={plan.num_nodes}: a WorkerPool runs on this node only. "
+            "Use notebook_launcher (or `notebook-kit launch`) for a job across nodes, "
+            "or cluster= for a pool on a Dask cluster's machines."
+        )
+    check_fork_safety(plan.kernel)
+    return plan, PoolProcesses
 
 
 def refuse_launch_only(max_restarts: Any, isolate: Any, min_nodes: Any) -> None:

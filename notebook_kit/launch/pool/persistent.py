@@ -10,38 +10,52 @@ own: there an interrupt is relayed to the workers as a message, not an end of ev
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import time
+import weakref
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launchers.base import Steps
-from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.plan import Call
-from notebook_kit.launch.pool.workers import PoolProcesses, WorkersStopped, hold_kernel_ends
+from notebook_kit.launch.pool.backend import WorkersStopped
 from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.observer import LaunchObserver
-from notebook_kit.runtime.context import StopFlag
 from notebook_kit.worker.pool.command_loop import PoolChannels, serve_pool
 
-__all__ = ["PersistentLauncher", "start_workers"]
+if TYPE_CHECKING:  # (the processes start through this module: PoolProcesses.start)
+    from notebook_kit.launch.pool.workers import PoolProcesses
+
+__all__ = ["PersistentLauncher", "let_go"]
 
 _TICK_SECONDS = 0.25
 _READY_SLACK = 30.0  # beyond the rendezvous timeout, to import and form the group
 
+_kernel_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
 
-def start_workers(plan: LaunchPlan, stop_flag: StopFlag, generation: int) -> PoolProcesses:
-    """Fork a pool's workers and wait until each has joined the process group.
 
-    Example::
+def _close_kernel_ends() -> None:
+    """In any child forked from the kernel: a pool's write ends are not the child's to hold."""
+    for connection in list(_kernel_ends):
+        with contextlib.suppress(OSError):
+            connection.close()
+    _kernel_ends.clear()
 
-        processes = start_workers(plan, StopFlag(), generation=0)
-        outcome = processes.execute("cell", body, ranks=[0, 1], want=[0])
-        processes.close()
-    """
-    launcher = PersistentLauncher(plan, PoolProcesses(plan, stop_flag), generation)
-    return run_blocking(launcher.run(launcher.call(), observer=None))
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_kernel_ends)
+
+
+def let_go(channels: PoolChannels) -> None:
+    """The workers are gone: close the kernel's write ends of their pipes."""
+    for connection in (*channels.senders, *channels.interrupters):
+        _kernel_ends.discard(connection)
+        connection.close()
 
 
 class PersistentLauncher(ForkedLauncher):
@@ -69,7 +83,8 @@ class PersistentLauncher(ForkedLauncher):
             senders=[writer for _, writer in commands],
             interrupters=[writer for _, writer in interrupts],
         )
-        hold_kernel_ends(channels)
+        # The kernel's write ends: closed in every child forked from now on.
+        _kernel_ends.update(channels.senders + channels.interrupters)
         self.processes.channels = channels
         return serve_pool, (channels,), {}
 

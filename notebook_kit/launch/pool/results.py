@@ -4,62 +4,19 @@ from __future__ import annotations
 
 import pickle
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from notebook_kit.errors import WorkerError, WorkerFailure
-from notebook_kit.launch.pool.workers import WorkersStopped
+from notebook_kit.errors import WorkerFailure
+from notebook_kit.launch.pool.backend import PoolBackend, RunOutcome, WorkersStopped
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.runtime.messages import PoolAnswer
 
-if TYPE_CHECKING:
-    from notebook_kit.launch.pool.workers import RunOutcome
-
-__all__ = ["PoolRunError", "ShownText", "decode_value", "failures_of", "run_summary"]
+__all__ = ["STILL_RUNNING", "ShownText", "decode_value", "failures_of", "raise_for", "run_summary"]
 
 STILL_RUNNING = (
     "The pool's workers are still running, with everything defined on them: fix the cause "
     "and run again."
 )
-
-
-class PoolRunError(WorkerError):
-    """A pool run failed on some rank; the message names it and holds its traceback.
-
-    ``aftermath`` says what became of the workers (still running, or stopped and restarted at
-    the next run). Catch :class:`~notebook_kit.errors.WorkerError` to handle either kind.
-
-    Example::
-
-        try:
-            pool.run(train)
-        except WorkerError as error:
-            print(error.rank, error.failure.exception_type)
-    """
-
-    def __init__(self, failures: list[WorkerFailure], world_size: int, aftermath: str) -> None:
-        self.aftermath = aftermath
-        super().__init__(failures, world_size)
-        if len(failures) > 1 and len({(f.exception_type, f.message) for f in failures}) == 1:
-            self.failures = sorted(failures, key=lambda failure: failure.rank)
-            self.failure = self.failures[0]  # the same error everywhere: show rank 0's
-            self.args = (self._format(),)
-
-    def _format(self) -> str:
-        root = self.failure
-        lines = [f"Rank {root.rank} of {self.world_size} failed: {root.summary()}"]
-        others = self.failures[1:]
-        alike = all(
-            (f.exception_type, f.message) == (root.exception_type, root.message) for f in others
-        )
-        if others and alike:
-            noun = "Rank" if len(others) == 1 else "Ranks"
-            lines.append(f"{noun} {', '.join(str(f.rank) for f in others)} failed the same way.")
-        elif others:
-            lines += [f"Rank {f.rank} failed too: {f.summary()}" for f in others]
-        lines.append(self.aftermath)
-        if root.traceback:
-            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
-        return "\n".join(lines)
 
 
 def failures_of(answers: dict[int, PoolAnswer]) -> list[WorkerFailure]:
@@ -144,17 +101,8 @@ def run_summary(
 KEPT = "the workers keep everything defined on them."
 
 
-class Backend(Protocol):
-    """What :func:`raise_for` asks of a pool's backend (its local processes or its nodes)."""
-
-    world_size: int
-    stopped_words: str
-
-    def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError: ...
-
-
 def raise_for(
-    outcome: RunOutcome, error: BaseException | None, timeout: float | None, backend: Backend
+    outcome: RunOutcome, error: BaseException | None, timeout: float | None, backend: PoolBackend
 ) -> None:
     """Raise what the command came to, saying each time what became of the workers.
 
@@ -176,7 +124,7 @@ def raise_for(
         raise KeyboardInterrupt
     failures = failures_of(outcome.answers)
     if failures:
-        raise backend.error(failures, STILL_RUNNING)
+        raise backend.error(failures, STILL_RUNNING, "running")
     if outcome.timed_out:
         raise TimeoutError(
             f"The run did not finish within timeout={timeout} s and was interrupted on every "
@@ -185,7 +133,7 @@ def raise_for(
 
 
 def _raise_stopped(
-    outcome: RunOutcome, error: WorkersStopped, timeout: float | None, backend: Backend
+    outcome: RunOutcome, error: WorkersStopped, timeout: float | None, backend: PoolBackend
 ) -> None:
     words = backend.stopped_words
     if outcome.interrupted:
@@ -199,7 +147,9 @@ def _raise_stopped(
     failures = failures_of(outcome.answers) + error.failures
     if not failures:
         raise RuntimeError(f"The pool's workers were stopped: {error.reason}. {words}")
-    raise backend.error(failures, f"The workers were stopped: {error.reason}. {words}") from None
+    fate = "stopped" if backend.restarts_after_fault else "closed"
+    aftermath = f"The workers were stopped: {error.reason}. {words}"
+    raise backend.error(failures, aftermath, fate) from None
 
 
 def _exit_code(answer: PoolAnswer | None, exit_code: int | None) -> int | None:

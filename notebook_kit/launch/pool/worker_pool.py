@@ -16,7 +16,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from notebook_kit.config import arguments
 from notebook_kit.config.arguments import takes_arguments_of
@@ -24,15 +24,13 @@ from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.launch_plan import (
     DEFAULT_RENDEZVOUS_TIMEOUT,
     DEFAULT_STALL_SECONDS,
-    LaunchPlan,
 )
 from notebook_kit.config.schema import scoped
 from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
-from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.launchers.base import prepare_view
-from notebook_kit.launch.pool.options import cluster_plan, refuse_launch_only
-from notebook_kit.launch.pool.persistent import start_workers
+from notebook_kit.launch.pool.backend import PoolBackend, RunOutcome, WorkersStopped
+from notebook_kit.launch.pool.options import pool_backend, refuse_launch_only
 from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
 from notebook_kit.launch.pool.shipping import (
     DEFAULT_SEND_LIMIT,
@@ -44,17 +42,9 @@ from notebook_kit.launch.pool.shipping import (
 )
 from notebook_kit.launch.pool.turns import Turns, one_command_at_a_time
 from notebook_kit.launch.pool.view import RunView
-from notebook_kit.launch.pool.workers import PoolProcesses, RunOutcome, WorkersStopped
-from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.live.observer import LaunchInfo
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.weights_file import WeightsFile
-
-if TYPE_CHECKING:
-    from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
-    from notebook_kit.launch.cluster.pool import ClusterNodes
-
-    Backend = PoolProcesses | ClusterNodes
+from notebook_kit.runtime.pool_commands import PoolCall, PoolCell, PoolCommand, PoolPull, PoolPush
 
 __all__ = ["WorkerPool"]
 
@@ -62,11 +52,10 @@ _cells = itertools.count(1)
 
 
 class _LiveProcesses:
-    """What the finalizer needs, without the pool itself: the running backend (the local
-    processes, or the cluster's nodes)."""
+    """What the finalizer needs, without the pool itself: the running backend."""
 
     def __init__(self) -> None:
-        self.processes: Backend | None = None
+        self.processes: PoolBackend | None = None
         self.pid = os.getpid()
 
 
@@ -146,20 +135,8 @@ class WorkerPool:
     def __init__(self, options: dict[str, Any]) -> None:
         send_limit = arguments.check_int("send_limit", options.pop("send_limit"), minimum=1)
         refuse_launch_only(**{name: options.pop(name) for name in scoped("launch")})
-        self._cluster_plan: ClusterPlan | None = None
-        cluster = options.pop("cluster")
-        if cluster is not None:
-            self._cluster_plan = cluster_plan(cluster, options, send_limit)
-        else:
-            self.plan: LaunchPlan = resolve_plan(options, "WorkerPool", isolate=True)
-            if self.plan.num_nodes != 1:
-                raise ValueError(
-                    f"num_nodes={self.plan.num_nodes}: a WorkerPool runs on this node only. "
-                    "Use notebook_launcher (or `notebook-kit launch`) for a job across nodes, "
-                    "or cluster= for a pool on a Dask cluster's machines."
-                )
-            check_fork_safety(self.plan.kernel)
-        prepare_view(self._live_setting)  # seconds the first time, whole: not during a run
+        self._plan, self._backend = pool_backend(options.pop("cluster"), options, send_limit)
+        prepare_view(self._plan.live)  # seconds the first time, whole: not during a run
         main = sys.modules["__main__"].__dict__
         self._holdings = WorkerHoldings(main, hidden_names(), send_limit)
         self._live = _LiveProcesses()
@@ -243,18 +220,15 @@ class WorkerPool:
         names = set().union(*(names_used_by(v) for v in (function, *args, *kwargs.values())))
         shipped = self._holdings.needed(names)
         home_file = self._weights_file
-        request = {
-            "shipped": shipped,
-            "call": (function, args, kwargs),
-            "home": home,
-            "weights_fd": home_file.fd if home and home_file is not None else None,
-        }
-        body = self._holdings.dumps(request, "pool.run")
+        fd = home_file.fd if home and home_file is not None else None
+        payload = self._holdings.dumps((shipped, (function, args, kwargs), home), "pool.run")
         what = f"run {getattr(function, '__qualname__', type(function).__name__)}"
         try:
-            outcome = self._execute("call", body, wanted, what, text=False, shipped=shipped)
+            outcome = self._execute(
+                PoolCall(payload, fd), wanted, what, text=False, shipped=shipped
+            )
             answers = outcome.answers
-            load_home_weights(home, answers[0].weights, request["weights_fd"])
+            load_home_weights(home, answers[0].weights, fd)
         finally:
             if home_file is not None:
                 home_file.clear()  # the file's memory is the machine's again
@@ -279,10 +253,9 @@ class WorkerPool:
         filename = f"<distributed cell {next(_cells)}>"
         code = compile(source, filename, "exec")  # a syntax error shows here, nothing is sent
         shipped = self._holdings.needed(code_names(code))
-        request = {"shipped": shipped, "source": source, "filename": filename}
-        body = self._holdings.dumps(request, "This cell")
+        cell = PoolCell(source, filename, self._holdings.dumps(shipped, "This cell"))
         try:
-            outcome = self._execute("cell", body, [0], "cell", text=True, shipped=shipped)
+            outcome = self._execute(cell, [0], "cell", text=True, shipped=shipped)
         finally:
             self._holdings.mark_owned(stored_names(code))
         value = decode_value(outcome.answers[0].value, 0, for_display=True)
@@ -300,9 +273,8 @@ class WorkerPool:
             if not name.isidentifier():
                 raise ValueError(f"push names must be Python identifiers, got {name!r}.")
         if values:
-            request = {"values": values}
-            body = self._holdings.dumps(request, "pool.push", limit=False, by_name=False)
-            self._execute("push", body, [], "push", text=True, record=False)
+            payload = self._holdings.dumps(values, "pool.push", limit=False, by_name=False)
+            self._execute(PoolPush(payload), [], "push", text=True, record=False)
             for name, value in values.items():
                 self._holdings.remember(name, value)
 
@@ -317,8 +289,7 @@ class WorkerPool:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"name must be a Python identifier, got {name!r}.")
         rank = arguments.check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
-        body = self._holdings.dumps({"name": name}, "pool.pull")
-        outcome = self._execute("pull", body, [rank], f"pull {name}", text=True, record=False)
+        outcome = self._execute(PoolPull(name), [rank], f"pull {name}", text=True, record=False)
         return decode_value(outcome.answers[rank].value, rank, for_display=False)
 
     @one_command_at_a_time
@@ -334,8 +305,7 @@ class WorkerPool:
                 appeared in it); the workers running now are kept.
         """
         self._check_process()
-        if self._cluster_plan is None:  # before stopping: a refused restart must not cost them
-            check_fork_safety()
+        self._backend.check_start()  # before stopping: a refused restart must not cost them
         self._stop("restart() was called")
         if self._closed:
             self._open()
@@ -367,9 +337,7 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self.pids else "stopped"
-        if self._cluster_plan is not None:
-            return f"<WorkerPool {self.where}, {state}>"
-        return f"<WorkerPool {self.num_processes} processes, {state}, pids {self.pids}>"
+        return f"<WorkerPool {self.where}, {state}, pids {self.pids}>"
 
     # -- running -------------------------------------------------------------------------
 
@@ -380,8 +348,7 @@ class WorkerPool:
 
     def _execute(
         self,
-        kind: str,
-        body: bytes,
+        command: PoolCommand,
         wanted: list[int],
         what: str,
         *,
@@ -391,8 +358,8 @@ class WorkerPool:
     ) -> RunOutcome:
         """Run one command, show it, and raise what went wrong (workers stopped if needed)."""
         processes = self._ensure_running()
-        ranks = wanted if kind == "pull" else list(range(processes.world_size))
-        view = RunView(self._live_setting if record else False, text=text, record=record)
+        ranks = wanted if isinstance(command, PoolPull) else list(range(processes.world_size))
+        view = RunView(self._plan.live if record else False, text=text, record=record)
         view.on_start(self._info(what, processes))
         for line in processes.take_held_output():
             view.on_output(line.rank, line.stream, line.text)
@@ -401,7 +368,7 @@ class WorkerPool:
         started = time.monotonic()
         outcome, error = RunOutcome(), None
         try:
-            outcome = processes.execute(kind, body, ranks, wanted, self._timeout)
+            outcome = processes.execute(command, ranks, wanted, self._plan.timeout)
         except BaseException as raised:  # WorkersStopped, or Ctrl-C outside the wait: stop them
             error = raised
             if isinstance(raised, KeyboardInterrupt):
@@ -418,10 +385,10 @@ class WorkerPool:
             self._holdings.remember(name, value)
         if error is not None and not processes.restarts_after_fault:
             self._close_now()  # (a cluster's nodes, chosen among the workers of that moment)
-        raise_for(outcome, error, self._timeout, processes)
+        raise_for(outcome, error, self._plan.timeout, processes)
         return outcome
 
-    def _info(self, what: str, processes: Backend) -> LaunchInfo:
+    def _info(self, what: str, processes: PoolBackend) -> LaunchInfo:
         ranks = tuple(range(processes.world_size))
         return LaunchInfo(
             f"WorkerPool: {what} on {processes.banner()}", processes.num_processes,
@@ -443,16 +410,13 @@ class WorkerPool:
 
     def _open(self) -> None:
         """What the workers share with the kernel, and the finalizer that ends them: made
-        anew for each opening, as :meth:`_close_now` releases them."""
+        anew for each opening (:meth:`_close_now` releases them)."""
         self._closed = False
         self._stop_flag = StopFlag()
         self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
-        # Opened before the first fork, so every generation of workers holds it: rank 0
-        # writes the trained weights there, tensor by tensor, instead of into its answer.
-        # (A cluster's nodes send them in rank 0's answer.)
-        self._weights_file = WeightsFile() if self._cluster_plan is None else None
+        self._weights_file = self._backend.weights_file()
 
-    def _ensure_running(self) -> Backend:
+    def _ensure_running(self) -> PoolBackend:
         self._check_usable()
         processes = self._live.processes
         lost = processes.lost_rank() if processes is not None else None
@@ -470,21 +434,15 @@ class WorkerPool:
                 f"stopped: {reason}); they start from this kernel's namespace as it is now.",
                 flush=True,
             )
-            if self._cluster_plan is None:
-                check_fork_safety()
+            self._backend.check_start()
             self._start()
         assert self._live.processes is not None
         return self._live.processes
 
     def _start(self) -> None:
-        if self._cluster_plan is not None:
-            from notebook_kit.launch.cluster.pool import ClusterNodes
-
-            self._holdings.forget_all()  # a node holds nothing of this kernel's yet
-            self._live.processes = ClusterNodes.start(self._cluster_plan, self._stop_flag)
-        else:
-            self._holdings.remember_all()  # the workers are about to hold all of this
-            self._live.processes = start_workers(self.plan, self._stop_flag, self._generation)
+        self._live.processes = self._backend.start(
+            self._plan, self._stop_flag, self._generation, self._holdings
+        )
         self._shape = self._live.processes
         self._stopped_because = None
 
@@ -493,11 +451,3 @@ class WorkerPool:
         self._stopped_because = reason
         if processes is not None:
             processes.kill()
-
-    @property
-    def _live_setting(self) -> bool | None:
-        return (self._cluster_plan or self.plan).live
-
-    @property
-    def _timeout(self) -> float | None:
-        return (self._cluster_plan or self.plan).timeout

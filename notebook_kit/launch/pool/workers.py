@@ -17,86 +17,40 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import pickle
 import time
-import weakref
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
-from notebook_kit.errors import WorkerError, WorkerFailure
+from notebook_kit.errors import PoolFate, PoolRunError, WorkerFailure
 from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred
+from notebook_kit.launch.launchers.driver import run_blocking
+from notebook_kit.launch.pool.backend import RunOutcome, Settle, WorkersStopped
+from notebook_kit.launch.pool.persistent import PersistentLauncher, let_go
+from notebook_kit.launch.pool.shipping import WorkerHoldings
 from notebook_kit.launch.pool.view import RunForward
+from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.supervisor import Supervisor
 from notebook_kit.live.observer import LaunchObserver
+from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import (
-    OutputLine,
-    PoolAnswer,
-    Started,
-    WorkerMessage,
-)
+from notebook_kit.runtime.messages import OutputLine, PoolAnswer, Started, WorkerMessage
+from notebook_kit.runtime.pool_commands import PoolCheck, PoolClose, PoolCommand, PoolRequest
+from notebook_kit.runtime.weights_file import WeightsFile
 from notebook_kit.worker.pool.command_loop import PoolChannels
 
-__all__ = ["LOST", "PoolProcesses", "RunOutcome", "WorkersStopped", "hold_kernel_ends"]
+__all__ = ["LOST", "PoolProcesses"]
 
 _TICK_SECONDS = 0.25
 _SETTLE_SECONDS = 1.0  # after a failure or interrupt: how long the other ranks get to stop
 _CHECK_SECONDS = 0.4  # the all-reduce that checks the group after a fault
 _CLOSE_SECONDS = 3.0  # for workers to leave the group cleanly when the pool closes
+_LATE = (  # what keeps a rank from stopping
+    " (blocked in native code, or in a collective operation waiting for a rank that had "
+    "already stopped)"
+)
 
 LOST = "Everything defined on the workers is lost; the next run starts new workers."
-
-_kernel_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
-
-
-def _close_kernel_ends() -> None:
-    """In any child forked from the kernel: a pool's write ends are not the child's to hold."""
-    for connection in list(_kernel_ends):
-        with contextlib.suppress(OSError):
-            connection.close()
-    _kernel_ends.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_kernel_ends)
-
-
-def hold_kernel_ends(channels: PoolChannels) -> None:
-    """The kernel's write ends of a pool's pipes: closed in every child forked from now on."""
-    _kernel_ends.update(channels.senders + channels.interrupters)
-
-
-class WorkersStopped(Exception):
-    """The workers had to be stopped; ``reason`` says why, ``failures`` what was seen.
-
-    ``outcome`` holds the answers that came before (set when a command was running).
-    """
-
-    def __init__(self, reason: str, failures: list[WorkerFailure]) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.failures = failures
-        self.outcome: RunOutcome | None = None
-
-
-@dataclass
-class RunOutcome:
-    """Every rank's answer to one command."""
-
-    answers: dict[int, PoolAnswer] = field(default_factory=dict)
-    interrupted: bool = False
-    timed_out: bool = False
-
-    @property
-    def faulted(self) -> bool:
-        return (
-            self.interrupted
-            or self.timed_out
-            or any(answer.status != "ok" for answer in self.answers.values())
-        )
 
 
 class _Relay(RunForward):
@@ -130,10 +84,10 @@ class _Relay(RunForward):
 class PoolProcesses:
     """One generation of a pool's workers, from fork to stop.
 
-    Started by :func:`~notebook_kit.launch.pool.persistent.start_workers`::
+    A :class:`~notebook_kit.launch.pool.backend.PoolBackend`, started by :meth:`start`::
 
-        processes = start_workers(plan, StopFlag(), generation=0)
-        outcome = processes.execute("cell", body, ranks=[0, 1], want=[0])
+        processes = PoolProcesses.start(plan, StopFlag(), 0, holdings)
+        outcome = processes.execute(PoolPull("x"), ranks=[0, 1], want=[0])
         processes.close()
     """
 
@@ -150,6 +104,26 @@ class PoolProcesses:
 
     # A fault that stops the workers leaves the pool usable: its next run forks new ones.
     restarts_after_fault = True
+
+    @classmethod
+    def start(
+        cls, plan: LaunchPlan, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
+    ) -> PoolProcesses:
+        """Fork a pool's workers and wait until each has joined the process group."""
+        holdings.remember_all()  # forked from here: the workers are about to hold all of this
+        launcher = PersistentLauncher(plan, cls(plan, stop_flag), generation)
+        return run_blocking(launcher.run(launcher.call(), observer=None))
+
+    @staticmethod
+    def check_start() -> None:
+        """Before workers are stopped for new ones: refuse a kernel that cannot fork them."""
+        check_fork_safety()
+
+    @staticmethod
+    def weights_file() -> WeightsFile:
+        """Opened before the first fork, so every generation of workers holds it: rank 0
+        writes the trained weights there, tensor by tensor, instead of into its answer."""
+        return WeightsFile()
 
     @property
     def world_size(self) -> int:
@@ -168,11 +142,9 @@ class PoolProcesses:
     def banner(self) -> str:
         return self.plan.banner().removeprefix("Launching ")
 
-    def error(self, failures: list[WorkerFailure], aftermath: str) -> WorkerError:
+    def error(self, failures: list[WorkerFailure], aftermath: str, pool: PoolFate) -> PoolRunError:
         """The error that names a failed rank, and says what became of the workers."""
-        from notebook_kit.launch.pool.results import PoolRunError
-
-        return PoolRunError(failures, self.plan.world_size, aftermath)
+        return PoolRunError(failures, self.plan.world_size, aftermath, pool)
 
     def attach(self, view: LaunchObserver | None) -> None:
         """Show the workers' lines and metrics in ``view`` (None: hold lines for the next)."""
@@ -196,8 +168,7 @@ class PoolProcesses:
 
     def execute(
         self,
-        kind: str,
-        body: bytes,
+        command: PoolCommand,
         ranks: list[int],
         want: list[int],
         timeout: float | None = None,
@@ -208,17 +179,17 @@ class PoolProcesses:
             WorkersStopped: the workers were stopped (a rank died, did not stop in time, or the
                 group is out of step after a fault).
         """
-        command = next(self._numbers)
+        number = next(self._numbers)
         self._poll()
         self.raise_if_dead("before the command started")
         self.relay.answers = {}
         for rank in ranks:
-            self._send(rank, (kind, command, rank in want), body)
+            self._send(rank, PoolRequest(number, rank in want, command))
         outcome = RunOutcome()
         deadline = None if timeout is None else time.monotonic() + timeout
         self.supervisor.stall.start(self.plan.stall_seconds)
         try:
-            self._collect(command, set(ranks), outcome, deadline)
+            self._collect(number, set(ranks), outcome, deadline)
             whole = len(ranks) == self.plan.num_processes
             if outcome.faulted and whole and self.check_after_fault:
                 self.check_group()
@@ -233,7 +204,7 @@ class PoolProcesses:
         self, command: int, ranks: set[int], outcome: RunOutcome, deadline: float | None
     ) -> None:
         """Wait for every rank's answer; on a fault or Ctrl-C, interrupt the rest and settle."""
-        settle: list[float] = []  # when settling ends, once it has begun
+        settle = Settle(_SETTLE_SECONDS, "rank", "stop", _LATE)
         while True:
             try:
                 if self._collect_step(command, ranks, outcome, deadline, settle):
@@ -248,7 +219,7 @@ class PoolProcesses:
         ranks: set[int],
         outcome: RunOutcome,
         deadline: float | None,
-        settle: list[float],
+        settle: Settle,
     ) -> bool:
         outcome.answers.update({r: a for r, a in self.relay.answers.items() if r in ranks})
         pending = ranks - set(outcome.answers)
@@ -259,37 +230,29 @@ class PoolProcesses:
         failed = any(a.status != "ok" for a in outcome.answers.values())
         if deadline is not None and now >= deadline:
             outcome.timed_out = True
-        if not settle and (failed or outcome.interrupted or outcome.timed_out):
-            settle.append(now + _SETTLE_SECONDS)
-            self._interrupt(command, pending)
-        if settle and now >= settle[0]:
+        if failed or outcome.interrupted or outcome.timed_out:
+            settle.fault(now, lambda: self._interrupt(command, pending))
+        if settle.over(now):
             self._poll()  # a slow step may have kept answers that did come in time unread
             outcome.answers.update({r: a for r, a in self.relay.answers.items() if r in ranks})
-            pending = ranks - set(outcome.answers)
-        if settle and now >= settle[0] and pending:
-            noun = "rank" if len(pending) == 1 else "ranks"
-            ranks_text = ", ".join(str(r) for r in sorted(pending))
-            raise WorkersStopped(
-                f"{noun} {ranks_text} did not stop within {_SETTLE_SECONDS:g} s (blocked in "
-                "native code, or in a collective operation waiting for a rank that had "
-                "already stopped)",
-                list(self.supervisor.failures),
-            )
-        limit = settle[0] - now if settle else _TICK_SECONDS
+            late = settle.late(ranks - set(outcome.answers))
+            if late:
+                raise WorkersStopped(late, list(self.supervisor.failures))
+        limit = _TICK_SECONDS if settle.ends is None else settle.ends - now
         if deadline is not None and not outcome.timed_out:
             limit = min(limit, deadline - now)
         self.serve(wait(self.supervisor.waitables(), max(limit, 0.0)))
-        if not settle:  # drawing (a first matplotlib import) may be interrupted; not after
+        if settle.ends is None:  # drawing (a first matplotlib import) may be interrupted; not after
             self.relay.tick()
         return False
 
     def check_group(self) -> None:
         """After a fault: do all ranks still meet in a collective? If not, stop them."""
-        command = next(self._numbers)
+        request = PoolRequest(next(self._numbers), False, PoolCheck(_CHECK_SECONDS))
         self.relay.answers = {}
         ranks = set(self.ranks)
         for rank in ranks:
-            self._send(rank, ("check", command, False), pickle.dumps(_CHECK_SECONDS))
+            self._send(rank, request)
         deadline = time.monotonic() + _CHECK_SECONDS + 0.3
         with interrupts_deferred():  # short and bounded: Ctrl-C waits for it
             while set(self.relay.answers) != ranks and time.monotonic() < deadline:
@@ -305,12 +268,11 @@ class PoolProcesses:
                 list(self.supervisor.failures),
             )
 
-    def _send(self, rank: int, header: tuple[str, int, bool], body: bytes) -> None:
+    def _send(self, rank: int, request: PoolRequest) -> None:
         assert self.channels is not None
         try:
             sender = self.channels.senders[rank - self.first_rank]
-            sender.send_bytes(pickle.dumps(header))
-            sender.send_bytes(body)
+            sender.send_bytes(pool_commands.encode(request))
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._poll()
             self.raise_if_dead("when the command was sent")
@@ -358,7 +320,7 @@ class PoolProcesses:
         with interrupts_deferred():
             for rank in self.ranks:
                 with contextlib.suppress(OSError, AssertionError):
-                    self._send(rank, ("close", 0, False), b"")
+                    self._send(rank, PoolRequest(0, False, PoolClose()))
             deadline = time.monotonic() + _CLOSE_SECONDS
             while any(w.alive for w in self.supervisor.workers) and time.monotonic() < deadline:
                 self.supervisor.serve(wait(self.supervisor.waitables(), 0.05))
@@ -370,9 +332,7 @@ class PoolProcesses:
             self.supervisor.shutdown()
             self.supervisor.release()  # the guardian, which swept every descendant
             if self.channels is not None:
-                for connection in (*self.channels.senders, *self.channels.interrupters):
-                    _kernel_ends.discard(connection)
-                    connection.close()
+                let_go(self.channels)
             self.alive = False
 
     def take_held_output(self) -> list[OutputLine]:

@@ -7,9 +7,10 @@ it returns. Each command runs on this same thread (torch's thread pool, compiled
 current CUDA device stay put between cells) inside a fresh launch context, so metrics,
 progress and the Stop button work per run exactly as in a launch.
 
-Commands: ``cell`` (source code for the namespace), ``call`` (a function and its arguments),
-``push``/``pull`` (names), ``check`` (is the process group still in step?) and ``close``.
-Every command is answered with one :class:`~notebook_kit.runtime.messages.PoolAnswer`.
+Commands (:mod:`notebook_kit.runtime.pool_commands`, one typed request at a time on the
+command pipe): a cell (source code for the namespace), a call (a function and its arguments),
+push and pull (names), a check (is the process group still in step?) and close. Every command
+but close is answered with one :class:`~notebook_kit.runtime.messages.PoolAnswer`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
+from notebook_kit.runtime.pool_commands import (
+    PoolCall,
+    PoolCell,
+    PoolCheck,
+    PoolClose,
+    PoolCommand,
+    PoolPull,
+    PoolPush,
+    PoolRequest,
+)
 from notebook_kit.runtime.weights_file import gather_and_store
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.pool import namespace as pool_namespace
@@ -86,7 +98,7 @@ def serve_pool(channels: PoolChannels) -> None:
     assert base.send is not None, "a pool worker talks to its kernel"
     base.send(Started(base.rank, os.getpid()))
     with contextlib.suppress(EOFError, OSError):  # the kernel went away: leave quietly
-        while loop.serve(pickle.loads(commands.recv_bytes()), commands):
+        while loop.serve(pool_commands.decode(commands.recv_bytes())):
             pass
 
 
@@ -101,45 +113,48 @@ class _Loop:
         self.check_group = dist.new_group(backend="gloo")
         self.collective_commands = 0  # commands every rank ran: the same on all of them
 
-    def serve(self, header: tuple[str, int, bool], commands: Connection) -> bool:
-        """Run one command (its body follows the header); False once the pool closes."""
-        kind, command, want_value = header
-        body = commands.recv_bytes()
-        if kind == "close":
+    def serve(self, request: PoolRequest) -> bool:
+        """Run one command; False once the pool closes."""
+        command, number = request.command, request.number
+        if isinstance(command, PoolClose):
             return False
-        if kind == "check":
-            status, detail = self._check(float(pickle.loads(body)))
-            self._answer(PoolAnswer(command, status, detail=detail))
+        if isinstance(command, PoolCheck):
+            status, detail = self._check(command.seconds)
+            self._answer(PoolAnswer(number, status, detail=detail))
             return True
         context = dataclasses.replace(
             self.base, prepared_models=[], extensions={}, weight_gatherers={}, gathered_weights={}
         )
         with active_launch(context):
-            status, value = self.guard.run(command, lambda: self._run(kind, body, context))
+            status, value = self.guard.run(number, lambda: self._run(command, context))
             context.close()  # metrics still buffered reach the kernel before the answer
-        self._answer_run(command, status, value, want_value)
+        self._answer_run(number, status, value, request.want_value)
         return True
 
-    def _run(self, kind: str, body: bytes, context: LaunchContext) -> Any:
-        request = pickle.loads(body)  # names and functions resolve in the namespace here
+    def _run(self, command: PoolCommand, context: LaunchContext) -> Any:
+        # The user's objects are unpickled here, where names and functions resolve in the
+        # namespace.
         space = namespace()
-        space.update(request.get("shipped", {}))
-        if kind == "cell":
-            return run_cell(request["source"], request["filename"]), {}
-        if kind == "call":
-            function, args, kwargs = request["call"]
+        if isinstance(command, PoolCell):
+            space.update(pickle.loads(command.payload))
+            return run_cell(command.source, command.filename), {}
+        if isinstance(command, PoolCall):
+            shipped, (function, args, kwargs), home = pickle.loads(command.payload)
+            space.update(shipped)
             value = function(*args, **kwargs)
-            return value, self._weights_home(request, context)
-        if kind == "push":
-            space.update(request["values"])
+            return value, self._weights_home(home, command.weights_fd, context)
+        if isinstance(command, PoolPush):
+            space.update(pickle.loads(command.payload))
             return None, {}
-        if kind == "pull":
-            if request["name"] not in space:
-                raise NameError(f"name {request['name']!r} is not defined on this worker")
-            return space[request["name"]], {}
-        raise ValueError(f"unknown pool command {kind!r}")
+        if isinstance(command, PoolPull):
+            if command.name not in space:
+                raise NameError(f"name {command.name!r} is not defined on this worker")
+            return space[command.name], {}
+        raise ValueError(f"unknown pool command {type(command).__name__}")
 
-    def _weights_home(self, request: dict[str, Any], context: LaunchContext) -> dict[int, Any]:
+    def _weights_home(
+        self, home: dict[int, Any], fd: int | None, context: LaunchContext
+    ) -> dict[int, Any]:
         """The trained weights of the kernel's models, after a ``call``; every rank joins.
 
         With the kernel's weights file (a local pool), sharded models are gathered one tensor
@@ -147,8 +162,8 @@ class _Loop:
         strategy's gatherer runs and the weights travel in the answer.
         """
         # The kernel's models arrived as copies: map each copy's id to the kernel's.
-        kernel_ids = {id(model): kernel_id for kernel_id, model in request["home"].items()}
-        fd = request.get("weights_fd")  # the kernel's weights file, inherited at the fork
+        kernel_ids = {id(model): kernel_id for kernel_id, model in home.items()}
+        # fd: the kernel's weights file, inherited at the fork (a local pool's only).
         if fd is None:  # sharded models are gathered by every rank, before rank 0 sends them
             context.gather_weights(kernel_ids)
             if self.base.rank != 0:  # the kernel loads global rank 0's weights only

@@ -1,0 +1,179 @@
+"""What ``WorkerPool`` asks of the workers it drives: the :class:`PoolBackend` protocol.
+
+Two backends implement it: :class:`~notebook_kit.launch.pool.workers.PoolProcesses` (ranks
+forked from this kernel) and :class:`~notebook_kit.launch.cluster.pool.ClusterNodes` (ranks
+kept on a cluster's nodes). Whatever differs between them (how they start, whether they need a
+fork-safe kernel, how a failure names its rank, what a fault leaves of the pool) lives in the
+backend, so the pool itself never asks where it runs.
+
+Both settle a fault the same way (:class:`Settle`) and end a command the same way: with a
+:class:`RunOutcome`, or :class:`WorkersStopped` when the workers had to go.
+
+Runs in the kernel (and, for ``PoolProcesses``, in a cluster's node process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from notebook_kit.errors import PoolFate, PoolRunError, WorkerFailure
+from notebook_kit.runtime.messages import OutputLine, PoolAnswer
+
+if TYPE_CHECKING:
+    from notebook_kit.launch.pool.shipping import WorkerHoldings
+    from notebook_kit.live.observer import LaunchObserver
+    from notebook_kit.runtime.context import StopFlag
+    from notebook_kit.runtime.pool_commands import PoolCommand
+    from notebook_kit.runtime.weights_file import WeightsFile
+
+__all__ = ["PoolBackend", "RunOutcome", "Settle", "WorkersStopped"]
+
+
+@dataclass
+class RunOutcome:
+    """Every rank's answer to one command."""
+
+    answers: dict[int, PoolAnswer] = field(default_factory=dict)
+    interrupted: bool = False
+    timed_out: bool = False
+
+    @property
+    def faulted(self) -> bool:
+        return (
+            self.interrupted
+            or self.timed_out
+            or any(answer.status != "ok" for answer in self.answers.values())
+        )
+
+
+class WorkersStopped(Exception):
+    """The workers had to be stopped; ``reason`` says why, ``failures`` what was seen.
+
+    ``outcome`` holds the answers that came before (set when a command was running).
+    """
+
+    def __init__(self, reason: str, failures: list[WorkerFailure]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.failures = failures
+        self.outcome: RunOutcome | None = None
+
+
+class Settle:
+    """After a fault (a failed rank, Ctrl-C, a timeout): interrupt the ranks still running,
+    once, give them ``seconds`` to answer, then give up on the late ones.
+
+    Example::
+
+        settle = Settle(1.0, "rank", "stop")
+        settle.fault(now, interrupt_the_others)
+        if settle.over(now) and (reason := settle.late([2, 3])):
+            raise WorkersStopped(reason, [])
+    """
+
+    def __init__(self, seconds: float, party: str, verb: str, why: str = "") -> None:
+        self.seconds = seconds
+        self.party, self.verb, self.why = party, verb, why
+        self.ends: float | None = None  # when settling ends, once it has begun
+        self.interrupted = False
+
+    def begin(self, now: float) -> None:
+        """Start the clock (once): the answers are due within ``seconds`` from now."""
+        if self.ends is None:
+            self.ends = now + self.seconds
+
+    def fault(self, now: float, interrupt: Callable[[], None]) -> None:
+        """A fault: interrupt the others (the first time only) and start the clock."""
+        if not self.interrupted:
+            self.interrupted = True
+            interrupt()
+        self.begin(now)
+
+    def over(self, now: float) -> bool:
+        return self.ends is not None and now >= self.ends
+
+    def late(self, pending: Collection[int]) -> str | None:
+        """Why the workers must stop when ``pending`` never answered; None if none is late."""
+        if not pending:
+            return None
+        noun = self.party if len(pending) == 1 else f"{self.party}s"
+        names = ", ".join(str(p) for p in sorted(pending))
+        return f"{noun} {names} did not {self.verb} within {self.seconds:g} s{self.why}"
+
+
+class PoolBackend(Protocol):
+    """One generation of a pool's workers, from start to close, as ``WorkerPool`` drives it.
+
+    Attributes:
+        restarts_after_fault: A fault that stops the workers leaves the pool open (its next
+            command starts new ones) rather than closed.
+        stopped_words: What the user is told is lost when the workers are stopped.
+        num_processes: Ranks on each machine.
+        world_size: Ranks in all.
+    """
+
+    restarts_after_fault: ClassVar[bool]
+    stopped_words: ClassVar[str]
+    num_processes: int
+    world_size: int
+
+    @classmethod
+    def start(
+        cls, plan: Any, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
+    ) -> PoolBackend:
+        """Start the workers; tell ``holdings`` what of the kernel's namespace they hold."""
+        ...
+
+    @staticmethod
+    def check_start() -> None:
+        """Refuse a new start before the running workers are stopped (fork safety)."""
+        ...
+
+    @staticmethod
+    def weights_file() -> WeightsFile | None:
+        """The file rank 0 writes trained weights to, when the workers can share one."""
+        ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    @property
+    def rank_nodes(self) -> tuple[int, ...]: ...
+
+    def banner(self) -> str:
+        """Where the workers run, in words."""
+        ...
+
+    def attach(self, view: LaunchObserver | None) -> None: ...
+
+    def take_held_output(self) -> list[OutputLine]: ...
+
+    def exit_codes(self) -> dict[int, int | None]: ...
+
+    def execute(
+        self,
+        command: PoolCommand,
+        ranks: list[int],
+        want: list[int],
+        timeout: float | None = None,
+    ) -> RunOutcome:
+        """Run ``command`` on ``ranks``; ``want``: whose value comes back.
+
+        Raises:
+            WorkersStopped: the workers had to be stopped.
+        """
+        ...
+
+    def lost_rank(self) -> str | None:
+        """Between commands: how the workers ended since the last one, or None."""
+        ...
+
+    def error(self, failures: list[WorkerFailure], aftermath: str, pool: PoolFate) -> PoolRunError:
+        """The error naming a failed rank (and where it ran), and what became of the pool."""
+        ...
+
+    def close(self) -> None: ...
+
+    def kill(self) -> None: ...

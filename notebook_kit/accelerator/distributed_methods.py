@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
 
+from notebook_kit.accelerator.delegated import Delegated
 from notebook_kit.accelerator.partial_state import DistributedType
 from notebook_kit.accelerator.sharding import ShardedBatchSampler
 
@@ -40,38 +41,18 @@ class DistributedMethods:
     _dataloaders: list[PreparedDataLoader]
     _optimizers: list[AcceleratedOptimizer]
 
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
+    device = Delegated[torch.device]("state")
+    process_index = Delegated[int]("state")
+    local_process_index = Delegated[int]("state")
+    num_processes = Delegated[int]("state")
 
     @property
     def use_distributed(self) -> bool:
         return self.state.num_processes > 1
 
-    @property
-    def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @property
-    def step(self) -> int:
-        """Micro-steps since gradients were last synced."""
-        return self.gradient_state.step
+    sync_gradients = Delegated[bool]("gradient_state")
+    gradient_accumulation_steps = Delegated[int]("gradient_state", "num_steps")
+    step = Delegated[int]("gradient_state", doc="Micro-steps since gradients were last synced.")
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -100,9 +81,7 @@ class DistributedMethods:
         replicated = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
         return self.state.num_processes > 1 and self.distributed_type in replicated
 
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
+    split_batches = Delegated[bool]("dataloader_config")
 
     @property
     def even_batches(self) -> bool:
@@ -114,22 +93,12 @@ class DistributedMethods:
             raise ValueError(f"even_batches must be True or False, got {value!r}.")
         self.dataloader_config.even_batches = value
 
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.dataloader_config.non_blocking
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        """Always effectively True: every prepared loader resumes mid-epoch."""
-        return self.dataloader_config.use_stateful_dataloader
+    dispatch_batches = Delegated["bool | None"]("dataloader_config")
+    use_seedable_sampler = Delegated[bool]("dataloader_config")
+    non_blocking = Delegated[bool]("dataloader_config")
+    use_stateful_dataloader = Delegated[bool](
+        "dataloader_config", doc="Always effectively True: every prepared loader resumes mid-epoch."
+    )
 
     @contextlib.contextmanager
     def join_uneven_inputs(

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from notebook_kit.accelerator.delegated import Delegated
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -142,17 +144,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step_was_skipped(self, skipped: bool) -> None:
         self._skipped, self._found_inf = bool(skipped), None
 
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
+    state = Delegated[Any]("optimizer")
+    param_groups = Delegated[list[dict[str, Any]]]("optimizer")
+    defaults = Delegated[dict[str, Any]]("optimizer")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from notebook_kit.accelerator.checkpoint_files import CheckpointError
+from notebook_kit.accelerator.delegated import Delegated
 from notebook_kit.accelerator.dispatch import dispatched_batches
 from notebook_kit.accelerator.operations import send_to_device
 from notebook_kit.accelerator.optimizer import GradientState
@@ -96,13 +97,8 @@ class PreparedDataLoader:
         self.position = 0
         self.end_of_dataloader = False
 
-    @property
-    def dataset(self) -> Any:
-        return self.base_dataloader.dataset
-
-    @property
-    def batch_size(self) -> int | None:
-        return self.base_dataloader.batch_size
+    dataset = Delegated[Any]("base_dataloader")
+    batch_size = Delegated["int | None"]("base_dataloader")
 
     @property
     def batch_sampler(self) -> Any:

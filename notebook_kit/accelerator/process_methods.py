@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from notebook_kit.accelerator import operations
+from notebook_kit.accelerator.delegated import Delegated
 from notebook_kit.atomic_file import replace_atomically
 from notebook_kit.integrations.trackers import make_trackers
 from notebook_kit.runtime import metrics, stopping
@@ -49,17 +50,9 @@ class ProcessMethods:
     _trigger: bool
     _background_saves: BackgroundSaves
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
+    is_main_process = Delegated[bool]("state")
+    is_local_main_process = Delegated[bool]("state")
+    is_last_process = Delegated[bool]("state")
 
     # -- synchronisation ------------------------------------------------------------------
 

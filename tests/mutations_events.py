@@ -56,12 +56,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "worker directly",
         (
             Edit(
-                "launch/cluster/engine.py",
+                "launch/cluster/engines/dask.py",
                 "            run_node, order, held.key, workers=[worker],",
                 "            run_node, order, secret, workers=[worker],",
             ),
             Edit(
-                "node/task.py",
+                "node/links/dask.py",
                 "    secret = get_worker().data[secret_key]\n",
                 "    secret = secret_key if isinstance(secret_key, bytes) else b''\n",
             ),

@@ -14,8 +14,7 @@ from notebook_kit.config.environment import usable_cpu_count
 from notebook_kit.launch.cluster.attempt import nodes_per_host
 from notebook_kit.launch.cluster.cluster_plan import _settings
 from notebook_kit.launch.cluster.code_shipping import pickle_recording_modules
-from notebook_kit.launch.cluster.engine import DaskEngine
-from notebook_kit.launch.cluster.engines.dask import choose_workers, dask_client
+from notebook_kit.launch.cluster.engines.dask import DaskEngine, choose_workers, dask_client
 from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
 from notebook_kit.launch.cluster.run import _payload
 from notebook_kit.launch.node_process.process import node_threads
@@ -179,7 +178,7 @@ def test_nodes_that_share_a_host_share_its_cores_as_ranks_of_one_launch_would():
 
 def test_a_node_process_starts_without_what_the_nanny_tuned_for_its_worker(monkeypatch):
     pytest.importorskip("distributed")
-    from notebook_kit.node.task import node_environment
+    from notebook_kit.node.probe import node_environment
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as the nanny sets it
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -199,7 +198,7 @@ def test_a_process_that_never_imported_distributed_strips_the_nannys_settings_to
 
     code = (
         "import sys\n"
-        "from notebook_kit.node.task import node_environment\n"
+        "from notebook_kit.node.probe import node_environment\n"
         "env = node_environment(None)\n"
         "print(env.get('MALLOC_TRIM_THRESHOLD_'), env.get('OMP_NUM_THREADS'),"
         " 'distributed' in sys.modules)\n"

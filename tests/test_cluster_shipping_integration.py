@@ -23,9 +23,13 @@ import pytest
 from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
 from notebook_kit.launch.cluster import run as cluster_run
-from notebook_kit.launch.cluster.code_shipping import payload_for_nodes
-from notebook_kit.launch.cluster.engines.dask import choose_workers, current_workers
-from notebook_kit.launch.cluster.probing import ClusterSetupError, probe_workers
+from notebook_kit.launch.cluster.engines.dask import (
+    choose_workers,
+    current_workers,
+    payload_for_nodes,
+    probe_workers,
+)
+from notebook_kit.launch.cluster.probing import ClusterSetupError
 from tests.optional import needs
 
 pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]

@@ -24,26 +24,21 @@ import sys
 import traceback
 from importlib import metadata
 
+from notebook_kit.node.links.dask_nanny import nanny_presets
 from notebook_kit.node.protocol import ProbeReport
 
 __all__ = [
+    "gpu_count",
+    "host_of",
     "interface_for",
     "missing_modules",
+    "node_environment",
     "probe_report",
     "probe_version",
-    "probe_worker",
     "worker_python_path",
 ]
 
 _NODE_LIKE_SECONDS = 45.0  # bound on the node-like process, below the kernel's wait
-
-
-def probe_worker(payload: bytes, node0_host: str) -> ProbeReport:
-    """Run on a Dask worker: describe it and try to rebuild the function."""
-    from distributed import get_worker
-
-    address = get_worker().address
-    return probe_report(address, _host_of(address), payload, node0_host, _gpu_count())
 
 
 def probe_report(worker: str, host: str, payload: bytes, node0_host: str, gpus: int) -> ProbeReport:
@@ -105,7 +100,7 @@ def _loopback_name(interfaces: dict, family: int) -> str | None:
     return None
 
 
-def _host_of(address: str) -> str:
+def host_of(address: str) -> str:
     """``tcp://198.18.0.2:40123`` -> ``198.18.0.2`` (also for ``[::1]``)."""
     hostport = address.split("://", 1)[-1]
     return hostport.rsplit(":", 1)[0].strip("[]")
@@ -119,7 +114,7 @@ def probe_version(package: str) -> str:
         return "not installed"
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     """GPUs torch would see, asked without creating a CUDA context in the Dask worker."""
     try:
         import torch
@@ -179,7 +174,6 @@ def _in_node_like_process(request: tuple) -> object:
     zygote, with the node environment) and return its answer."""
     import tempfile
 
-    from notebook_kit.node.task import node_environment
     from notebook_kit.node.zygote import ZygoteChild, ZygoteError, local_zygote
 
     env = node_environment(None)
@@ -249,3 +243,28 @@ def serve(argv: list[str]) -> int:
     with os.fdopen(int(argv[1]), "wb") as answers:
         answers.write(answer)
     return 0
+
+
+def node_environment(interface: str | None) -> dict[str, str]:
+    """The worker's environment, less what Dask's nanny tuned for its own worker process, plus
+    the interface gloo and NCCL must use to reach node 0, and a ``PYTHONPATH`` that gives the
+    node process the worker's own folders (its local directory, where ``client.upload_file``
+    and ``UploadDirectory`` put files, and those it was started with).
+
+    The nanny sets ``distributed.nanny.pre-spawn-environ`` in its environment before it starts
+    the worker: one-thread BLAS and OpenMP pools, and ``MALLOC_TRIM_THRESHOLD_=65536``, which
+    makes glibc hand freed memory back at once and serve every large block with a fresh
+    ``mmap``. A training process that frees and allocates its activations every step then
+    faults in each of their pages again: about five times the page faults of a process started
+    without it, and nearly twice the CPU time per step of a small CNN. The node process starts
+    as a local launch's ranks do, without them; the ranks size their thread pools themselves.
+    """
+    env = dict(os.environ)
+    for name, value in nanny_presets().items():
+        if env.get(name) == value:
+            del env[name]
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = interface
+        env["NCCL_SOCKET_IFNAME"] = interface
+    env["PYTHONPATH"] = worker_python_path(env.get("PYTHONPATH"))
+    return env

@@ -1,19 +1,18 @@
-"""The node task: a Dask task that runs one node of a cluster run in its own process.
+"""The node task: runs one node of a cluster run in its own process, on any engine.
 
-The task thread of the Dask worker has its node process forked by the worker's zygote
+The task thread of the engine's worker has its node process forked by the worker's zygote
 (:mod:`notebook_kit.node.zygote`: a fresh interpreter that imported torch once, as forking the
-multithreaded Dask worker itself would copy locks held by its other threads), hands it the
-order over a pipe, and then only relays: the node's events go to the scheduler as one Dask
-event a few times a second, and the kernel's control variable (Stop, abort, lease) goes to the
-node. The node process dies with this task's process, so a Dask worker that dies takes its node
-with it; its guardian then stops the ranks.
+multithreaded worker itself would copy locks held by its other threads), hands it the order
+over a pipe, and then only relays: the node's events go to the kernel in one batch a few
+times a second, and the kernel's control value (Stop, abort, lease) goes to the node. The node
+process dies with this task's process, so a worker that dies takes its node with it; its
+guardian then stops the ranks.
 
-A task whose worker died may be run again by Dask (``allowed-failures``). Each node marks
-itself started on the scheduler first, so a second run of the same node refuses to train.
+A task whose worker died may be run again by the engine. Each node marks itself started
+first, so a second run of the same node refuses to train.
 
-All it asks of the cluster goes through a :class:`NodeLink`: :func:`run_node` is the Dask task,
-which serves its node through a :class:`DaskNodeLink`; another engine's task calls
-:func:`serve_node` with its own link.
+All it asks of the cluster goes through a :class:`NodeLink`: each engine's task
+(:mod:`notebook_kit.node.links`) calls :func:`serve_node` with its own link.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import collections
 import contextlib
 import logging
 import multiprocessing
-import os
 import signal
 import socket
 import threading
@@ -31,7 +29,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from notebook_kit.node.probe import worker_python_path
+from notebook_kit.node.probe import node_environment
 from notebook_kit.node.protocol import (
     ADDRESS,
     CONTROL_PERIOD_SECONDS,
@@ -43,16 +41,13 @@ from notebook_kit.node.protocol import (
     NodeReport,
     ProtocolError,
     Rendezvous,
-    RunNames,
     Seal,
     decode,
     encode,
 )
-from notebook_kit.node.zygote import ZygoteChild, local_zygote
+from notebook_kit.node.zygote import ZygoteChild
 
-__all__ = [
-    "NODE_PROCESS_NAME", "DaskNodeLink", "NodeLink", "node_environment", "run_node", "serve_node",
-]  # fmt: skip
+__all__ = ["NODE_PROCESS_NAME", "NodeLink", "serve_node"]
 
 NODE_PROCESS_NAME = "nk-node"  # a node process's name (/proc/PID/comm)
 
@@ -60,14 +55,13 @@ _BATCH_SECONDS = 0.25  # events leave in one batch this often
 _HEARTBEAT_SECONDS = 1.0  # an empty batch leaves this often when the node has nothing to say
 _CONTROL_PATIENCE_SECONDS = 1.0  # a control read waits this long for a change, where it can
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
-_RPC_SECONDS = 2.0  # no scheduler call of a watcher waits longer
 _log = logging.getLogger(__name__)
 
 
 class NodeLink(Protocol):
     """The node task's side of a cluster engine: all it asks of the cluster.
 
-    :class:`DaskNodeLink` is Dask's; the kernel's side is
+    Each engine has one, in :mod:`notebook_kit.node.links`; the kernel's side is
     :class:`~notebook_kit.launch.cluster.engine.Engine`.
     """
 
@@ -104,109 +98,6 @@ class NodeLink(Protocol):
         """While the node runs, SIGTERM to the engine's worker process calls ``forward`` (to
         the node process) instead of ending the worker at once; the returned call ends the
         hold, and a SIGTERM that came meanwhile then ends the worker as it would have."""
-
-
-class DaskNodeLink:
-    """A node task's link on a Dask cluster: variables, topics and events of the scheduler."""
-
-    def __init__(self, names: RunNames, node_rank: int) -> None:
-        from distributed import Variable, get_client, get_worker
-
-        self._worker, self._client = get_worker(), get_client()
-        self.worker = self._worker.address
-        self._names, self._node = names, node_rank
-        self._control = Variable(names.control, client=self._client)
-        self._address = Variable(names.address, client=self._client)
-        self._listening = False
-
-    def claim(self) -> bool:
-        from distributed import Variable
-
-        started = Variable(self._names.started(self._node), client=self._client)
-        if started.get(callback_timeout=_RPC_SECONDS):  # the kernel set it empty at the start
-            return False
-        started.set(self.worker)
-        return True
-
-    def control(self, patience: float = 0.0) -> Control:
-        """At once: a Dask variable cannot be waited on for a change."""
-        return Control.read(self._control.get(callback_timeout=_RPC_SECONDS))
-
-    def master(self) -> Rendezvous | None:
-        published = self._address.get(callback_timeout=_RPC_SECONDS)
-        return Rendezvous(str(published[0]), int(published[1])) if published else None
-
-    def publish_master(self, master: Rendezvous) -> None:
-        self._address.set([master.host, master.port])
-
-    def send(self, node: int, events: list[bytes]) -> None:
-        self._worker.log_event(self._names.events, {"node": node, "events": events})
-
-    def listen(self, commanded: Callable[[bytes], None]) -> None:
-        self._listening = True
-        self._client.subscribe_topic(self._names.commands, lambda event: commanded(event[1]))
-
-    def close(self) -> None:
-        if self._listening:
-            with contextlib.suppress(Exception):
-                self._client.unsubscribe_topic(self._names.commands)
-
-    def zygote(self, env: dict[str, str]) -> str:
-        """The worker process's own zygote: it lives as long as the worker."""
-        return local_zygote(env).path
-
-    def hold_sigterm(self, forward: Callable[[], None]) -> Callable[[], None]:
-        """A Dask worker process told SIGTERM (Kubernetes deleting its pod, a VM shutting
-        down) dies at once, and its node with it. Its event loop, on the process's main
-        thread, takes the signal instead while the node runs: the node's ranks save first."""
-        loop = getattr(self._worker.loop, "asyncio_loop", None)
-        if loop is None:
-            return lambda: None
-        received = threading.Event()
-
-        def on_sigterm() -> None:
-            received.set()
-            forward()
-
-        def hold() -> Any:
-            previous = signal.getsignal(signal.SIGTERM)
-            loop.add_signal_handler(signal.SIGTERM, on_sigterm)  # main thread only
-            return previous
-
-        held = _on_loop(loop, hold)
-        if held is _FAILED:  # a worker without a main-thread loop (processes=False): no hold
-            return lambda: None
-
-        def release() -> None:
-            def restore() -> None:
-                loop.remove_signal_handler(signal.SIGTERM)
-                signal.signal(signal.SIGTERM, held)
-                if received.is_set():  # once the report is out: end as the signal asked
-                    loop.call_later(_SIGTERM_AGAIN_SECONDS, os.kill, os.getpid(), signal.SIGTERM)
-
-            _on_loop(loop, restore)
-
-        return release
-
-
-_FAILED = object()
-_SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
-
-
-def _on_loop(loop: Any, call: Callable[[], Any]) -> Any:
-    """``call()`` on ``loop``'s thread, waited for; ``_FAILED`` if it raised or timed out."""
-    done: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def run() -> None:
-        try:
-            done["value"] = call()
-        except Exception:
-            done["value"] = _FAILED
-        finished.set()
-
-    loop.call_soon_threadsafe(run)
-    return done.get("value", _FAILED) if finished.wait(_RPC_SECONDS) else _FAILED
 
 
 class _Control(threading.Thread):
@@ -255,20 +146,6 @@ class _Control(threading.Thread):
 def _signal(process: ZygoteChild, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signum)
-
-
-def run_node(order: NodeOrder, secret_key: str) -> NodeReport:
-    """The Dask task of one node: run it, relay it, and report how it ended.
-
-    The run's secret is in this worker's memory under ``secret_key``: the kernel scattered it
-    here directly, and the scheduler holds its key, never its bytes. It is read here rather
-    than made the task's dependency, which Dask would cancel the moment the worker died, before
-    the kernel sees the worker leave.
-    """
-    from distributed import get_worker
-
-    secret = get_worker().data[secret_key]
-    return serve_node(order, DaskNodeLink(RunNames(order.run_id), order.node_rank), secret)
 
 
 def serve_node(order: NodeOrder, link: NodeLink, secret: bytes) -> NodeReport:
@@ -454,61 +331,3 @@ class _Relay:
         batch, self.batch, self.urgent = self.batch, [], False
         with contextlib.suppress(Exception):
             self.link.send(self.order.node_rank, batch)
-
-
-def node_environment(interface: str | None) -> dict[str, str]:
-    """The worker's environment, less what Dask's nanny tuned for its own worker process, plus
-    the interface gloo and NCCL must use to reach node 0, and a ``PYTHONPATH`` that gives the
-    node process the worker's own folders (its local directory, where ``client.upload_file``
-    and ``UploadDirectory`` put files, and those it was started with).
-
-    The nanny sets ``distributed.nanny.pre-spawn-environ`` in its environment before it starts
-    the worker: one-thread BLAS and OpenMP pools, and ``MALLOC_TRIM_THRESHOLD_=65536``, which
-    makes glibc hand freed memory back at once and serve every large block with a fresh
-    ``mmap``. A training process that frees and allocates its activations every step then
-    faults in each of their pages again: about five times the page faults of a process started
-    without it, and nearly twice the CPU time per step of a small CNN. The node process starts
-    as a local launch's ranks do, without them; the ranks size their thread pools themselves.
-    """
-    env = dict(os.environ)
-    for name, value in _nanny_presets().items():
-        if env.get(name) == value:
-            del env[name]
-    if interface:
-        env["GLOO_SOCKET_IFNAME"] = interface
-        env["NCCL_SOCKET_IFNAME"] = interface
-    env["PYTHONPATH"] = worker_python_path(env.get("PYTHONPATH"))
-    return env
-
-
-def _nanny_presets() -> dict[str, str]:
-    """What Dask's nanny puts in the environment of the worker it starts.
-
-    A ``LocalCluster`` runs its nannies in the calling process and sets them in that process's
-    own environment too, so a Ray instance the kernel starts afterwards, and its workers, have
-    them. A Ray worker has not imported ``distributed``, whose defaults file declares them:
-    they are read from that file.
-    """
-    try:
-        import dask
-
-        presets = dask.config.get("distributed.nanny.pre-spawn-environ", default=None)
-        if presets is None:
-            presets = _distributed_defaults()["distributed"]["nanny"]["pre-spawn-environ"]
-    except Exception:  # no dask, or no distributed: no nanny put anything here
-        return {}
-    return {str(name): str(value) for name, value in (presets or {}).items() if value is not None}
-
-
-def _distributed_defaults() -> dict[str, Any]:
-    """``distributed``'s defaults file, read without importing ``distributed``."""
-    import importlib.util
-    from pathlib import Path
-
-    import yaml
-
-    spec = importlib.util.find_spec("distributed")
-    if spec is None or not spec.submodule_search_locations:
-        raise LookupError("distributed is not installed")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    return yaml.safe_load((folder / "distributed.yaml").read_text())

@@ -3,7 +3,7 @@
 cloudpickle sends what a notebook cell defines by value and refers to everything else by
 module and name, which a node then imports. A module the kernel imports from a folder the
 nodes do not have (one added to ``sys.path`` at run time, a file sent with
-``client.upload_file``, a helper folder) would fail there with ``ModuleNotFoundError``. So
+a Dask ``client.upload_file``, a helper folder) would fail there with ``ModuleNotFoundError``. So
 the chosen workers are asked, each in a process started as its node process will be
 (:func:`notebook_kit.node.probe.missing_modules`), which of the modules the payload refers to
 they cannot import; those the kernel has as Python source are then sent by value, and the
@@ -13,12 +13,11 @@ names the module and the fix before any rank starts.
 
 Example::
 
-    payload = payload_for_nodes(client, workers, ((train, (), {}), []))
+    payload = engine.ship(workers, ((train, (), {}), []))  # payload_asking, on engine.ask
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import pickle
 import sys
@@ -28,17 +27,11 @@ from typing import Any
 
 import cloudpickle
 
-from notebook_kit.launch.cluster.probing import ask_workers
 from notebook_kit.node.probe import missing_modules
 
-__all__ = ["payload_asking", "payload_for_nodes", "pickle_recording_modules"]
+__all__ = ["payload_asking", "pickle_recording_modules"]
 
 _ROUNDS = 4  # modules sent by value may refer to others the nodes lack; rarely more than 2
-
-
-def payload_for_nodes(client: Any, workers: list[str], obj: Any) -> bytes:
-    """``obj`` pickled so every Dask worker in ``workers`` can rebuild it in its node process."""
-    return payload_asking(functools.partial(ask_workers, client, workers), obj)
 
 
 def payload_asking(ask: Callable[..., list[Any]], obj: Any) -> bytes:

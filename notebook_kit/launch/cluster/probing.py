@@ -1,91 +1,80 @@
-"""Checking every chosen worker before any rank starts (:mod:`notebook_kit.node.probe`).
+"""Choosing one worker per node, and checking every chosen one before any rank starts.
 
-Each question is one short Dask task per chosen worker, which needs a free thread there: a
-worker whose threads all run other tasks (the user's own, another kernel's run) is named at
-once rather than after the probe's timeout.
+Engine-neutral: each engine lists its workers and asks them (``Engine.workers``,
+``Engine.ask``); the probe's reports (:mod:`notebook_kit.node.probe`) are checked here against
+the kernel, in the engine's own words. An engine's question that gets no answer within
+``PROBE_TIMEOUT_SECONDS`` raises :class:`ClusterSetupError`.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from notebook_kit.node.probe import probe_version, probe_worker
+from notebook_kit.node.probe import probe_version
 from notebook_kit.node.protocol import ProbeReport
 
-__all__ = ["ClusterSetupError", "ask_workers", "check_reports", "probe_workers"]
+__all__ = ["PROBE_TIMEOUT_SECONDS", "ClusterSetupError", "check_reports", "choose_workers"]
 
 PROBE_TIMEOUT_SECONDS = 60.0
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
 
 class ClusterSetupError(RuntimeError):
-    """A chosen Dask worker cannot run this launch; the message names it and the fix."""
+    """A chosen worker cannot run this launch; the message names it and the fix."""
 
 
-def probe_workers(client: Any, workers: list[str], payload: bytes) -> list[ProbeReport]:
-    """Run the probe on each worker (never elsewhere, never retried) and gather the reports."""
-    node0_host = workers[0].split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return ask_workers(client, workers, probe_worker, payload, node0_host)
+def choose_workers(
+    workers: dict[str, dict[str, Any]],
+    num_nodes: int | None,
+    min_nodes: int | None = None,
+    worker_noun: str = "worker",
+    grow_hint: str = "Add workers",
+) -> list[str]:
+    """One worker per node: one per distinct host by default; ``num_nodes`` may take several
+    workers of one host (how tests run several nodes on one machine). With ``min_nodes``,
+    fewer than ``num_nodes`` workers are enough, down to ``min_nodes``. Too few raise
+    ``ValueError`` in the engine's words (``worker_noun``, ``grow_hint``).
 
-
-def ask_workers(client: Any, workers: list[str], function: Callable, *args: Any) -> list[Any]:
-    """``function(*args)`` once on each of ``workers``, in their order.
-
-    Raises:
-        ClusterSetupError: a worker has no free thread (named before anything is submitted),
-            or did not answer within ``PROBE_TIMEOUT_SECONDS`` (only the silent ones named).
+    Example:
+        >>> choose_workers({"tcp://a:1": {"host": "a"}, "tcp://a:2": {"host": "a"}}, 2)
+        ['tcp://a:1', 'tcp://a:2']
     """
-    refuse_busy_workers(client, workers)
-    futures = [
-        client.submit(
-            function,
-            *args,
-            workers=[address],
-            allow_other_workers=False,
-            pure=False,
-            retries=0,
-        )
-        for address in workers
-    ]
-    from distributed import wait
-
-    try:
-        wait(futures, timeout=PROBE_TIMEOUT_SECONDS)
-        return client.gather(futures)
-    except TimeoutError as error:
-        silent = [
-            address for address, future in zip(workers, futures, strict=True) if not future.done()
-        ]
-        raise ClusterSetupError(
-            f"Dask worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not answer "
-            f"the probe within {PROBE_TIMEOUT_SECONDS:g} s: each chosen worker needs a free "
-            f"thread, and a worker too loaded to start a Python process in time cannot run a "
-            f"node. Wait for its running tasks to finish, or add workers."
-        ) from error
-    finally:
-        client.cancel(futures, force=True)
+    by_host: dict[str, list[str]] = {}
+    for address in sorted(workers):
+        by_host.setdefault(str(workers[address].get("host", address)), []).append(address)
+    if num_nodes is None:
+        chosen = [addresses[0] for addresses in by_host.values()]
+        if len(chosen) < (min_nodes or 1):
+            raise ValueError(_too_few(len(chosen), min_nodes or 1, None, worker_noun, grow_hint))
+        return chosen
+    if min_nodes is not None and min_nodes <= len(workers) < num_nodes:
+        num_nodes = len(workers)
+    if num_nodes > len(workers):
+        raise ValueError(_too_few(len(workers), num_nodes, min_nodes, worker_noun, grow_hint))
+    chosen = []
+    depth = 0
+    while len(chosen) < num_nodes:  # one per host first, then a second worker of each, ...
+        for addresses in by_host.values():
+            if depth < len(addresses) and len(chosen) < num_nodes:
+                chosen.append(addresses[depth])
+        depth += 1
+    return chosen
 
 
-def refuse_busy_workers(client: Any, workers: list[str]) -> None:
-    """Name the first chosen worker whose every thread runs a task already."""
-    from notebook_kit.launch.cluster.engines.dask import current_workers
-
-    known = current_workers(client)
-    processing = client.processing(workers)
-    for address in workers:
-        threads = int(known.get(address, {}).get("nthreads", 1) or 1)
-        running = list(processing.get(address, ()))
-        if len(running) >= threads:
-            shown = ", ".join(map(str, running[:3])) + (", ..." if len(running) > 3 else "")
-            raise ClusterSetupError(
-                f"Dask worker {address} has no free thread: its {threads} thread"
-                f"{'s run' if threads > 1 else ' runs'} other tasks ({shown}), and a node "
-                f"needs one for the whole run. Wait for those tasks to finish (or cancel "
-                f"them), start the worker with more threads, or add workers."
-            )
+def _too_few(
+    available: int, num_nodes: int, min_nodes: int | None, noun: str, grow_hint: str
+) -> str:
+    if min_nodes is not None:
+        needs = f"min_nodes={min_nodes} needs at least {min_nodes}"
+    else:
+        needs = f"num_nodes={num_nodes} needs {num_nodes}"
+    lower = "min_nodes" if min_nodes is not None else "num_nodes"
+    return (
+        f"{needs} {noun}s (one per node), but the cluster has {available}. {grow_hint}, or "
+        f"lower {lower}."
+    )
 
 
 def check_reports(reports: list[ProbeReport], worker_noun: str, ship_hint: str) -> None:

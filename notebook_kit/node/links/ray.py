@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from notebook_kit.node.probe import probe_report
+from notebook_kit.node.probe import node_environment, probe_report
 from notebook_kit.node.protocol import Control, NodeOrder, NodeReport, ProbeReport, Rendezvous
-from notebook_kit.node.task import node_environment, serve_node
+from notebook_kit.node.task import serve_node
 from notebook_kit.node.zygote import local_zygote
 
 __all__ = ["NodeKeeper", "RayNodeLink", "RunHub", "probe_ray_worker", "run_ray_node"]

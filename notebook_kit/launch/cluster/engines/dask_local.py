@@ -5,9 +5,10 @@ Jupyter's interrupt button sends SIGINT to the kernel's whole process group. A
 processes in the kernel's process group, so an interrupt during a cluster run ends every Dask
 worker, and the next launch finds none. :func:`local_cluster` starts the same
 ``LocalCluster`` in a process of its own session (``python -m
-notebook_kit.launch.cluster.engines.dask_local``), whose worker processes are its children: an interrupt
-reaches only the kernel. That process holds the reading end of a pipe from the kernel; when
-the kernel closes the cluster, or dies, the pipe ends and it closes the cluster and exits.
+notebook_kit.launch.cluster.engines.dask_local``), whose worker processes are its children:
+an interrupt reaches only the kernel. That process holds the reading end of a pipe from the
+kernel; when the kernel closes the cluster, or dies, the pipe ends and it closes the cluster
+and exits.
 
 Example::
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import socket
 import threading
 import time
@@ -37,17 +36,22 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from notebook_kit.launch.cluster.code_shipping import payload_asking
-from notebook_kit.launch.cluster.engines.dask import choose_workers
+from notebook_kit.launch.cluster.engine import Engine
+from notebook_kit.launch.cluster.engines.ray_actors import (
+    HUB_SECONDS,
+    cancel_task,
+    keeper,
+    kernel_hub,
+    remote_once,
+)
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
-from notebook_kit.node.links.ray import NodeKeeper, RunHub, probe_ray_worker, run_ray_node
+from notebook_kit.node.links.ray import probe_ray_worker, run_ray_node
 from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
 
-__all__ = ["INSTALL_HINT", "RayEngine", "keeper", "kernel_hub", "ray_engine"]
+__all__ = ["INSTALL_HINT", "RayEngine", "ray_engine"]
 
 INSTALL_HINT = "pip install 'notebook_kit[ray]'"
 _TAKE_SECONDS = 0.5  # the kernel's event thread waits this long in one call to the hub
-_HUB_SECONDS = 10.0  # no call of the kernel to the hub waits longer
 _REACH_SECONDS = 10.0  # a ray:// head that takes no connection in this long is unreachable
 
 
@@ -216,12 +220,12 @@ class _Run:
         self.forgotten = threading.Event()
 
 
-class RayEngine:
+class RayEngine(Engine):
     """The Ray cluster this kernel joined (``ray.init``, or a Ray client connection)."""
 
     worker_noun = "Ray worker"
     ship_hint = "Ray's runtime environment (ray.init(runtime_env={'py_modules': [...]}))"
-    grow_hint = "Add Ray nodes (ray start --address=HEAD:6379 on another machine)"
+    grow_hint = "Add Ray nodes (ray start --address=HEAD:6379 on another machine) or CPUs"
 
     def __init__(self) -> None:
         self._renamed: dict[str, int] = {}  # a place's base name -> times its process died
@@ -248,28 +252,9 @@ class RayEngine:
         self._places.update(places)
         return places
 
-    def choose(
-        self,
-        num_nodes: int | None,
-        min_nodes: int | None = None,
-        exclude: frozenset[str] | set[str] = frozenset(),
-    ) -> list[str]:
-        places = {n: p for n, p in self._read_places().items() if n not in exclude}
-        by_node = {name: {"host": place.node_id} for name, place in places.items()}
-        try:
-            return choose_workers(by_node, num_nodes, min_nodes)
-        except ValueError:
-            ray_nodes = len({place.node_id for place in places.values()})
-            wanted = min_nodes if min_nodes is not None else num_nodes or 1
-            raise ValueError(
-                f"{'min_nodes' if min_nodes is not None else 'num_nodes'}={wanted} needs "
-                f"{wanted} places for a node, but the Ray cluster's {ray_nodes} Ray "
-                f"node{'s' if ray_nodes != 1 else ''} with a CPU have {len(places)} (one per "
-                f"CPU). Add Ray nodes (ray start --address=...) or CPUs, or lower it."
-            ) from None
-
-    def present(self) -> set[str]:
-        return set(self._read_places())
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """One per CPU of each Ray node, which is their ``host``: a node per Ray node first."""
+        return {name: {"host": place.node_id} for name, place in self._read_places().items()}
 
     # -- before the run: shipping and probing -------------------------------------------------
 
@@ -303,7 +288,7 @@ class RayEngine:
         except ray.exceptions.GetTimeoutError as error:
             _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in waiting:  # never started: its Ray node has no process for the keeper
-                _cancel(ref)
+                cancel_task(ref)
             silent = [w for w, ref in zip(workers, refs, strict=True) if ref in waiting]
             raise ClusterSetupError(
                 f"Ray worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not "
@@ -311,8 +296,8 @@ class RayEngine:
                 f"start a worker process in time (ray status shows what runs there)."
             ) from error
 
-    def ship(self, workers: list[str], obj: Any) -> bytes:
-        return payload_asking(lambda f, *args: self._ask(workers, f, lambda _: args), obj)
+    def ask(self, workers: list[str], function: Callable, *args: Any) -> list[Any]:
+        return self._ask(workers, function, lambda _: args)
 
     def probe(self, workers: list[str], payload: bytes) -> list[ProbeReport]:
         node0 = self._places[workers[0]].ip
@@ -387,7 +372,7 @@ class RayEngine:
                 f"it to end (ray status shows it), or add Ray nodes."
             )
         zygotes = ray.get([keeper(node).zygote.remote() for node in nodes], timeout=bound)
-        node_task = _remote(run_ray_node)
+        node_task = remote_once(run_ray_node)
         for index, (order, task) in enumerate(run.waiting):
             task.ref = node_task.options(
                 num_cpus=shapes[index]["CPU"],
@@ -413,7 +398,7 @@ class RayEngine:
 
         run = self._run(names)
         assert run is not None
-        ray.get(run.hub.command.remote(run.run_id, data), timeout=_HUB_SECONDS)
+        ray.get(run.hub.command.remote(run.run_id, data), timeout=HUB_SECONDS)
 
     def forget(self, names: RunNames, num_nodes: int, tasks: list[Any]) -> None:
         """Cancel what still runs, remove the placement group, drop the run from the hub."""
@@ -428,7 +413,7 @@ class RayEngine:
             if not isinstance(task, _RayTask):
                 continue
             if task.ref is not None and not task.done():
-                _cancel(task.ref)
+                cancel_task(task.ref)
             if task.ref is not None and (not task.done() or task.failure() is not None):
                 base = task.worker.rsplit(".", 1)[0] if _renamed(task.worker) else task.worker
                 self._renamed[base] = self._renamed.get(base, 0) + 1
@@ -436,85 +421,9 @@ class RayEngine:
             with contextlib.suppress(Exception):
                 remove_placement_group(run.group)
         with contextlib.suppress(Exception):  # waited for: then nothing of the run is left
-            ray.get(run.hub.forget.remote(run.run_id), timeout=_HUB_SECONDS)
+            ray.get(run.hub.forget.remote(run.run_id), timeout=HUB_SECONDS)
         if run.pump is not None:
-            run.pump.join(timeout=_HUB_SECONDS)
-
-
-def kernel_hub() -> Any:
-    """This kernel's hub actor on the cluster it joined: made by the first run and kept by
-    the next ones (made again if it died).
-
-    Example::
-
-        ray.get(kernel_hub().runs.remote())  # the runs it holds: [] between runs
-    """
-    return _kept(RunHub, "hub", "", "runs")
-
-
-def keeper(node_id: str) -> Any:
-    """This kernel's :class:`~notebook_kit.node.links.ray.NodeKeeper` on a Ray node: made by
-    the first probe there, kept as the hub is.
-
-    Example::
-
-        ray.get(keeper(node_id).zygote.remote())  # the socket its node processes come from
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    return _kept(NodeKeeper, "keeper", node_id, "zygote", scheduling_strategy=pinned)
-
-
-def _kept(actor: type, kind: str, place: str, ping: str, **options: Any) -> Any:
-    """This kernel's ``kind`` actor (at ``place``), with no CPU: made once, and kept while it
-    answers ``ping`` (a warm actor answers in milliseconds). It ends with the kernel's Ray
-    connection. Its name holds the Ray job's id, so two kernels sharing a Ray namespace each
-    have their own; one made again after a death gets a name of its own, as Ray may still
-    hold the dead one's."""
-    import ray
-
-    job = ray.get_runtime_context().get_job_id()
-    key = (job, kind, place)
-    made = _actors.get(key)
-    if made is not None:
-        try:
-            ray.get(getattr(made, ping).remote(), timeout=_HUB_SECONDS)
-            return made
-        except Exception:  # it died: make another
-            _deaths[key] = _deaths.get(key, 0) + 1
-    name = "-".join(p for p in ("notebook_kit", kind, job, place, str(_deaths.get(key, ""))) if p)
-    made = _actors[key] = (  # the handle that made it is kept: Ray ends an actor once dropped
-        _remote(actor)
-        .options(num_cpus=0, max_restarts=0, name=name, get_if_exists=True, **options)
-        .remote()
-    )
-    return made
-
-
-_actors: dict[tuple[str, str, str], Any] = {}  # (Ray job, kind, place) -> the kernel's actor
-_deaths: dict[tuple[str, str, str], int] = {}  # how many of those died
-
-
-@functools.cache
-def _remote(function: Callable) -> Any:
-    """``ray.remote(function)``, made once: Ray exports a remote function's code to the
-    cluster when it is first called, and again for every new ``ray.remote`` of it."""
-    import ray
-
-    return ray.remote(function)
-
-
-def _cancel(ref: Any) -> None:
-    """Cancel a task that has not finished, as Ctrl-C in it would (its ``finally`` runs).
-
-    Never forced: a forced cancel fails the task in the kernel at once, and if its reply is
-    arriving meanwhile on Ray's own thread, Ray's check that a task completes only once ends
-    the kernel's process (``Tried to complete task that was not pending``)."""
-    import ray
-
-    with contextlib.suppress(Exception):
-        ray.cancel(ref, force=False)
+            run.pump.join(timeout=HUB_SECONDS)
 
 
 def _renamed(worker: str) -> bool:
@@ -528,7 +437,7 @@ def _pump(run: _Run, events: Callable[[Any], None]) -> None:
 
     while not run.forgotten.is_set():
         try:
-            batches = ray.get(run.hub.take.remote(run.run_id, _TAKE_SECONDS), timeout=_HUB_SECONDS)
+            batches = ray.get(run.hub.take.remote(run.run_id, _TAKE_SECONDS), timeout=HUB_SECONDS)
         except Exception:  # the hub is slow, or gone with the Ray connection: look again
             time.sleep(0.05)
             continue

@@ -638,13 +638,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "runtime/messages.py",
-                '    trace = payload["traceback"]\n',
-                '    trace = ""\n',
+                "        return cls(qualified, str(error), text)\n",
+                '        return cls(qualified, str(error), "")\n',
             ),
         ),
         (
-            "tests/test_messages.py::"
-            "test_every_kind_decodes_to_what_was_sent_through_a_pickle_of_plain_data",
+            "tests/test_messages.py::test_a_failure_keeps_the_users_frames_and_names_its_rank",
             f"{_LAUNCHER}test_raising_rank_is_reported_with_traceback",
         ),
     ),
@@ -757,7 +756,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "zygote-child-keeps-the-zygotes-environment",
         "a zygote's child takes the environment of its request",
-        (Edit("node/zygote.py", '            _take_environment(order["env"])\n', ""),),
+        (Edit("node/zygote.py", "            _take_environment(order.env)\n", ""),),
         (
             f"{_ZYGOTE}test_a_child_runs_its_target_with_its_environment_streams_and_the_"
             "preloaded_torch",
@@ -780,7 +779,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a keeper that died is made again by the next launch",
         (
             Edit(
-                "launch/cluster/engines/ray_actors.py",
+                "launch/cluster/engines/ray.py",
                 "            _deaths[key] = _deaths.get(key, 0) + 1\n",
                 "            return made\n",
             ),
@@ -792,7 +791,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a Ray node's process starts without the nanny's settings a LocalCluster left behind",
         (
             Edit(
-                "node/links/dask_nanny.py",
+                "node/task.py",
                 "        if presets is None:\n",
                 "        if False:\n",
             ),
@@ -915,7 +914,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "Dask running a node task again never trains twice",
         (
             Edit(
-                "node/links/dask.py",
+                "node/task.py",
                 "    if started.get(callback_timeout=_RPC_SECONDS):",
                 "    if False:",
             ),
@@ -1513,8 +1512,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/pool/worker_pool.py",
-                "        self._backend.check_start()  # before stopping",
-                "        pass  # before stopping",
+                "        if self._cluster_plan is None:  # before stopping",
+                "        if False:  # before stopping",
             ),
         ),
         (
@@ -1645,7 +1644,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster run's ranks start without what Dask's nanny tuned for its worker process",
         (
             Edit(
-                "node/probe.py",
+                "node/task.py",
                 """        if env.get(name) == value:
             del env[name]""",
                 """        pass""",
@@ -1707,9 +1706,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a notebook global a cluster pool's cell uses is sent to the nodes, which hold nothing",
         (
             Edit(
-                "launch/cluster/pool.py",
-                "        holdings.forget_all()  # a node holds nothing",
-                "        holdings.remember_all()  # a node holds nothing",
+                "launch/pool/worker_pool.py",
+                "            self._holdings.forget_all()  # a node holds nothing",
+                "            self._holdings.remember_all()  # a node holds nothing",
             ),
         ),
         (f"{_CLUSTER_POOL}test_cells_push_and_pull_work_with_global_ranks",),
@@ -1720,8 +1719,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "settle.fault(now, lambda: self._attempt.command(Interrupt(seq)))",
-                "settle.fault(now, lambda: None)",
+                "                    self._attempt.command(Interrupt(seq))\n",
+                "",
             ),
         ),
         (
@@ -2065,8 +2064,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "                if outcome.faulted:\n",
-                "                if outcome.answers and outcome.faulted:\n",
+                "                if outcome.faulted and not interrupt_sent:\n",
+                "                if outcome.answers and outcome.faulted and not interrupt_sent:\n",
             ),
         ),
         (
@@ -2079,7 +2078,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster run leaves no event topic on the scheduler, even one unsubscribed late",
         (
             Edit(
-                "launch/cluster/engines/dask.py",
+                "launch/cluster/engine.py",
                 "    while time.monotonic() < deadline and any(\n",
                 "    while False and any(\n",
             ),
@@ -2323,10 +2322,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster pool that lost a node says only that it was closed (create a new WorkerPool)",
         (
             Edit(
-                "errors.py",
-                "        lines.append(self.aftermath)\n",
-                '        lines += ["The other workers were stopped; the kernel is still usable.",'
-                " self.aftermath]\n",
+                "launch/cluster/pool.py",
+                '        return "\\n".join([lines[0], *lines[2:], "", self.aftermath])',
+                '        return "\\n".join([*lines, "", self.aftermath])',
             ),
         ),
         (
@@ -2371,7 +2369,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a worker with no free thread is named at once",
         (
             Edit(
-                "launch/cluster/engines/dask.py",
+                "launch/cluster/probing.py",
                 "        if len(running) >= threads:\n",
                 "        if len(running) > threads:\n",
             ),
@@ -2711,7 +2709,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "SIGTERM to a Dask worker lets its node save before the worker ends",
         (
             Edit(
-                "node/links/dask.py",
+                "node/task.py",
                 '        loop = getattr(self._worker.loop, "asyncio_loop", None)\n',
                 "        loop = None\n",
             ),
@@ -3150,7 +3148,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "one hub per kernel serves every run: its process is not started again for each",
         (
             Edit(
-                "launch/cluster/engines/ray_actors.py",
+                "launch/cluster/engines/ray.py",
                 "    if made is not None:\n        try:",
                 "    if False:\n        try:",
             ),

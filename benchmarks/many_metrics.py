@@ -20,7 +20,7 @@ import time
 
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
-from notebook_kit.live.plot_layout import Panel, plan_panels
+from notebook_kit.live.plot_layout import PlotPanel, plan_panels
 from notebook_kit.live.summary import summary_line
 
 History = list[tuple[int, float]]
@@ -41,7 +41,7 @@ def _end_of_run(histories: dict[str, History], uncapped: bool) -> tuple[float, f
         for name in histories:
             label = next((p.label for p in panels if name in p.names), panels[-1].label)
             members[label].append(name)
-        panels = [Panel(label, tuple(names)) for label, names in members.items() if names]
+        panels = [PlotPanel(label, tuple(names)) for label, names in members.items() if names]
     figure = new_figure(len(panels))
     draw_metrics(figure, histories, panels=panels)
     figure_png(figure)

@@ -72,7 +72,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a restarted run's summary counts every step once",
         (
             Edit(
-                "live/record.py",
+                "live/progress.py",
                 "            return self.before + self.steps\n",
                 "            return self.steps\n",
             ),
@@ -84,7 +84,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a run that numbers its steps from 1 is counted 60 steps for 60, not 61",
         (
             Edit(
-                "live/record.py",
+                "live/progress.py",
                 "        return 1 if self.first_logged == 1 else 0\n",
                 "        return 0\n",
             ),

@@ -52,71 +52,6 @@ def progress_line(
     return " · ".join(parts)
 
 
-class HeadlessObserver:
-    """Worker lines prefixed with their rank, plus a progress line every few seconds.
-
-    Example::
-
-        notebook_launcher(train, num_processes=2, observer=HeadlessObserver())
-    """
-
-    def __init__(self, interval: float = _LINE_SECONDS) -> None:
-        self.recorder = RunRecorder()
-        self.console = ConsolePrinter()
-        self.interval = interval
-        self._started = time.monotonic()
-        self._last_line = 0.0
-        self._printed_version = -1
-        self.clock = RateClock()
-
-    def on_start(self, info: LaunchInfo) -> None:
-        self.recorder.start(info)
-        self.console.on_start(info)
-        self._started = self._last_line = time.monotonic()
-
-    def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        self.console.on_output(rank, stream, last_segment(line))
-
-    def on_metrics(self, batch: MetricsBatch) -> None:
-        self.recorder.on_metrics(batch)
-
-    def on_tick(self) -> None:
-        self.recorder.tick()
-        self.clock.observe(self.recorder.progress.count)
-        if time.monotonic() - self._last_line >= self.interval:
-            self._print_progress()
-        self.console.on_tick()
-
-    def _print_progress(self) -> None:
-        self._last_line = time.monotonic()
-        metrics = self.recorder.metrics
-        if metrics.version == self._printed_version and not self.recorder.progress.count:
-            return
-        self._printed_version = metrics.version
-        print(f"[progress] {self._line(time.monotonic() - self._started)}", flush=True)
-
-    def _line(self, elapsed: float) -> str:
-        state, metrics = self.recorder.progress, self.recorder.metrics
-        return progress_line(
-            state.count,
-            state.expected,
-            elapsed,
-            metrics.latest(),
-            metrics.total_dropped,
-            rate=self.clock.rate or 0.0,
-        )
-
-    def on_finish(self, summary: LaunchSummary) -> None:
-        self.recorder.finish(summary)
-        self.clock.observe(self.recorder.progress.count)
-        if self.recorder.metrics.version or self.recorder.progress.count:
-            ending = "stopped" if summary.stopped else "finished"
-            print(f"[{ending}] {self._line(summary.duration)}", flush=True)
-        for _, text in self.recorder.texts("headless"):
-            print(text, flush=True)
-        self.console.on_finish(summary)
-
-
 class QuietObserver:
     """``live=False``: nothing but what workers wrote to stderr; the run is still recorded.
 
@@ -154,3 +89,64 @@ class QuietObserver:
     def on_finish(self, summary: LaunchSummary) -> None:
         self.recorder.finish(summary)
         sys.stderr.flush()
+
+
+class HeadlessObserver(QuietObserver):
+    """Worker lines prefixed with their rank, plus a progress line every few seconds.
+
+    Example::
+
+        notebook_launcher(train, num_processes=2, observer=HeadlessObserver())
+    """
+
+    def __init__(self, interval: float = _LINE_SECONDS) -> None:
+        super().__init__()
+        self.interval = interval
+        self._started = time.monotonic()
+        self._last_line = 0.0
+        self._printed_version = -1
+        self.clock = RateClock()
+
+    def on_start(self, info: LaunchInfo) -> None:
+        self.recorder.start(info)
+        self.console.on_start(info)
+        self._started = self._last_line = time.monotonic()
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        self.console.on_output(rank, stream, last_segment(line))
+
+    def on_tick(self) -> None:
+        self.recorder.tick()
+        self.clock.observe(self.recorder.progress.count)
+        if time.monotonic() - self._last_line >= self.interval:
+            self._print_progress()
+        self.console.on_tick()
+
+    def _print_progress(self) -> None:
+        self._last_line = time.monotonic()
+        metrics = self.recorder.metrics
+        if metrics.version == self._printed_version and not self.recorder.progress.count:
+            return
+        self._printed_version = metrics.version
+        print(f"[progress] {self._line(time.monotonic() - self._started)}", flush=True)
+
+    def _line(self, elapsed: float) -> str:
+        state, metrics = self.recorder.progress, self.recorder.metrics
+        return progress_line(
+            state.count,
+            state.expected,
+            elapsed,
+            metrics.latest(),
+            metrics.total_dropped,
+            rate=self.clock.rate or 0.0,
+        )
+
+    def on_finish(self, summary: LaunchSummary) -> None:
+        self.recorder.finish(summary)
+        self.clock.observe(self.recorder.progress.count)
+        if self.recorder.metrics.version or self.recorder.progress.count:
+            ending = "stopped" if summary.stopped else "finished"
+            print(f"[{ending}] {self._line(summary.duration)}", flush=True)
+        for _, text in self.recorder.texts("headless"):
+            print(text, flush=True)
+        self.console.on_finish(summary)

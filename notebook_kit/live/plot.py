@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from notebook_kit.live.metric_names import more_text, short_name
 from notebook_kit.live.plot_layout import (
-    Panel,
+    PlotPanel,
     YScale,
     axis_limits,
     ema,
@@ -60,7 +60,7 @@ def draw_metrics(
     evals: Collection[str] = (),
     smoothing: float = 0.0,
     y_scale: YScale = "auto",
-    panels: list[Panel] | None = None,
+    panels: list[PlotPanel] | None = None,
     x_metric: str | None = None,
     marks: Collection[tuple[int, str]] = (),
     footer: str = "",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
-    "Panel",
+    "PlotPanel",
     "XUnit",
     "axis_limits",
     "axis_metric",
@@ -57,8 +57,8 @@ _SPARSE_MIN_DENSEST = 10  # ... once the densest has at least this many
 
 
 @dataclass(frozen=True)
-class Panel:
-    """One plot panel: its y-axis label, the metrics drawn in it (in logging order) and how
+class PlotPanel:
+    """One box of the plot: its y-axis label, the metrics drawn in it (in logging order) and how
     many more of its family are left out of the drawing."""
 
     label: str
@@ -154,7 +154,7 @@ def _family(group: str) -> str:
     return "other"
 
 
-def plan_panels(names: Iterable[str]) -> list[Panel]:
+def plan_panels(names: Iterable[str]) -> list[PlotPanel]:
     """One panel per metric group while there are few, else one per family; ``epoch`` and
     the like in none. A panel draws its first ``LINES_PER_PANEL`` metrics.
 
@@ -174,7 +174,7 @@ def plan_panels(names: Iterable[str]) -> list[Panel]:
             families.setdefault(_family(group), []).extend(members)
         groups = families
     return [
-        Panel(label, tuple(members[:LINES_PER_PANEL]), max(0, len(members) - LINES_PER_PANEL))
+        PlotPanel(label, tuple(members[:LINES_PER_PANEL]), max(0, len(members) - LINES_PER_PANEL))
         for label, members in groups.items()
     ]
 

@@ -26,7 +26,7 @@ from notebook_kit.live.metric_names import short_name
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.plot_feed import PointFeed, Points
 from notebook_kit.live.plot_layout import (
-    Panel,
+    PlotPanel,
     XUnit,
     axis_metric,
     eval_metrics,
@@ -256,7 +256,7 @@ def _spec(
     return spec
 
 
-def _panel_spec(panel: Panel) -> dict[str, Any]:
+def _panel_spec(panel: PlotPanel) -> dict[str, Any]:
     """A panel for the browser: its label and names, the count of its family's metrics not
     drawn (``more``) and the shortened names (``short``), each only when there are any."""
     spec: dict[str, Any] = {"label": panel.label, "names": list(panel.names)}

@@ -18,11 +18,19 @@ __all__ = ["ProgressState", "RateClock", "format_duration", "format_rate", "prog
 
 @dataclass
 class ProgressState:
-    """What the kernel knows about progress, from rank 0's batches and the logged steps.
+    """Rank 0's progress over every attempt of a launch: the steps taken, counted once.
+
+    A restarted attempt counts from zero again, yet resumes part-way (its first logged step).
+    The steps before that point count as taken, once: the count is those plus the
+    attempt's own, unless its counter already starts there (the Trainer reports its global
+    step). Without a counter, the last logged step says how far it got; a launch whose first
+    logged step is 1 numbers its steps from 1 (the Trainer's global step), not 0.
 
     Example:
         >>> state = ProgressState(); state.update(Progress(steps=5, total=10)); state.count
         5
+        >>> state.first_logged = 0; state.resume_at(30, 32, 3); state.steps = 30; state.count
+        60
     """
 
     steps: int = 0
@@ -30,6 +38,8 @@ class ProgressState:
     epoch_length: int | None = None
     epochs_begun: int = 0
     last_logged_step: int | None = None
+    first_logged: int | None = None  # the launch's first logged step (set by the recorder)
+    before: int = 0  # steps taken before the running attempt resumed
 
     def update(self, progress: Progress) -> None:
         """Take rank 0's progress counters."""
@@ -50,11 +60,25 @@ class ProgressState:
                 self.last_logged_step = max(int(step), self.last_logged_step or 0)
 
     @property
+    def _first_number(self) -> int:
+        return 1 if self.first_logged == 1 else 0
+
+    def resume_at(self, step: int, logged: int, counted: int) -> None:
+        """A restarted attempt logged from ``step`` to ``logged`` in its first batch, in which
+        rank 0 had counted ``counted`` steps."""
+        before = max(step - self._first_number, 0)
+        # A counter that starts where the checkpoint left it (the Trainer's global step)
+        # already holds the steps before it: more than this attempt has logged.
+        self.before = 0 if before and counted >= before + logged - step + 1 else before
+
+    @property
     def count(self) -> int:
-        """Steps done: counted steps, else the last step logged."""
-        if self.steps or self.last_logged_step is None:
-            return self.steps
-        return self.last_logged_step + 1
+        """Steps taken: counted ones and those before a resume, else the last step logged."""
+        if self.steps:
+            return self.before + self.steps
+        if self.last_logged_step is None:
+            return 0
+        return self.last_logged_step - self._first_number + 1
 
     @property
     def expected(self) -> int | None:

@@ -18,7 +18,7 @@ from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.speed import Speed, SpeedPanel
 from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["PANELS", "Attempt", "RunProgress", "RunRecord", "RunRecorder", "last_run"]
+__all__ = ["PANELS", "Attempt", "RunRecord", "RunRecorder", "last_run"]
 
 # Every figure of the view, in the order the displays show them (live/panel.py says how).
 PANELS: tuple[type[Panel], ...] = (SpeedPanel,)
@@ -99,48 +99,6 @@ class RunRecord:
         return {summary.rank: summary.duration for summary in self.ranks}
 
 
-class RunProgress(ProgressState):
-    """Rank 0's progress over every attempt of a launch: the steps taken, counted once.
-
-    A restarted attempt counts from zero again, yet resumes part-way (its first logged step).
-    The steps before that point count as taken, once: the count is those plus the
-    attempt's own, unless its counter already starts there (the Trainer reports its global
-    step). Without a counter, the last logged step says how far it got; a launch whose first
-    logged step is 1 numbers its steps from 1 (the Trainer's global step), not 0.
-
-    Example:
-        >>> state = RunProgress(); state.first_logged = 0; state.resume_at(30, 32, 3)
-        >>> state.steps = 30; state.count
-        60
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first_logged: int | None = None  # the launch's first logged step
-        self.before = 0  # steps taken before the running attempt resumed
-
-    @property
-    def _first_number(self) -> int:
-        return 1 if self.first_logged == 1 else 0
-
-    def resume_at(self, step: int, logged: int, counted: int) -> None:
-        """A restarted attempt logged from ``step`` to ``logged`` in its first batch, in which
-        rank 0 had counted ``counted`` steps."""
-        before = max(step - self._first_number, 0)
-        # A counter that starts where the checkpoint left it (the Trainer's global step)
-        # already holds the steps before it: more than this attempt has logged.
-        self.before = 0 if before and counted >= before + logged - step + 1 else before
-
-    @property
-    def count(self) -> int:
-        """Steps taken: counted ones and those before a resume, else the last step logged."""
-        if self.steps:
-            return self.before + self.steps
-        if self.last_logged_step is None:
-            return 0
-        return self.last_logged_step - self._first_number + 1
-
-
 _last: RunRecord | None = None
 
 
@@ -167,7 +125,7 @@ class RunRecorder:
 
     def __init__(self) -> None:
         self.metrics = MetricsAggregator()
-        self.progress = RunProgress()
+        self.progress = ProgressState()
         self.attempts: list[Attempt] = []
         self.restarts: list[tuple[int, str]] = []  # (step it resumed at, label) per restart
         self.info: LaunchInfo | None = None

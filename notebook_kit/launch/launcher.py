@@ -135,9 +135,11 @@ def notebook_launcher(options: dict[str, Any]) -> Any:
             endpoint gives ``master_addr``/``use_port``, ``rdzv_conf["timeout"]`` the
             ``rendezvous_timeout``; what has no meaning here is said in
             :mod:`notebook_kit.launch.rendezvous_options`.
-        cluster: A Dask ``Client`` (or a cluster with ``.get_client()``): run
-            ``num_processes`` ranks on each of ``num_nodes`` Dask workers (default: one
-            worker per host), shown live here like a local launch (docs/cluster.md).
+        cluster: The cluster to run on: a Dask ``Client`` (or a cluster with
+            ``.get_client()``), or ``"ray"`` / ``"ray://head:10001"`` for a Ray cluster
+            (any engine of :mod:`notebook_kit.launch.cluster.engines`): run
+            ``num_processes`` ranks on each of ``num_nodes`` of its workers (default: one
+            per host), shown live here like a local launch (docs/cluster.md).
 
     Returns:
         What ``function`` returned on rank 0 (in a multi-node job: on this node's first rank).

@@ -4,7 +4,7 @@
 :func:`~notebook_kit.launch.launchers.driver.select_launcher` picks one for a plan: the kernel
 itself (``InKernelLauncher``), torchrun's processes (``TorchrunLauncher``), forked workers
 (``ForkedLauncher``; a :class:`~notebook_kit.WorkerPool` keeps its forked workers) or the nodes
-of a Dask cluster (``ClusterLauncher``). The
+of a cluster, on any engine (``ClusterLauncher``). The
 blocking and the awaitable entry points drive the chosen launcher's steps with
 :func:`~notebook_kit.launch.launchers.driver.run_blocking` and ``run_awaitable``.
 

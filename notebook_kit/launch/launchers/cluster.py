@@ -1,4 +1,4 @@
-"""A Dask cluster: one node process per chosen Dask worker, each forking its node's ranks.
+"""A cluster, on any engine: one node process per chosen worker, each forking its node's ranks.
 
 The kernel's side of the run is :mod:`notebook_kit.launch.cluster`; this class puts it behind
 the interface every way to run shares, so ``notebook_launcher(cluster=...)`` and ``await
@@ -17,7 +17,7 @@ __all__ = ["ClusterLauncher"]
 
 
 class ClusterLauncher(Launcher):
-    """``num_processes`` ranks on each of ``num_nodes`` Dask workers (docs/cluster.md).
+    """``num_processes`` ranks on each of ``num_nodes`` workers of a cluster (docs/cluster.md).
 
     Example::
 

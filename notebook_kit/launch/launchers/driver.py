@@ -24,7 +24,7 @@ __all__ = ["run_awaitable", "run_blocking", "select_launcher"]
 
 
 def select_launcher(plan: LaunchPlan | ClusterPlan) -> Launcher:
-    """The launcher that runs ``plan``: a Dask cluster's nodes, torchrun's processes, this
+    """The launcher that runs ``plan``: a cluster's nodes, torchrun's processes, this
     kernel, or forked workers.
 
     Example::

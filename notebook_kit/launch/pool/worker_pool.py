@@ -112,9 +112,9 @@ class WorkerPool:
         num_processes: Workers (one per GPU when every worker gets one, else on the CPU).
         send_limit: Bytes above which a value a run would copy to every worker is refused
             with a hint to ``push`` it once instead.
-        cluster: A Dask ``Client`` (or anything with ``.get_client()``): keep
-            ``num_processes`` ranks warm on each of ``num_nodes`` Dask workers instead of
-            forking here; every method works there as here, with global ranks
+        cluster: A cluster, as for ``notebook_launcher`` (a Dask ``Client``, ``"ray"``,
+            ...): keep ``num_processes`` ranks warm on each of ``num_nodes`` of its workers
+            instead of forking here; every method works there as here, with global ranks
             (docs/cluster.md).
         Others: as for ``notebook_launcher`` (``timeout`` applies to each run). A pool never
             reruns a command and always forks, so ``max_restarts`` above 0 and

@@ -50,7 +50,6 @@ from notebook_kit.accelerator.settings import (
     loader_configuration,
 )
 from notebook_kit.accelerator.state import resolve_process_state, resolve_setting
-from notebook_kit.accelerator.step_methods import StepMethods
 from notebook_kit.accelerator.storage import is_local, storage_path
 from notebook_kit.accelerator.strategies import (
     Strategy,
@@ -76,9 +75,7 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(
-    CheckpointMethods, ProcessMethods, DistributedMethods, ParallelMethods, StepMethods
-):
+class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, ParallelMethods):
     """Runs a PyTorch training loop on one process or many, with Accelerate's API.
 
     Args:

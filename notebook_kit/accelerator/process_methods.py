@@ -1,7 +1,7 @@
 """The Accelerator's process helpers, collectives and metric log (a mixin over its state).
 
 Kept apart from ``accelerator.py`` so each file has one job: there, preparing (and in
-``step_methods.py``, stepping); here, talking to the other processes and to the notebook.
+``distributed_methods.py``, stepping); here, talking to the other processes and to the notebook.
 """
 
 from __future__ import annotations

@@ -162,3 +162,41 @@ def test_a_setting_added_to_the_schema_reaches_the_environment(
     with pytest.raises(ValueError, match=r"\$NOTEBOOK_KIT_PREFETCH_BATCHES='many'"):
         resolve_launch_config()
     assert "NOTEBOOK_KIT_PREFETCH_BATCHES" in (notebook_kit.environment().environment_error or "")
+
+
+def test_every_engine_of_the_table_is_lazy_and_has_both_sides() -> None:
+    """The engine table, walked as the schema is: the table imports no engine, and each row's
+    kernel side implements ``Engine`` and its node-side link ``NodeLink``."""
+    import importlib
+    import subprocess
+    import sys
+
+    from notebook_kit.launch.cluster.engine import Engine
+    from notebook_kit.launch.cluster.engines import ENGINES
+    from notebook_kit.node.task import NodeLink
+
+    check = (
+        "import sys; from notebook_kit.launch.cluster.engines import ENGINES; "
+        "[row.takes(value) for row in ENGINES for value in ('ray', object())]; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'dask', 'distributed', 'ray'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+    def members(protocol: type) -> set[str]:
+        declared = {*vars(protocol), *vars(protocol).get("__annotations__", {})}
+        return {name for name in declared if not name.startswith("_")}
+
+    for row in ENGINES:
+        sides = {}
+        for kind, where in (("engine", row.engine), ("link", row.link)):
+            module, _, name = where.partition(":")
+            sides[kind] = getattr(importlib.import_module(module), name)
+        engine = inspect.signature(sides["engine"]).return_annotation
+        engine_class = getattr(importlib.import_module(sides["engine"].__module__), engine)
+        missing = members(Engine) - set(dir(engine_class))
+        assert not missing, f"{row.engine} lacks Engine's {sorted(missing)}"
+        missing = members(NodeLink) - {"worker"} - set(dir(sides["link"]))
+        assert not missing, f"{row.link} lacks NodeLink's {sorted(missing)}"
+        assert row.forms, row.engine
+

@@ -199,4 +199,3 @@ def test_every_engine_of_the_table_is_lazy_and_has_both_sides() -> None:
         missing = members(NodeLink) - {"worker"} - set(dir(sides["link"]))
         assert not missing, f"{row.link} lacks NodeLink's {sorted(missing)}"
         assert row.forms, row.engine
-

@@ -9,7 +9,9 @@ Each round runs every benchmark once per checkout, alternating which checkout go
 from its own root (its package and its own benchmark code), with small settings:
 ``benchmarks.launch --quick --tools notebook_kit --only first,launch,failure``,
 ``benchmarks.first_step --rounds 1 --repeats 2 --tools notebook_kit`` and
-``benchmarks.step_overhead --steps 60 --blocks 2``. Printed: the median over rounds of each
+``benchmarks.step_overhead --steps 60 --blocks 2``, and a cluster pool call (the median of
+five ``run`` calls of a tiny function on ``WorkerPool(cluster=...)`` over a two-worker Dask
+``LocalCluster``, the same script for both checkouts). Printed: the median over rounds of each
 figure per checkout, and this checkout's ratio to the other (above 1: slower here). On a busy
 machine only the ratio of figures measured in the same run means anything.
 """
@@ -33,11 +35,38 @@ STEP_RATIO = re.compile(
 )
 
 
+# Written against the public API that both checkouts have, so it is run as it is in either.
+CLUSTER_POOL_CALL = """
+import json, statistics, time
+from distributed import Client, LocalCluster
+from notebook_kit import WorkerPool
+
+def tiny():
+    return 1
+
+with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                  dashboard_address=None) as cluster, Client(cluster) as client:
+    client.wait_for_workers(2)
+    pool = WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False)
+    try:
+        pool.run(tiny)  # the first call ships the function: not timed
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            pool.run(tiny)
+            times.append(time.perf_counter() - started)
+    finally:
+        pool.close()
+print(json.dumps(statistics.median(times)))
+"""
+
+
 def _run(root: Path, module: str, *options: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env["PYTHONPATH"] = str(root)
+    command = ["-c", module] if module == CLUSTER_POOL_CALL else ["-m", module, *options]
     done = subprocess.run(
-        [sys.executable, "-m", module, *options],
+        [sys.executable, *command],
         cwd=root,
         env=env,
         capture_output=True,
@@ -45,7 +74,7 @@ def _run(root: Path, module: str, *options: str) -> str:
         timeout=900,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{module} in {root} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{module[:60]} in {root} failed:\n{done.stderr[-2000:]}")
     return done.stdout
 
 
@@ -72,6 +101,8 @@ def _one_round(root: Path) -> dict[str, float]:
     ).splitlines():
         if match := STEP_RATIO.match(line):
             figures[f"step_overhead: {match['label']} (ratio)"] = float(match["wall"])
+    call = json.loads(_run(root, CLUSTER_POOL_CALL).strip().splitlines()[-1])
+    figures["cluster pool: run of a tiny function (s)"] = call
     return figures
 
 

@@ -208,3 +208,31 @@ def test_every_pool_command_crosses_a_workers_pipe_as_it_left() -> None:
     for command in commands:
         request = pc.PoolRequest(3, True, command)
         assert pc.decode(pc.encode(request)) == request
+
+
+def test_a_failed_command_says_in_a_field_whether_the_pool_kept_stopped_or_closed_its_workers():
+    from notebook_kit.errors import PoolFate
+    from notebook_kit.launch.pool.backend import RunOutcome, WorkersStopped
+    from notebook_kit.launch.pool.results import raise_for
+    from notebook_kit.runtime.messages import Failure, PoolAnswer
+
+    class Backend:
+        stopped_words = "gone"
+
+        def __init__(self, restarts: bool) -> None:
+            self.restarts_after_fault = restarts
+
+        def error(self, failures: list, aftermath: str, pool: PoolFate) -> PoolRunError:
+            return PoolRunError(failures, 2, aftermath, pool)
+
+    failure = Failure("ValueError", "bad", "Traceback ...\nValueError: bad\n")
+    failed = RunOutcome({0: PoolAnswer(1, "error", failure=failure), 1: PoolAnswer(1, "ok")})
+    with pytest.raises(PoolRunError) as kept:
+        raise_for(failed, None, None, Backend(restarts=True))  # type: ignore[arg-type]
+    assert kept.value.pool == "running" and kept.value.aftermath == STILL_RUNNING
+    stopped = WorkersStopped("rank 1 died", [])
+    for restarts, fate in ((True, "stopped"), (False, "closed")):
+        with pytest.raises(PoolRunError) as caught:
+            raise_for(failed, stopped, None, Backend(restarts))  # type: ignore[arg-type]
+        assert caught.value.pool == fate, restarts
+        assert "The workers were stopped: rank 1 died. gone" in str(caught.value)

@@ -176,11 +176,7 @@ class ClusterNodes:
     # -- commands ------------------------------------------------------------------------
 
     def execute(
-        self,
-        command: PoolCommand,
-        ranks: list[int],
-        want: list[int],
-        timeout: float | None = None,
+        self, command: PoolCommand, ranks: list[int], want: list[int], timeout: float | None = None
     ) -> RunOutcome:
         """Run one pool command on ``ranks`` (global) of every node; ``want``: whose value.
 

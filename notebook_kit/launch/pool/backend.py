@@ -9,7 +9,7 @@ backend, so the pool itself never asks where it runs.
 Both settle a fault the same way (:class:`Settle`) and end a command the same way: with a
 :class:`RunOutcome`, or :class:`WorkersStopped` when the workers had to go.
 
-Runs in the kernel (and, for ``PoolProcesses``, in a cluster's node process).
+Runs in the kernel (and a cluster's node process, which drives ``PoolProcesses`` too).
 """
 
 from __future__ import annotations
@@ -63,19 +63,10 @@ class WorkersStopped(Exception):
 
 class Settle:
     """After a fault (a failed rank, Ctrl-C, a timeout): interrupt the ranks still running,
-    once, give them ``seconds`` to answer, then give up on the late ones.
-
-    Example::
-
-        settle = Settle(1.0, "rank", "stop")
-        settle.fault(now, interrupt_the_others)
-        if settle.over(now) and (reason := settle.late([2, 3])):
-            raise WorkersStopped(reason, [])
-    """
+    once, give them ``seconds`` to answer, then name the late ones (:meth:`late`)."""
 
     def __init__(self, seconds: float, party: str, verb: str, why: str = "") -> None:
-        self.seconds = seconds
-        self.party, self.verb, self.why = party, verb, why
+        self.seconds, self.party, self.verb, self.why = seconds, party, verb, why
         self.ends: float | None = None  # when settling ends, once it has begun
         self.interrupted = False
 
@@ -106,35 +97,30 @@ class Settle:
 class PoolBackend(Protocol):
     """One generation of a pool's workers, from start to close, as ``WorkerPool`` drives it.
 
-    Attributes:
-        restarts_after_fault: A fault that stops the workers leaves the pool open (its next
-            command starts new ones) rather than closed.
-        stopped_words: What the user is told is lost when the workers are stopped.
-        num_processes: Ranks on each machine.
-        world_size: Ranks in all.
+    ``restarts_after_fault``: a fault that stops the workers leaves the pool open (its next
+    command starts new ones) rather than closed; ``stopped_words``: what the user is told is
+    lost then. :meth:`start` also tells the pool's ``holdings`` what of the kernel's
+    namespace the new workers hold; :meth:`check_start` refuses a start before the running
+    workers are stopped for it (a kernel that can no longer fork); :meth:`weights_file` is
+    where rank 0 writes trained weights, when the workers can share a file with the kernel.
+    :meth:`execute` raises :class:`WorkersStopped` when the workers had to be stopped.
     """
 
     restarts_after_fault: ClassVar[bool]
     stopped_words: ClassVar[str]
-    num_processes: int
+    num_processes: int  # ranks on each machine
     world_size: int
 
     @classmethod
     def start(
         cls, plan: Any, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
-    ) -> PoolBackend:
-        """Start the workers; tell ``holdings`` what of the kernel's namespace they hold."""
-        ...
+    ) -> PoolBackend: ...
 
     @staticmethod
-    def check_start() -> None:
-        """Refuse a new start before the running workers are stopped (fork safety)."""
-        ...
+    def check_start() -> None: ...
 
     @staticmethod
-    def weights_file() -> WeightsFile | None:
-        """The file rank 0 writes trained weights to, when the workers can share one."""
-        ...
+    def weights_file() -> WeightsFile | None: ...
 
     @property
     def pids(self) -> list[int]: ...
@@ -142,9 +128,7 @@ class PoolBackend(Protocol):
     @property
     def rank_nodes(self) -> tuple[int, ...]: ...
 
-    def banner(self) -> str:
-        """Where the workers run, in words."""
-        ...
+    def banner(self) -> str: ...
 
     def attach(self, view: LaunchObserver | None) -> None: ...
 
@@ -153,26 +137,14 @@ class PoolBackend(Protocol):
     def exit_codes(self) -> dict[int, int | None]: ...
 
     def execute(
-        self,
-        command: PoolCommand,
-        ranks: list[int],
-        want: list[int],
-        timeout: float | None = None,
-    ) -> RunOutcome:
-        """Run ``command`` on ``ranks``; ``want``: whose value comes back.
+        self, command: PoolCommand, ranks: list[int], want: list[int], timeout: float | None = None
+    ) -> RunOutcome: ...
 
-        Raises:
-            WorkersStopped: the workers had to be stopped.
-        """
-        ...
+    def lost_rank(self) -> str | None: ...
 
-    def lost_rank(self) -> str | None:
-        """Between commands: how the workers ended since the last one, or None."""
-        ...
-
-    def error(self, failures: list[WorkerFailure], aftermath: str, pool: PoolFate) -> PoolRunError:
-        """The error naming a failed rank (and where it ran), and what became of the pool."""
-        ...
+    def error(
+        self, failures: list[WorkerFailure], aftermath: str, pool: PoolFate
+    ) -> PoolRunError: ...
 
     def close(self) -> None: ...
 

@@ -6,7 +6,7 @@ import pickle
 import time
 from typing import Any
 
-from notebook_kit.errors import WorkerFailure
+from notebook_kit.errors import PoolFate, WorkerFailure
 from notebook_kit.launch.pool.backend import PoolBackend, RunOutcome, WorkersStopped
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.runtime.messages import PoolAnswer
@@ -147,7 +147,7 @@ def _raise_stopped(
     failures = failures_of(outcome.answers) + error.failures
     if not failures:
         raise RuntimeError(f"The pool's workers were stopped: {error.reason}. {words}")
-    fate = "stopped" if backend.restarts_after_fault else "closed"
+    fate: PoolFate = "stopped" if backend.restarts_after_fault else "closed"
     aftermath = f"The workers were stopped: {error.reason}. {words}"
     raise backend.error(failures, aftermath, fate) from None
 

@@ -167,11 +167,7 @@ class PoolProcesses:
     # -- commands ------------------------------------------------------------------------
 
     def execute(
-        self,
-        command: PoolCommand,
-        ranks: list[int],
-        want: list[int],
-        timeout: float | None = None,
+        self, command: PoolCommand, ranks: list[int], want: list[int], timeout: float | None = None
     ) -> RunOutcome:
         """Run one command on ``ranks`` (global ranks of these workers); ``want``: whose value.
 

@@ -2862,7 +2862,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/speed.py",
-                "        return speed_line(speed, info.node_of() if info is not None else None)\n",
+                "        return speed_line(speed, self.nodes)\n",
                 "        return speed_line(speed)\n",
             ),
         ),

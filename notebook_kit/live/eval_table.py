@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from notebook_kit.live.plot_layout import is_axis_name
 
-__all__ = ["EvalTable", "build_table"]
+__all__ = ["EvalTable", "build_table", "short_number"]
 
 History = list[tuple[int, float]]
 _TRAIN_COLUMNS = 3  # training metrics shown beside the evaluation ones
@@ -106,12 +106,20 @@ def _mean_between(history: History, after: int | None, upto: int) -> float | Non
 def _cell(value: float | int | None) -> str:
     if value is None:
         return ""
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
+    return str(value) if isinstance(value, int) else short_number(value)
+
+
+def short_number(value: float) -> str:
+    """Four significant digits; three in scientific notation when very large or small.
+
+    Example:
+        >>> short_number(0.004603), short_number(123456.0), short_number(float("nan"))
+        ('0.004603', '1.235e+05', 'nan')
+    """
     size = abs(value)
-    return f"{value:.3e}" if size and (size >= 1e5 or size < 1e-3) else f"{value:.4g}"
+    if math.isfinite(value) and size and (size >= 1e5 or size < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
 
 
 def live_table_html(table: EvalTable, waiting: str) -> str:

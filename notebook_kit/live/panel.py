@@ -1,46 +1,36 @@
-"""What a figure of the launch view is: a :class:`Panel`, and the :class:`Run` it reads.
+"""What a figure of the launch view is: a :class:`Panel`.
 
-A panel is made with the :class:`Run` it reads and follows it (``start`` at each attempt,
-``take`` for every typed message a worker sends, ``tick``, ``finish``), and says what it has
-to show in each place a run is shown: a line under the plot of the notebook view, lines under
-the end-of-run summary (and the saved PNG), lines printed at the end without a notebook, and
-what ``last_run()`` keeps. Every hook is optional: a panel overrides only what it has to
-say. The recorder (:class:`~notebook_kit.live.record.RunRecorder`) makes one of each class
-in its ``PANELS`` list, and every display asks them in that order: a new figure is one
-module with its panel and one line in that list.
+A panel follows the run: ``start`` at each attempt (with the launch's shape), ``take`` for
+every typed message a worker sends (:mod:`notebook_kit.runtime.messages`), ``tick`` and
+``finish``. It says what it has to show in each place a run is shown: a line under the plot
+of the notebook view, lines under the end-of-run summary (and the saved PNG), lines printed at
+the end without a notebook, and what ``last_run().panels`` keeps. Every hook is optional: a
+panel overrides only what it has to say. The recorder
+(:class:`~notebook_kit.live.record.RunRecorder`) makes one of each class in its ``PANELS``
+list, and every display asks them in that order: a new figure is one module with its panel
+and one line in that list.
 
 Example::
 
-    class StepCount(Panel):
-        name = "step_count"
+    class Batches(Panel):
+        name = "batches"
+        count = 0
+
+        def take(self, message):
+            self.count += isinstance(message, MetricsBatch)
 
         def headless(self):
-            return f"[steps] {self.run.progress.count} steps"
+            return f"[batches] {self.count}"
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
-from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary
-from notebook_kit.live.progress import ProgressState
 from notebook_kit.runtime.messages import WorkerMessage
 
-__all__ = ["Panel", "Run"]
-
-
-class Run(Protocol):
-    """What a panel may read of the run: its shape, every metric, rank 0's progress."""
-
-    @property
-    def info(self) -> LaunchInfo | None: ...
-
-    @property
-    def metrics(self) -> MetricsAggregator: ...
-
-    @property
-    def progress(self) -> ProgressState: ...
+__all__ = ["Panel"]
 
 
 class Panel:
@@ -48,14 +38,11 @@ class Panel:
 
     name: ClassVar[str]  # its key in ``last_run().panels``, and its CSS class ``nk-…``
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
-
-    def start(self) -> None:
+    def start(self, info: LaunchInfo) -> None:
         """An attempt starts: the first, or a restart after a failure."""
 
     def take(self, message: WorkerMessage) -> None:
-        """A typed message a worker sent (panels pick the classes they care about)."""
+        """A typed message a worker sent (a panel picks the classes it cares about)."""
 
     def tick(self) -> None:
         """At least every quarter second while the workers run."""

@@ -36,7 +36,6 @@ class ProgressState:
     steps: int = 0
     total: int | None = None
     epoch_length: int | None = None
-    epochs_begun: int = 0
     last_logged_step: int | None = None
     first_logged: int | None = None  # the launch's first logged step (set by the recorder)
     before: int = 0  # steps taken before the running attempt resumed

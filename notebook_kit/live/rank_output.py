@@ -109,10 +109,6 @@ class RankOutput:
         self._failed = {s.rank for s in ranks if s.exit_code not in (0, None)} & set(self.ranks)
         self._set_titles()
 
-    @property
-    def printed(self) -> bool:
-        return any(self._counts.values())
-
     def static_html(self) -> str:
         """Each rank's output in a ``<details>`` block: open when short or failed (in red)."""
         blocks = []

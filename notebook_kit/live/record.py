@@ -128,20 +128,20 @@ class RunRecorder:
         self.progress = ProgressState()
         self.attempts: list[Attempt] = []
         self.restarts: list[tuple[int, str]] = []  # (step it resumed at, label) per restart
-        self.info: LaunchInfo | None = None
-        self.panels = [make(self) for make in PANELS]
+        self._info: LaunchInfo | None = None
+        self.panels = [make() for make in PANELS]
         self._started = time.monotonic()
         self._first_step: int | None = None
         self._counted = 0
 
     def start(self, info: LaunchInfo) -> None:
         """An attempt starts: the first, or a restart after a failure."""
-        self.info, self._started, self._first_step = info, time.monotonic(), None
+        self._info, self._started, self._first_step = info, time.monotonic(), None
         self._counted = 0  # the attempt's first count from rank 0, once one is seen
         if self.attempts:  # a restart counts from zero: its steps are added once it resumes
             self.progress.steps = 0
         for panel in self.panels:
-            panel.start()
+            panel.start(info)
 
     def on_metrics(self, batch: MetricsBatch) -> int | None:
         """Take a batch's metrics and progress.
@@ -162,7 +162,7 @@ class RunRecorder:
                     resumed = self._first_step
                     self.progress.resume_at(resumed, max(steps), self._counted)
                     self.metrics.drop_from(resumed)
-                    world = self.info.world_size if self.info is not None else 0
+                    world = self._info.world_size if self._info is not None else 0
                     self.restarts.append((resumed, f"restart {len(self.attempts)} · {world} ranks"))
         self.metrics.add_batch(batch)
         self.progress.take_batch(batch)
@@ -182,7 +182,7 @@ class RunRecorder:
 
     def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
         global _last
-        info = self.info
+        info = self._info
         for panel in self.panels:
             panel.finish(summary)
         # The root cause, as the summary line and the WorkerError name it.

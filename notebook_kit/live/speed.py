@@ -19,7 +19,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from notebook_kit.live.panel import Panel, Run
+from notebook_kit.live.observer import LaunchInfo
+from notebook_kit.live.panel import Panel
 from notebook_kit.runtime.messages import MetricsBatch, RankSpeed, WorkerMessage
 
 __all__ = [
@@ -324,21 +325,26 @@ class SpeedPanel(Panel):
 
     name = "speed"
 
-    def __init__(self, run: Run) -> None:
-        super().__init__(run)
+    def __init__(self) -> None:
         self.tracker = SpeedTracker()
+        self.nodes: dict[int, int] | None = None  # rank -> node, for a line per node
+        self.logged = False  # a rank logged a metric
+
+    def start(self, info: LaunchInfo) -> None:
+        self.nodes = info.node_of()
 
     def take(self, message: WorkerMessage) -> None:
         if isinstance(message, MetricsBatch):
             self.tracker.take(message.rank, message.speed)
+            self.logged = self.logged or bool(message.records)
 
     def live(self) -> str:
         """Empty while no rank counted a batch (a prepared loader, ``log(samples=...)``) or
         logged a metric, so such a run shows nothing new."""
-        speed, info = self.tracker.speed(), self.run.info
-        if speed is None or not (speed.steps or self.run.metrics.version):
+        speed = self.tracker.speed()
+        if speed is None or not (speed.steps or self.logged):
             return ""
-        return speed_line(speed, info.node_of() if info is not None else None)
+        return speed_line(speed, self.nodes)
 
     summary = live
 

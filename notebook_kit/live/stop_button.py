@@ -94,11 +94,6 @@ class StopButton:
         self.note.layout.display = None
         return False
 
-    @property
-    def route_request(self) -> str | None:
-        """Id of the last request the route sent (its idle must be answered), if any."""
-        return None if self._route is None else self._route.last_request
-
     def show_stopping(self) -> None:
         """Called from the main thread once the flag is seen: the button says so, greyed."""
         # Publishing from the main thread moves the route back to it: no more clicks needed.

@@ -8,12 +8,11 @@ these; the widgets of the live view are closed once they are in place.
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, choose_root_cause
-from notebook_kit.live.eval_table import EvalTable
+from notebook_kit.live.eval_table import EvalTable, short_number
 from notebook_kit.live.metric_names import joined, named_values
 from notebook_kit.live.observer import LaunchSummary
 
@@ -44,7 +43,7 @@ def summary_line(
     parts = [_ending(summary)]
     if steps:
         parts.append(f"{steps}/{total} steps" if total and total > steps else f"{steps} steps")
-    parts += named_values(latest or {}, _SHOWN_METRICS, _number)
+    parts += named_values(latest or {}, _SHOWN_METRICS, short_number)
     if dropped:
         parts.append(f"{dropped} metric records dropped (log less often)")
     if restarts:
@@ -87,13 +86,6 @@ def _cause(failure: WorkerFailure) -> str:
     if failure.exit_code < 0:  # "died from SIGKILL (9) without a Python exception ..."
         return failure.message.partition(" (")[0]
     return "exited"
-
-
-def _number(value: float) -> str:
-    size = abs(value)
-    if math.isfinite(value) and size and (size >= 1e5 or size < 1e-3):
-        return f"{value:.3e}"
-    return f"{value:.4g}"
 
 
 def summary_bundle(

@@ -2273,9 +2273,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "NOTEBOOK_KIT_RESTART_COUNT counts a cluster's restarts as a local launch's",
         (
             Edit(
-                "launch/node_process/launch.py",
-                "        total = self.restarts_before + restart_count\n",
-                "        total = restart_count\n",
+                "launch/launchers/forked.py",
+                "                self.restarts_before + restart_count,\n",
+                "                restart_count,\n",
             ),
         ),
         (f"{_CLUSTER}test_max_restarts_starts_every_node_again",),

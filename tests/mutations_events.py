@@ -89,8 +89,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/attempt.py",
-                "        if self.forged == 1:\n",
-                "        if self.forged >= 1:\n",
+                "        if self.forged > 1:\n",
+                "        if self.forged < 1:\n",
             ),
         ),
         (_LAUNCH_ATTACKED, _POOL_ATTACKED),

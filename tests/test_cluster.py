@@ -14,8 +14,7 @@ from notebook_kit.config.launch_config import LaunchConfig
 from notebook_kit.config.schema import CALL_SETTINGS, SETTINGS
 from notebook_kit.launch.cluster import cluster_plan
 from notebook_kit.launch.cluster.cluster_plan import _settings
-from notebook_kit.launch.launcher import resolve_plan
-from notebook_kit.launch.node_process.process import node_options
+from notebook_kit.launch.node_process.process import node_plan
 from notebook_kit.node.protocol import NodeOrder, NodeSettings, Rendezvous
 
 # Each setting, a value other than its default, and where a cluster run honours it: "node"
@@ -63,7 +62,7 @@ def _node_plan(settings: NodeSettings) -> object:
     """The LaunchPlan node 1 of 2 resolves from the settings the kernel sends it."""
     settings = settings.with_processes(0)  # as node 0's probe on a machine without a GPU
     order = NodeOrder("run", 1, 2, "127.0.0.1", None, b"", settings, "notebook_kit/x/")
-    return resolve_plan(node_options(order, Rendezvous("127.0.0.1", 29500)), "notebook_launcher")
+    return node_plan(order, Rendezvous("127.0.0.1", 29500))
 
 
 def test_every_setting_of_the_schema_is_placed_on_a_cluster():

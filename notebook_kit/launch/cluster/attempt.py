@@ -236,15 +236,15 @@ class ClusterAttempt:
     def _forgery(self, error: ProtocolError) -> None:
         """One warning per attempt: the run goes on without what was dropped."""
         self.forged += 1
-        if self.forged == 1:
-            warnings.warn(
-                f"Dropped a message on {self.names.events} that this run's nodes did not send "
-                f"({error}): someone who can reach the cluster posted it, or it was damaged. "
-                f"It was not read, and the run goes on; docs/cluster.md says who can post "
-                f"there and how to close the cluster to others (TLS).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        if self.forged > 1:
+            return
+        dropped = (
+            f"Dropped a message on {self.names.events} that this run's nodes did not send "
+            f"({error}): someone who can reach the cluster posted it, or it was damaged. "
+            f"It was not read, and the run goes on; docs/cluster.md says who can post "
+            f"there and how to close the cluster to others (TLS)."
+        )
+        warnings.warn(dropped, RuntimeWarning, stacklevel=2)
 
     def _show(self, event: NodeEvent) -> None:
         if isinstance(event, OutputLine):

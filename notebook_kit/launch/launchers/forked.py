@@ -45,9 +45,12 @@ class ForkedLauncher(Launcher):
     models to bring home and inherited by every worker at the fork.
     """
 
-    def __init__(self, plan: LaunchPlan, seat: NodeSeat | None = None) -> None:
+    def __init__(
+        self, plan: LaunchPlan, seat: NodeSeat | None = None, restarts_before: int = 0
+    ) -> None:
         super().__init__(plan)
         self.seat = seat
+        self.restarts_before = restarts_before  # a cluster node's: the kernel's count so far
         self.weights_file: WeightsFile | None = None
 
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
@@ -115,7 +118,7 @@ class ForkedLauncher(Launcher):
                 stop_flag,
                 home_model_ids,
                 supervisor.workers,
-                restart_count,
+                self.restarts_before + restart_count,
                 self.seat,
                 self.weights_file.fd if self.weights_file is not None else None,
             )

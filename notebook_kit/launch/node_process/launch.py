@@ -32,9 +32,8 @@ from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.plan import Call
-from notebook_kit.launch.supervisor import Supervisor
 from notebook_kit.node.protocol import NodePrint
-from notebook_kit.runtime.context import StopFlag, current_launch
+from notebook_kit.runtime.context import current_launch
 
 __all__ = ["OffHomeCall", "launch_node", "prints_to_kernel"]
 
@@ -63,25 +62,6 @@ class OffHomeCall:
             context.gathered_weights = {}
 
 
-class _NodeLauncher(ForkedLauncher):
-    """This node's ranks, their restarts counted from the kernel's."""
-
-    def __init__(self, plan: LaunchPlan, seat: NodeSeat, restarts_before: int) -> None:
-        super().__init__(plan, seat)
-        self.restarts_before = restarts_before
-
-    def fork(
-        self,
-        call: Call,
-        supervisor: Supervisor,
-        stop_flag: StopFlag,
-        home_model_ids: frozenset[int],
-        restart_count: int,
-    ) -> None:
-        total = self.restarts_before + restart_count
-        super().fork(call, supervisor, stop_flag, home_model_ids, total)
-
-
 def launch_node(
     call: Call, plan: LaunchPlan, relay: RelayObserver, seat: NodeSeat, restart_count: int
 ) -> Any:
@@ -89,7 +69,7 @@ def launch_node(
     function, args, kwargs = call
     if plan.node_rank != 0:
         call = (OffHomeCall(function), args, kwargs)
-    launcher = _NodeLauncher(plan, seat, restart_count)
+    launcher = ForkedLauncher(plan, seat, restarts_before=restart_count)
     return run_blocking(launcher.run(call, relay))
 
 

@@ -14,16 +14,15 @@ import signal
 import socket
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
 
 import cloudpickle
 
-from notebook_kit.config.launch_plan import auto_threads
+from notebook_kit.config.launch_plan import LaunchPlan, auto_threads
 from notebook_kit.errors import WorkerError
 from notebook_kit.launch.forking import NodeSeat
-from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.node_process.launch import launch_node, prints_to_kernel
 from notebook_kit.launch.node_process.relay import RelayObserver
+from notebook_kit.launch.plan import make_plan
 from notebook_kit.launch.preflight import open_rendezvous_socket
 from notebook_kit.node.protocol import (
     ADDRESS,
@@ -40,7 +39,7 @@ from notebook_kit.node.protocol import (
     encode,
 )
 
-__all__ = ["main", "node_options", "node_threads"]
+__all__ = ["main", "node_plan", "node_threads"]
 
 
 def main(argv: list[str]) -> int:
@@ -69,7 +68,7 @@ def _run(order: NodeOrder, orders: Connection, events: Connection, seal: Seal) -
             events.send_bytes(ADDRESS + encode(master, seal))
         else:
             master = decode(orders.recv_bytes(), Rendezvous, seal=seal)
-        plan = resolve_plan(node_options(order, master), "notebook_launcher")
+        plan = node_plan(order, master)
         relay = RelayObserver(order.node_rank, orders, events, seal)
         # A preempted VM or a SLURM job at its limit is told with SIGTERM: the ranks get to
         # save (should_stop() turns True everywhere) before the machine goes.
@@ -97,21 +96,21 @@ def _run(order: NodeOrder, orders: Connection, events: Connection, seal: Seal) -
     return NodeValue(value, weights)
 
 
-def node_options(order: NodeOrder, master: Rendezvous) -> dict[str, Any]:
-    """This node's launcher options: the run's settings, and what the cluster chose for it."""
+def node_plan(order: NodeOrder, master: Rendezvous) -> LaunchPlan:
+    """This node's plan, from the run's typed settings and what the cluster chose for it."""
     config = order.settings.config.replace(
         threads_per_process=node_threads(order),
         num_nodes=order.num_nodes,
         node_rank=order.node_rank,
         max_restarts=0,  # the kernel restarts every node together
+        master_addr=master.host,  # as node 0 bound it (a loopback one included)
+        master_port=master.port,
     )
-    return {
-        "config": config,
-        "master_addr": master.host,  # given, as node 0 bound it (a loopback one included)
-        "use_port": master.port,
-        "rendezvous_timeout": order.settings.rendezvous_timeout,
-        "stall_seconds": order.settings.stall_seconds,
-    }
+    return make_plan(
+        config,
+        rendezvous_timeout=order.settings.rendezvous_timeout,
+        stall_seconds=order.settings.stall_seconds,
+    )
 
 
 def node_threads(order: NodeOrder) -> int:

@@ -3175,6 +3175,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 
 # Breakages kept in files beside this one, one per subject; each holds a tuple MUTATIONS.
 from tests import (  # noqa: E402  (they import Edit and Mutation from here)
+    mutations_arch_m,
     mutations_arch_p,
     mutations_events,
     mutations_export,
@@ -3193,4 +3194,5 @@ MUTATIONS = (
     + mutations_export.MUTATIONS
     + mutations_parallel.MUTATIONS
     + mutations_arch_p.MUTATIONS
+    + mutations_arch_m.MUTATIONS
 )

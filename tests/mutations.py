@@ -2047,14 +2047,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/headless.py",
-                "from notebook_kit.live.console import ConsolePrinter, last_segment\n",
-                "from notebook_kit.live.console import ConsolePrinter\n"
-                "from notebook_kit.live.rank_output import last_segment\n",
-            ),
-            Edit(
-                "live/rank_output.py",
-                '__all__ = ["RankOutput"]\n',
-                '__all__ = ["RankOutput", "last_segment"]\n',
+                "from notebook_kit.live.record import RunRecorder\n",
+                "from notebook_kit.live.record import RunRecorder\n"
+                "from notebook_kit.live.shared_models import SharedModels  # noqa: F401\n",
             ),
         ),
         (

@@ -47,7 +47,7 @@ def test_notebook_cell_launch_returns_result_and_rank_output():
 def test_plain_printer_prefixes_rank_lines_in_the_cell():
     notebook = nbformat.v4.new_notebook()
     launch = LAUNCH.replace("num_processes=2)", "num_processes=2, observer=ConsolePrinter())")
-    setup = DEFINE + "from notebook_kit.live.console import ConsolePrinter\n"
+    setup = DEFINE + "from notebook_kit.live.headless import ConsolePrinter\n"
     notebook.cells = [nbformat.v4.new_code_cell(setup), nbformat.v4.new_code_cell(launch)]
     NotebookClient(notebook, timeout=120, kernel_name="python3").execute(env=kernel_environment())
     text = cell_text(notebook.cells[1])

@@ -10,9 +10,8 @@ from matplotlib.figure import Figure
 
 import notebook_kit.live.notebook_view as notebook_view
 from notebook_kit.errors import WorkerFailure
-from notebook_kit.live.console import last_segment
 from notebook_kit.live.display import default_observer, notebook_front_end
-from notebook_kit.live.headless import HeadlessObserver, QuietObserver
+from notebook_kit.live.headless import HeadlessObserver, QuietObserver, last_segment
 from notebook_kit.live.notebook_view import LiveObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.rank_output import RankOutput

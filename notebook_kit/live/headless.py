@@ -1,4 +1,5 @@
-"""Text displays for a launch: compact progress lines without a notebook, errors only when off.
+"""Text displays for a launch: each worker line prefixed with its rank, compact progress lines
+without a notebook, errors only when off.
 
 Without a notebook front end (plain python, a terminal IPython, CI logs) a redrawn bar would
 fill logs with carriage returns, so progress is printed as a short line every few seconds.
@@ -9,17 +10,56 @@ from __future__ import annotations
 import sys
 import time
 
-from notebook_kit.live.console import ConsolePrinter, last_segment
 from notebook_kit.live.metric_names import named_values
-from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream, rank_label
 from notebook_kit.live.progress import RateClock, format_duration
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["HeadlessObserver", "QuietObserver", "progress_line"]
+__all__ = ["ConsolePrinter", "HeadlessObserver", "QuietObserver", "last_segment", "progress_line"]
 
 _LINE_SECONDS = 10.0  # between two progress lines
 _SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
+
+
+class ConsolePrinter:
+    """Prints worker lines as ``[rank N] text`` on the kernel's stdout or stderr.
+
+    Each line goes out in one write, so lines of different ranks never mix mid-line.
+    """
+
+    nodes: dict[int, int] = {}  # noqa: RUF012 (replaced per launch, never mutated)
+
+    def on_start(self, info: LaunchInfo) -> None:
+        self.nodes = info.node_of()
+        print(info.banner, flush=True)
+
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        target = sys.stderr if stream == "stderr" else sys.stdout
+        target.write(f"[{rank_label(rank, self.nodes)}] {line}\n")
+
+    def on_metrics(self, batch: MetricsBatch) -> None:
+        """Metrics have no plain-text form here."""
+
+    def on_tick(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def on_finish(self, summary: LaunchSummary) -> None:
+        self.on_tick()
+
+
+def last_segment(line: str) -> str:
+    """What a terminal would show of a line redrawn with carriage returns (a tqdm bar).
+
+    Example:
+        >>> last_segment(" 10%|#   |\\r 20%|##  |")
+        ' 20%|##  |'
+    """
+    if "\r" not in line:
+        return line
+    segments = [segment for segment in line.split("\r") if segment.strip()]
+    return segments[-1] if segments else ""
 
 
 def progress_line(

@@ -15,7 +15,7 @@ import html
 
 import ipywidgets as widgets
 
-from notebook_kit.live.console import last_segment
+from notebook_kit.live.headless import last_segment
 from notebook_kit.live.observer import RankSummary, Stream, rank_label
 from notebook_kit.live.shared_models import SharedModels
 

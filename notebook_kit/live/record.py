@@ -13,14 +13,14 @@ from typing import Any
 from notebook_kit.errors import choose_root_cause
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
-from notebook_kit.live.panel import Panel
+from notebook_kit.live.panels import Panel
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.speed import Speed, SpeedPanel
 from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["PANELS", "Attempt", "RunRecord", "RunRecorder", "last_run"]
 
-# Every figure of the view, in the order the displays show them (live/panel.py says how).
+# Every figure of the view, in the order the displays show them (live/panels.py says how).
 PANELS: tuple[type[Panel], ...] = (SpeedPanel,)
 
 
@@ -176,7 +176,7 @@ class RunRecorder:
 
     def texts(self, place: str) -> list[tuple[str, str]]:
         """``(name, text)`` of each panel with something to show in ``place``: ``"live"``,
-        ``"summary"`` or ``"headless"`` (a :class:`~notebook_kit.live.panel.Panel` hook)."""
+        ``"summary"`` or ``"headless"`` (a :class:`~notebook_kit.live.panels.Panel` hook)."""
         texts = [(panel.name, getattr(panel, place)()) for panel in self.panels]
         return [(name, text) for name, text in texts if text]
 

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from notebook_kit.live.observer import LaunchInfo
-from notebook_kit.live.panel import Panel
+from notebook_kit.live.panels import Panel
 from notebook_kit.runtime.messages import MetricsBatch, RankSpeed, WorkerMessage
 
 __all__ = [

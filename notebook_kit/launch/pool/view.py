@@ -18,8 +18,8 @@ import time
 import warnings
 
 from notebook_kit.launch.supervisor import interrupts_deferred
-from notebook_kit.live.console import last_segment
 from notebook_kit.live.display import default_observer
+from notebook_kit.live.headless import last_segment
 from notebook_kit.live.observer import (
     LaunchInfo,
     LaunchObserver,

@@ -22,12 +22,11 @@ _Result = TypeVar("_Result")
 def takes_arguments_of(
     signature: Callable[_Parameters, Any],
 ) -> Callable[[Callable[..., _Result]], Callable[_Parameters, _Result]]:
-    """Give the decorated function ``signature``'s parameters, and its body one dict of them.
+    """Give the decorated body ``signature``'s parameters, and the call's arguments as one dict.
 
-    The settings are written out once in ``signature`` (for ``help()``, type checkers and
-    ``tests/test_schema.py``); the body gets the call's arguments bound against it, defaults
-    filled in, as ``body(options)`` (a method's ``self`` comes first: ``body(self, options)``).
-    An ``async def`` body stays awaitable. A call that does not fit raises Python's TypeError.
+    The settings are written out once, in ``signature`` (for ``help()``, type checkers and
+    ``tests/test_schema.py``); the body gets them bound, defaults filled in: ``body(options)``,
+    or ``body(self, options)`` for a method. An ``async def`` body stays awaitable.
 
     Example:
         >>> def keywords(a: int = 1, *, b: int = 2) -> None: ...

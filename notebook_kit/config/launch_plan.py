@@ -140,12 +140,10 @@ class LaunchPlan:
 
 
 def worker_environment(plan: LaunchPlan | LaunchConfig, threads: int) -> dict[str, str]:
-    """The variables every worker starts with, forked here or by ``notebook-kit launch``.
-
-    ``threads`` torch/OpenMP threads, each "worker" setting of the schema as the
-    ``NOTEBOOK_KIT_<NAME>`` variable its Accelerator reads, and, on one Linux node, gloo and
-    NCCL kept on loopback (unless the user chose an interface): gloo otherwise probes the
-    host's interfaces, and NCCL's bootstrap may pick one that hangs (docker0).
+    """The variables every worker starts with, forked here or by ``notebook-kit launch``: its
+    threads, each "worker" setting as the ``NOTEBOOK_KIT_<NAME>`` its Accelerator reads, and on
+    one Linux node gloo and NCCL kept on loopback unless chosen (gloo otherwise probes every
+    interface, and NCCL's bootstrap may pick one that hangs, such as docker0).
 
     Example:
         >>> from notebook_kit.config.launch_config import LaunchConfig

@@ -183,29 +183,16 @@ def _resolve_any(
     options: dict[str, Any],
 ) -> tuple[Call, LaunchPlan | ClusterPlan, LaunchObserver | None]:
     """The call, the plan and the observer of a launch here, or on a cluster when ``cluster`` is
-    given; what remains of ``options`` are the settings."""
-    function, args, kwargs = options.pop("function"), options.pop("args"), options.pop("kwargs")
+    given; nothing has been started when this raises. What remains of ``options`` are the
+    settings: explicit ones win over ``config``, which wins over the saved default."""
     observer, cluster = options.pop("observer"), options.pop("cluster")
+    settings = options if cluster is not None else translate_rendezvous_options(options)
+    function = arguments.check_function(settings.pop("function"))
+    args, kwargs = arguments.check_args(settings.pop("args"), settings.pop("kwargs"))
     if cluster is not None:
-        function = arguments.check_function(function)
-        args, kwargs = arguments.check_args(args, kwargs)
-        return (function, args, kwargs), resolve_cluster_plan(cluster, options), observer
+        return (function, args, kwargs), resolve_cluster_plan(cluster, settings), observer
     with interrupts_survive_forks():  # the kernel probe may fork
-        return (*_resolve(function, args, kwargs, options), observer)
-
-
-def _resolve(
-    function: Any, args: Any, kwargs: Any, options: Mapping[str, Any]
-) -> tuple[Call, LaunchPlan]:
-    """Check the call and every option; nothing has been started when this raises.
-
-    Explicit arguments win over ``config``, which wins over the saved default.
-    """
-    settings = translate_rendezvous_options(options)
-    _check_option_names(settings, "notebook_launcher")  # before the function checks, as always
-    function = arguments.check_function(function)
-    args, kwargs = arguments.check_args(args, kwargs)
-    return (function, args, kwargs), resolve_plan(settings, "notebook_launcher")
+        return (function, args, kwargs), resolve_plan(settings, "notebook_launcher"), observer
 
 
 def _check_option_names(options: Mapping[str, Any], caller: str) -> None:

@@ -1,9 +1,9 @@
 """How every message between processes becomes bytes: plain data, sealed where it must be.
 
 One encoder and one decoder (:func:`encode`, :func:`decode`) for all of them: a worker's
-messages to the kernel (unsealed: the pipe is private to the kernel and the worker it forked),
-a cluster's events, orders and control values, a pool's commands, a zygote's requests. Each
-side names the closed set of dataclasses it expects (:func:`kinds_of`).
+messages to the kernel and a zygote's requests (unsealed: a private pipe or socket between a
+process and the one it forked), a cluster's events and orders, a pool's commands. Each side
+names the closed set of dataclasses it expects (:func:`kinds_of`).
 
 On a cluster, anyone who can reach a Dask scheduler or a Ray cluster can read and post on a
 run's event topic, its command topic and its Ray hub. What the kernel or a node takes from

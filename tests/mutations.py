@@ -2237,9 +2237,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "fsdp=True (or in config=, or NOTEBOOK_KIT_USE_FSDP) shards the model on a cluster too",
         (
             Edit(
-                "launch/cluster/cluster_plan.py",
-                '"gradient_accumulation_steps", "seed", "use_fsdp",',
-                '"gradient_accumulation_steps", "seed",',
+                "config/schema.py",
+                'switch=True, scope=("node", "worker"),',
+                'switch=True, scope=("kernel", "worker"),',
             ),
         ),
         (
@@ -2943,9 +2943,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the parallelism_config_* launch settings reach every worker's Accelerator",
         (
             Edit(
-                "worker/entry.py",
-                "= str(getattr(spec.plan, field))",
-                '= "1"  # every size 1',
+                "config/launch_plan.py",
+                "        value = getattr(plan, name)\n",
+                '        value = getattr(plan, name) if "parallelism" not in name else 1\n',
             ),
         ),
         (_TP_PLAIN,),
@@ -3172,6 +3172,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_arch_m,
     mutations_arch_p,
+    mutations_arch_s,
     mutations_events,
     mutations_export,
     mutations_live,
@@ -3188,6 +3189,7 @@ MUTATIONS = (
     + mutations_live.MUTATIONS
     + mutations_export.MUTATIONS
     + mutations_parallel.MUTATIONS
+    + mutations_arch_s.MUTATIONS
     + mutations_arch_p.MUTATIONS
     + mutations_arch_m.MUTATIONS
 )

@@ -3170,6 +3170,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 
 # Breakages kept in files beside this one, one per subject; each holds a tuple MUTATIONS.
 from tests import (  # noqa: E402  (they import Edit and Mutation from here)
+    mutations_arch_e,
     mutations_arch_m,
     mutations_arch_p,
     mutations_arch_s,
@@ -3183,6 +3184,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
 
 MUTATIONS = (
     MUTATIONS
+    + mutations_arch_e.MUTATIONS
     + mutations_events.MUTATIONS
     + mutations_storage.MUTATIONS
     + mutations_pool.MUTATIONS

@@ -214,3 +214,11 @@ def test_a_cluster_restart_is_announced_with_the_rank_and_node_or_the_lost_node(
     lost = node_lost(1, 2, "tcp://b:1", "its Dask worker left the cluster", "Dask worker")
     error = ClusterWorkerError([lost], 4, ["tcp://a:1", "tcp://b:1"], lost_nodes=(1,))
     assert error.restart_reason().startswith("node 1 lost: its Dask worker left the cluster")
+
+
+def test_a_node_plans_from_its_typed_settings_and_node_0s_address():
+    config = LaunchConfig(num_processes=2, max_restarts=3)
+    order = NodeOrder("run", 1, 2, "10.1.2.4", None, b"", NodeSettings(config, 60, None), "p/")
+    plan = node_plan(order, Rendezvous("10.1.2.3", 29501))
+    assert (plan.master_addr, plan.port) == ("10.1.2.3", 29501)
+    assert (plan.num_nodes, plan.node_rank, plan.max_restarts) == (2, 1, 0)

@@ -14,6 +14,7 @@ from notebook_kit.config.environment import usable_cpu_count
 from notebook_kit.launch.cluster.attempt import nodes_per_host
 from notebook_kit.launch.cluster.cluster_plan import _settings
 from notebook_kit.launch.cluster.code_shipping import pickle_recording_modules
+from notebook_kit.launch.cluster.engine import Engine
 from notebook_kit.launch.cluster.engines.dask import DaskEngine, choose_workers, dask_client
 from notebook_kit.launch.cluster.probing import ClusterSetupError, check_reports
 from notebook_kit.launch.cluster.run import _payload
@@ -208,3 +209,19 @@ def test_a_process_that_never_imported_distributed_strips_the_nannys_settings_to
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert shown.stdout.split() == ["None", "None", "False"]
+
+
+def test_an_engine_chooses_among_its_workers_in_its_own_words():
+    class _Listed(Engine):
+        worker_noun, ship_hint, grow_hint = "Thing worker", "", "Add things"
+
+        def workers(self) -> dict[str, dict[str, str]]:
+            return {"w1": {"host": "a"}, "w2": {"host": "b"}, "w3": {"host": "c"}}
+
+    engine = _Listed()
+    assert engine.present() == {"w1", "w2", "w3"}
+    assert engine.choose(2, exclude={"w1"}) == ["w2", "w3"]
+    with pytest.raises(
+        ValueError, match=r"num_nodes=3 needs 3 Thing workers .* has 2\. Add things"
+    ):
+        engine.choose(3, exclude={"w2"})

@@ -1737,8 +1737,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "                self._attempt.command(ClosePool())\n",
-                "                pass\n",
+                "self._attempt.command(RunCommand(self._seq + 1, PoolClose(), (), ()))",
+                "None",
             ),
             Edit(
                 "launch/cluster/pool.py",

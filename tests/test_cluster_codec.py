@@ -16,8 +16,6 @@ import torch
 
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.node.protocol import (
-    CheckGroup,
-    ClosePool,
     Interrupt,
     LaunchStop,
     NodeAnswer,
@@ -45,7 +43,7 @@ from notebook_kit.runtime.messages import (
     Progress,
     RankSpeed,
 )
-from notebook_kit.runtime.pool_commands import PoolCell, PoolPull
+from notebook_kit.runtime.pool_commands import PoolCell, PoolCheck, PoolClose, PoolPull
 
 _FAILURE = WorkerFailure(1, -9, None, "killed by SIGKILL", "", 12.5, "dp=1")
 _ANSWER = PoolAnswer(3, "error", Failure("ValueError", "bad", "tb", 2.0), {}, None, "detail")
@@ -62,8 +60,8 @@ MESSAGES = [
     RunCommand(4, PoolCell("x = 1", "<cell 1>", b"\x80body"), (0, 1), (0,)),
     StopCommand(4),
     Interrupt(4),
-    CheckGroup(5),
-    ClosePool(),
+    RunCommand(5, PoolCheck(), (), ()),
+    RunCommand(6, PoolClose(), (), ()),
     LaunchStop(),
     Rendezvous("::1", 29500),
 ]

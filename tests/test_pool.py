@@ -202,7 +202,7 @@ def test_every_pool_command_crosses_a_workers_pipe_as_it_left() -> None:
         pc.PoolCall(b"\x80call", 7),
         pc.PoolPush(b"\x80values"),
         pc.PoolPull("model"),
-        pc.PoolCheck(0.4),
+        pc.PoolCheck(),
         pc.PoolClose(),
     )
     for command in commands:

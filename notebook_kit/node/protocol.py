@@ -46,8 +46,6 @@ __all__ = [
     "LEASE_SECONDS",
     "OUTCOME",
     "URGENT",
-    "CheckGroup",
-    "ClosePool",
     "Control",
     "Interrupt",
     "LaunchStop",
@@ -147,8 +145,9 @@ class LaunchStop:
 
 @dataclass(frozen=True)
 class RunCommand:
-    """A pool command (a cell, a call, ``push``, ``pull``) for the node's ranks among
-    ``ranks`` (global); ``want``: the global ranks whose value comes back."""
+    """A pool command for the node's ranks among ``ranks`` (global); ``want``: the global
+    ranks whose value comes back. A group check runs on every node at once (its all-reduce
+    spans them all); a close ends the node's ranks and its node process."""
 
     seq: int
     command: PoolCommand
@@ -170,20 +169,8 @@ class Interrupt:
     seq: int
 
 
-@dataclass(frozen=True)
-class CheckGroup:
-    """After a fault: every node's ranks check the group together (one all-reduce)."""
-
-    seq: int
-
-
-@dataclass(frozen=True)
-class ClosePool:
-    """The pool's ranks leave the group and exit; the node process ends."""
-
-
-NodeCommand = RunCommand | StopCommand | Interrupt | CheckGroup | ClosePool
-NODE_COMMANDS = (RunCommand, StopCommand, Interrupt, CheckGroup, ClosePool)
+NodeCommand = RunCommand | StopCommand | Interrupt
+NODE_COMMANDS = (RunCommand, StopCommand, Interrupt)
 
 
 # -- node process to kernel ----------------------------------------------------------------

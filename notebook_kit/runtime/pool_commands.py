@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from notebook_kit.runtime import codec
 
 __all__ = [
+    "CHECK_SECONDS",
     "KINDS",
     "PoolCall",
     "PoolCell",
@@ -31,6 +32,9 @@ __all__ = [
 ]
 
 
+CHECK_SECONDS = 0.4  # the bound of the all-reduce that checks the group after a fault
+
+
 @dataclass(frozen=True)
 class PoolCell:
     """Run ``source`` in the namespace; ``payload``: the kernel's globals it uses (pickled)."""
@@ -38,6 +42,13 @@ class PoolCell:
     source: str
     filename: str
     payload: bytes
+
+
+@dataclass(frozen=True)
+class PoolPull:
+    """Send back the value of ``name``."""
+
+    name: str
 
 
 @dataclass(frozen=True)
@@ -57,17 +68,8 @@ class PoolPush:
 
 
 @dataclass(frozen=True)
-class PoolPull:
-    """Send back the value of ``name``."""
-
-    name: str
-
-
-@dataclass(frozen=True)
 class PoolCheck:
-    """After a fault: do all ranks still meet in a collective within ``seconds``?"""
-
-    seconds: float
+    """After a fault: do all ranks still meet in a collective within :data:`CHECK_SECONDS`?"""
 
 
 @dataclass(frozen=True)

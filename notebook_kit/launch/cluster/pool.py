@@ -32,16 +32,10 @@ from notebook_kit.launch.pool.results import failures_of
 from notebook_kit.launch.pool.shipping import WorkerHoldings
 from notebook_kit.launch.pool.view import RunForward
 from notebook_kit.live.observer import LaunchObserver
-from notebook_kit.node.protocol import (
-    CheckGroup,
-    ClosePool,
-    Interrupt,
-    RunCommand,
-    StopCommand,
-)
+from notebook_kit.node.protocol import Interrupt, RunCommand, StopCommand
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import OutputLine
-from notebook_kit.runtime.pool_commands import PoolCommand
+from notebook_kit.runtime.pool_commands import PoolCheck, PoolClose, PoolCommand
 
 __all__ = ["CLOSED", "ClusterNodes"]
 
@@ -192,22 +186,20 @@ class ClusterNodes:
             self._order(outcome, timeout, RunCommand(self._seq, command, (*ranks,), (*want,)))
             if outcome.faulted and len(ranks) == self.world_size:
                 self._seq += 1
-                self._order(RunOutcome(), None, CheckGroup(self._seq))
+                self._order(RunOutcome(), None, RunCommand(self._seq, PoolCheck(), (), ()))
         except WorkersStopped as ending:
             ending.outcome = outcome
             self._lost_at_fault = tuple(self._attempt.result.lost_nodes)  # not those ended next
             raise
         return outcome
 
-    def _order(
-        self, outcome: RunOutcome, timeout: float | None, order: RunCommand | CheckGroup
-    ) -> None:
+    def _order(self, outcome: RunOutcome, timeout: float | None, order: RunCommand) -> None:
         """Send one order to every node and gather their answers into ``outcome``."""
         seq = order.seq
         self._attempt.command(order)
         deadline = None if timeout is None else time.monotonic() + timeout
         stop_sent, settle = False, Settle(_ANSWER_SECONDS, "node", "answer")
-        if isinstance(order, CheckGroup):  # every node answers within the settling time
+        if isinstance(order.command, PoolCheck):  # every node answers within the settling time
             settle.begin(time.monotonic())
         while True:
             try:
@@ -264,7 +256,7 @@ class ClusterNodes:
         self._ended, self.alive = True, False
         try:
             if close and self._attempt.ready:
-                self._attempt.command(ClosePool())
+                self._attempt.command(RunCommand(self._seq + 1, PoolClose(), (), ()))
             else:
                 self._attempt.end_all("the pool stopped its nodes")
         finally:

@@ -3,16 +3,16 @@
 The node process builds the pool's :class:`~notebook_kit.launch.pool.persistent.PersistentLauncher`
 with its :class:`~notebook_kit.launch.forking.NodeSeat`, says it is ready (with its ranks'
 pids), then reads the kernel's :data:`~notebook_kit.node.protocol.NodeCommand` from its orders
-pipe, one at a time, until :class:`~notebook_kit.node.protocol.ClosePool`:
+pipe, one at a time, until a :class:`RunCommand` holds a ``PoolClose``:
 
 - :class:`RunCommand`: the pool command on this node's ranks among ``ranks``; answered with a
-  :class:`NodeAnswer` holding each of its ranks' answers.
+  :class:`NodeAnswer` holding each of its ranks' answers. A ``PoolCheck`` is the group check
+  after a fault, on every node at once (a node cannot check alone: the all-reduce spans every
+  node's ranks).
 - :class:`StopCommand`: the Stop button was pressed during that command: this node's ranks
   read it at their next vote, as on one machine.
 - :class:`Interrupt`: a rank elsewhere failed, Ctrl-C or a timeout, during that command; this
   node's ranks are interrupted (the pool's own settling follows).
-- :class:`CheckGroup`: the group check after a fault, on every node at once (a node cannot
-  check alone: the all-reduce spans every node's ranks).
 
 Runs on a node, in the node process.
 """
@@ -33,8 +33,6 @@ from notebook_kit.launch.pool.workers import PoolProcesses
 from notebook_kit.live.observer import Stream
 from notebook_kit.node.protocol import (
     NODE_COMMANDS,
-    CheckGroup,
-    ClosePool,
     Interrupt,
     LaunchStop,
     NodeAnswer,
@@ -49,6 +47,7 @@ from notebook_kit.node.protocol import (
 )
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch, PoolAnswer
+from notebook_kit.runtime.pool_commands import PoolCheck, PoolClose
 
 __all__ = ["serve_node_pool"]
 
@@ -80,15 +79,14 @@ class _NodeView:
             elif order is not None:
                 self.pending.append(order)
 
-    def next_order(self) -> NodeCommand:
+    def next_order(self) -> RunCommand:
         while True:
             order = self.pending.popleft() if self.pending else self._read()
-            if isinstance(order, StopCommand | Interrupt) or order is None:
-                continue  # late: their command has ended
-            if isinstance(order, RunCommand | CheckGroup):
-                if order.seq <= self.current:  # a replay of one served already: not again
-                    continue
-                self.current = order.seq
+            if not isinstance(order, RunCommand):
+                continue  # a Stop or interrupt come late: their command has ended
+            if order.seq <= self.current:  # a replay of one served already: not again
+                continue
+            self.current = order.seq
             return order
 
     def _read(self) -> NodeCommand | None:
@@ -111,13 +109,13 @@ def serve_node_pool(
         relay.send(NodeReady(relay.node_rank, tuple(processes.pids)))
         while True:
             order = view.next_order()
-            if isinstance(order, ClosePool):
+            if isinstance(order.command, PoolClose):
                 processes.close()
                 return NodeValue()
-            if isinstance(order, RunCommand):
-                _answer(relay, order.seq, lambda order=order: _run(processes, order))
-            elif isinstance(order, CheckGroup):
+            if isinstance(order.command, PoolCheck):
                 _answer(relay, order.seq, lambda: _check(processes))
+            else:
+                _answer(relay, order.seq, lambda order=order: _run(processes, order))
     except WorkersStopped as stopped:
         return NodeFailed(tuple(stopped.failures))
     finally:

@@ -347,15 +347,9 @@ class WorkerPool:
         return [arguments.check_int("ranks", ranks, minimum=0, maximum=self.world_size - 1)]
 
     def _execute(
-        self,
-        command: PoolCommand,
-        wanted: list[int],
-        what: str,
-        *,
-        text: bool,
-        shipped: dict[str, Any] | None = None,
-        record: bool = True,
-    ) -> RunOutcome:
+        self, command: PoolCommand, wanted: list[int], what: str, *, text: bool,
+        shipped: dict[str, Any] | None = None, record: bool = True,
+    ) -> RunOutcome:  # fmt: skip
         """Run one command, show it, and raise what went wrong (workers stopped if needed)."""
         processes = self._ensure_running()
         ranks = wanted if isinstance(command, PoolPull) else list(range(processes.world_size))
@@ -389,10 +383,10 @@ class WorkerPool:
         return outcome
 
     def _info(self, what: str, processes: PoolBackend) -> LaunchInfo:
-        ranks = tuple(range(processes.world_size))
         return LaunchInfo(
             f"WorkerPool: {what} on {processes.banner()}", processes.num_processes,
-            processes.world_size, ranks, self._stop_flag, processes.rank_nodes,
+            processes.world_size, tuple(range(processes.world_size)), self._stop_flag,
+            processes.rank_nodes,
         )  # fmt: skip
 
     # -- the workers' lifetime -----------------------------------------------------------

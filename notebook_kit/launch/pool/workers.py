@@ -35,7 +35,13 @@ from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import OutputLine, PoolAnswer, Started, WorkerMessage
-from notebook_kit.runtime.pool_commands import PoolCheck, PoolClose, PoolCommand, PoolRequest
+from notebook_kit.runtime.pool_commands import (
+    CHECK_SECONDS,
+    PoolCheck,
+    PoolClose,
+    PoolCommand,
+    PoolRequest,
+)
 from notebook_kit.runtime.weights_file import WeightsFile
 from notebook_kit.worker.pool.command_loop import PoolChannels
 
@@ -43,7 +49,6 @@ __all__ = ["LOST", "PoolProcesses"]
 
 _TICK_SECONDS = 0.25
 _SETTLE_SECONDS = 1.0  # after a failure or interrupt: how long the other ranks get to stop
-_CHECK_SECONDS = 0.4  # the all-reduce that checks the group after a fault
 _CLOSE_SECONDS = 3.0  # for workers to leave the group cleanly when the pool closes
 _LATE = (  # what keeps a rank from stopping
     " (blocked in native code, or in a collective operation waiting for a rank that had "
@@ -244,12 +249,12 @@ class PoolProcesses:
 
     def check_group(self) -> None:
         """After a fault: do all ranks still meet in a collective? If not, stop them."""
-        request = PoolRequest(next(self._numbers), False, PoolCheck(_CHECK_SECONDS))
+        request = PoolRequest(next(self._numbers), False, PoolCheck())
         self.relay.answers = {}
         ranks = set(self.ranks)
         for rank in ranks:
             self._send(rank, request)
-        deadline = time.monotonic() + _CHECK_SECONDS + 0.3
+        deadline = time.monotonic() + CHECK_SECONDS + 0.3
         with interrupts_deferred():  # short and bounded: Ctrl-C waits for it
             while set(self.relay.answers) != ranks and time.monotonic() < deadline:
                 self.raise_if_dead("while checking the process group")

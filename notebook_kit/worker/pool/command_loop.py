@@ -34,6 +34,7 @@ from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
 from notebook_kit.runtime.pool_commands import (
+    CHECK_SECONDS,
     PoolCall,
     PoolCell,
     PoolCheck,
@@ -119,7 +120,7 @@ class _Loop:
         if isinstance(command, PoolClose):
             return False
         if isinstance(command, PoolCheck):
-            status, detail = self._check(command.seconds)
+            status, detail = self._check(CHECK_SECONDS)
             self._answer(PoolAnswer(number, status, detail=detail))
             return True
         context = dataclasses.replace(

@@ -1,15 +1,16 @@
-"""What runs inside a Dask worker for a cluster run: the probe and the node task.
+"""What runs inside an engine's worker for a cluster run: the probe and the node task.
 
-A cluster run (:mod:`notebook_kit.launch.cluster`) submits two kinds of Dask tasks: the probe
-(``probe``), which checks a worker before anything starts, and the node task (``task``), which
-has the worker's ``zygote`` fork its node process (never a fork of the multithreaded Dask
-worker itself), relays its events through the scheduler, and ends it when the kernel asks,
-when the kernel's lease runs out or when the worker dies. The messages between the kernel, the
-task and the node process are the dataclasses of ``protocol``, sent as plain data sealed with
-the run's secret (``codec``). ``links`` holds each engine's
-side of it (``links.dask``, ``links.ray``).
+A cluster run (:mod:`notebook_kit.launch.cluster`) asks each chosen worker for the probe
+(``probe``), which checks it before anything starts, and starts one node task (``task``) per
+node, which has the worker's ``zygote`` fork its node process (never a fork of the
+multithreaded worker itself), relays its events to the kernel, and ends it when the kernel
+asks, when the kernel's lease runs out or when the worker dies. Both are engine-neutral: each
+engine's side of them (its ``NodeLink``, its task entry, its probe task) is one module of
+``links`` (``links.dask``, ``links.ray``), the only ones that import that engine. The messages
+between the kernel, the task and the node process are the dataclasses of ``protocol``, sent
+as plain data sealed with the run's secret (``codec``).
 
-Runs in a Dask worker process (or a Ray worker). May import :mod:`notebook_kit.runtime` and
-:mod:`notebook_kit.config`, never the launcher: the zygote imports and runs the node process's
-module by name.
+Runs in an engine's worker process. Imports no torch (the zygote's node process does; only the
+probe's GPU count asks it). May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`,
+never the launcher: the zygote imports and runs the node process's module by name.
 """

@@ -158,7 +158,7 @@ _LAZY: dict[str, str] = {
     "gather": "accelerator.operations",
     "gather_object": "accelerator.operations",
     "last_run": "live.record",
-    "local_cluster": "launch.cluster.local",
+    "local_cluster": "launch.cluster.engines.dask_local",
     "log": "runtime.loop",
     "notebook_launcher": "launch.launcher",
     "notebook_launcher_async": "launch.launcher",

@@ -36,7 +36,6 @@ from notebook_kit.config.schema import (
 
 __all__ = [
     "CONFIG_ENV_VAR",
-    "FIELD_HELP",
     "LaunchConfig",
     "choice_words",
     "default_config_path",
@@ -48,9 +47,6 @@ __all__ = [
 ]
 
 CONFIG_ENV_VAR = "NOTEBOOK_KIT_CONFIG"
-
-# Derived from the schema, for the places that show one line per field.
-FIELD_HELP: dict[str, str] = {name: setting.help for name, setting in SETTINGS.items()}
 
 parse_field = parse_text  # what a person typed, as a value of one field
 
@@ -101,10 +97,10 @@ class LaunchConfig:
     seeding), ``master_port`` (a free port on one node, 29500 across nodes),
     ``threads_per_process`` (cores / workers) and ``live`` (on when a notebook can show it).
     The fields follow :data:`~notebook_kit.config.schema.SETTINGS`, where each one's type,
-    range and help are declared; ``FIELD_HELP`` has the help line of every field. A setting
-    declared there but not written out here yet is kept by name (read as an attribute, set
-    through :meth:`replace` and :meth:`from_dict`), so it works everywhere before its field is
-    written; the schema test asks for the field, which type checkers and ``help()`` need.
+    range and help are declared. A setting declared there but not written out here yet is
+    kept by name (read as an attribute, set through :meth:`replace` and :meth:`from_dict`), so
+    it works everywhere before its field is written; the schema test asks for the field, which
+    type checkers and ``help()`` need.
 
     Raises:
         TypeError: A value has the wrong type, e.g. ``num_processes="two"``.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from notebook_kit.config.arguments import is_loopback
 from notebook_kit.config.environment import KernelState, usable_cpu_count
 from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout
-from notebook_kit.config.schema import scoped
+from notebook_kit.config.schema import CALL_SETTINGS, scoped
 
 if TYPE_CHECKING:
     from notebook_kit.config.launch_config import LaunchConfig
@@ -26,8 +26,8 @@ __all__ = [
 ]
 
 LOOPBACK = "127.0.0.1"
-DEFAULT_RENDEZVOUS_TIMEOUT = 300.0  # seconds for the other nodes to join
-DEFAULT_STALL_SECONDS = 60.0  # seconds without progress on any rank before the stall report
+DEFAULT_RENDEZVOUS_TIMEOUT: float = CALL_SETTINGS["rendezvous_timeout"].default
+DEFAULT_STALL_SECONDS: float = CALL_SETTINGS["stall_seconds"].default
 
 
 def auto_process_count(gpus: int) -> int:

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from notebook_kit.integrations.named_trackers import NamedTracker, install_hint
+from notebook_kit.integrations.named_trackers import NamedTracker
 
 __all__ = ["MLflowTracker"]
 
@@ -76,11 +76,7 @@ class MLflowTracker(NamedTracker):
         return None if self.client is None else self.client.get_run(self.run_id)
 
     def start(self) -> None:
-        try:
-            from mlflow.tracking import MlflowClient
-        except ImportError as error:
-            raise ImportError(install_hint(self.name)) from error
-        self.client = MlflowClient()
+        self.client = self._package("mlflow.tracking").MlflowClient()
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
             for key, value in self.tags.items():

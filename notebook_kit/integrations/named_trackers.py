@@ -12,6 +12,7 @@ the run on disk, ``wandb sync`` uploads it later).
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ def install_hint(name: str) -> str:
 
 
 class NamedTracker:
-    """What a named tracker shares: Accelerate's ``GeneralTracker`` class attributes.
+    """What a named tracker shares: Accelerate's ``GeneralTracker`` class attributes, and the
+    import of its package at ``start``, which fails with :func:`install_hint`.
 
     Example::
 
@@ -52,6 +54,12 @@ class NamedTracker:
     name: str
     requires_logging_directory = False
     main_process_only = True  # Accelerate calls trackers on the main process only
+
+    def _package(self, module: str) -> Any:
+        try:
+            return importlib.import_module(module)
+        except ImportError as error:
+            raise ImportError(install_hint(self.name)) from error
 
 
 class TensorBoardTracker(NamedTracker):
@@ -84,11 +92,8 @@ class TensorBoardTracker(NamedTracker):
         return self.writer
 
     def start(self) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as error:
-            raise ImportError(install_hint(self.name)) from error
-        self.writer = SummaryWriter(str(self.logging_dir), **self.writer_kwargs)
+        tensorboard = self._package("torch.utils.tensorboard")
+        self.writer = tensorboard.SummaryWriter(str(self.logging_dir), **self.writer_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """The run's configuration, shown in TensorBoard's HParams tab."""
@@ -141,11 +146,7 @@ class WandBTracker(NamedTracker):
         return self.run
 
     def start(self) -> None:
-        try:
-            import wandb
-        except ImportError as error:
-            raise ImportError(install_hint(self.name)) from error
-        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
+        self.run = self._package("wandb").init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """The run's configuration (W&B's config panel)."""

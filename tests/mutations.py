@@ -3171,6 +3171,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 # Breakages kept in files beside this one, one per subject; each holds a tuple MUTATIONS.
 from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_arch_e,
+    mutations_arch_l,
     mutations_arch_m,
     mutations_arch_p,
     mutations_arch_s,
@@ -3194,4 +3195,5 @@ MUTATIONS = (
     + mutations_arch_s.MUTATIONS
     + mutations_arch_p.MUTATIONS
     + mutations_arch_m.MUTATIONS
+    + mutations_arch_l.MUTATIONS
 )

@@ -1,0 +1,63 @@
+"""Deliberate breakages of the live view's panels: the list every display asks, and each place.
+
+Wired into ``tests.mutations.MUTATIONS``.
+"""
+
+from __future__ import annotations
+
+from tests.mutations import Edit, Mutation
+
+_PANELS = "tests/test_panels.py::"
+_HEADLESS = f"{_PANELS}test_a_new_panel_prints_its_line_at_the_end_and_is_kept_in_last_run"
+_LIVE = f"{_PANELS}test_a_new_panel_shows_its_line_under_the_plot_and_under_the_summary"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "panels-never-see-the-messages",
+        "a panel sees every metrics batch a worker sends",
+        (Edit("live/record.py", "            panel.take(batch)\n", "            pass\n"),),
+        (_HEADLESS,),
+    ),
+    Mutation(
+        "panel-records-left-out-of-last-run",
+        "last_run() keeps what each panel records, by its name",
+        (
+            Edit(
+                "live/record.py",
+                "panels={panel.name: panel.record() for panel in self.panels},",
+                "panels={},",
+            ),
+        ),
+        (_HEADLESS,),
+    ),
+    Mutation(
+        "panel-headless-lines-never-printed",
+        "a run without a notebook prints each panel's line at its end",
+        (
+            Edit(
+                "live/headless.py",
+                '        for _, text in self.recorder.texts("headless"):\n',
+                '        for _, text in self.recorder.texts("headless")[:0]:\n',
+            ),
+        ),
+        (_HEADLESS,),
+    ),
+    Mutation(
+        "panel-restarted-without-its-start",
+        "a panel is told when each attempt starts",
+        (Edit("live/record.py", "            panel.start(info)\n", "            pass\n"),),
+        ("tests/test_speed.py::test_the_view_of_a_cluster_run_adds_a_line_per_node",),
+    ),
+    Mutation(
+        "panel-line-made-once-per-tick",
+        "a panel's line under the plot is one widget, made once and then updated",
+        (
+            Edit(
+                "live/notebook_view.py",
+                "            line = self.lines.get(name)\n",
+                "            line = None\n",
+            ),
+        ),
+        (_LIVE,),
+    ),
+)

@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import notebook_kit.accelerator.accelerator as accelerator_module
+import notebook_kit.accelerator.distributed_methods as distributed_methods
 import notebook_kit.accelerator.prepared_loader as prepared_loader
 from notebook_kit import Accelerator, notebook_launcher, set_seed
 from notebook_kit.runtime.throughput import SpeedCounter, watch_gradients
@@ -108,7 +109,7 @@ def _speed_measured(measured: bool) -> Iterator[None]:
     nothing = lambda *_: None  # noqa: E731
     patches = [
         (prepared_loader, "loader_counter"),
-        (accelerator_module, "step_clock"),
+        (distributed_methods, "step_clock"),
         (accelerator_module, "speed_counter"),
         (accelerator_module, "watch_gradients"),
     ]

@@ -1,6 +1,6 @@
 """One node of a cluster pool: its ranks stay forked and grouped, serving the kernel's commands.
 
-The node process builds the pool's :class:`~notebook_kit.launch.pool.persistent.PersistentLauncher`
+The node process builds the pool's :class:`~notebook_kit.launch.pool.workers.PersistentLauncher`
 with its :class:`~notebook_kit.launch.forking.NodeSeat`, says it is ready (with its ranks'
 pids), then reads the kernel's :data:`~notebook_kit.node.protocol.NodeCommand` from its orders
 pipe, one at a time, until a :class:`RunCommand` holds a ``PoolClose``:
@@ -28,8 +28,7 @@ from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.pool.backend import RunOutcome, WorkersStopped
-from notebook_kit.launch.pool.persistent import PersistentLauncher
-from notebook_kit.launch.pool.workers import PoolProcesses
+from notebook_kit.launch.pool.workers import PersistentLauncher, PoolProcesses
 from notebook_kit.live.observer import Stream
 from notebook_kit.node.protocol import (
     NODE_COMMANDS,

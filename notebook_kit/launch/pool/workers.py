@@ -1,8 +1,9 @@
 """The kernel's side of a pool's processes: fork them once, send commands, settle faults.
 
-The workers are forked by the forked launcher's own fork, through
-:class:`~notebook_kit.launch.pool.persistent.PersistentLauncher` (same fork-time hygiene, process
-groups, death signal), and watched by its
+The workers are forked by the forked launcher's own fork, through :class:`PersistentLauncher`
+(same fork-time hygiene, process groups, death signal): what differs is what they run, the
+pool's command loop, and that they stay, so its ``run`` returns them running once every rank has
+formed the group and said so. They are watched by its
 :class:`~notebook_kit.launch.supervisor.Supervisor`, which relays their output and messages.
 Here a relay observer sorts those messages: command answers and readiness come to this module,
 everything else (metrics, progress) goes to the view of the run in progress.
@@ -17,20 +18,27 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import multiprocessing
+import os
 import time
-from multiprocessing.connection import wait
+import weakref
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.errors import PoolFate, PoolRunError, WorkerFailure
+from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred
+from notebook_kit.launch.launchers.base import Steps
 from notebook_kit.launch.launchers.driver import run_blocking
+from notebook_kit.launch.launchers.forked import ForkedLauncher
+from notebook_kit.launch.plan import Call
 from notebook_kit.launch.pool.backend import RunOutcome, Settle, WorkersStopped
-from notebook_kit.launch.pool.persistent import PersistentLauncher, let_go
 from notebook_kit.launch.pool.shipping import WorkerHoldings
 from notebook_kit.launch.pool.view import RunForward
 from notebook_kit.launch.preflight import check_fork_safety
 from notebook_kit.launch.supervisor import Supervisor
+from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import StopFlag
@@ -43,19 +51,41 @@ from notebook_kit.runtime.pool_commands import (
     PoolRequest,
 )
 from notebook_kit.runtime.weights_file import WeightsFile
-from notebook_kit.worker.pool.command_loop import PoolChannels
+from notebook_kit.worker.pool.command_loop import PoolChannels, serve_pool
 
-__all__ = ["LOST", "PoolProcesses"]
+__all__ = ["LOST", "PersistentLauncher", "PoolProcesses"]
 
 _TICK_SECONDS = 0.25
 _SETTLE_SECONDS = 1.0  # after a failure or interrupt: how long the other ranks get to stop
 _CLOSE_SECONDS = 3.0  # for workers to leave the group cleanly when the pool closes
+_READY_SLACK = 30.0  # beyond the rendezvous timeout, to import and form the group
 _LATE = (  # what keeps a rank from stopping
     " (blocked in native code, or in a collective operation waiting for a rank that had "
     "already stopped)"
 )
 
 LOST = "Everything defined on the workers is lost; the next run starts new workers."
+
+_kernel_ends: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def _close_kernel_ends() -> None:
+    """In any child forked from the kernel: a pool's write ends are not the child's to hold."""
+    for connection in list(_kernel_ends):
+        with contextlib.suppress(OSError):
+            connection.close()
+    _kernel_ends.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_kernel_ends)
+
+
+def let_go(channels: PoolChannels) -> None:
+    """The workers are gone: close the kernel's write ends of their pipes."""
+    for connection in (*channels.senders, *channels.interrupters):
+        _kernel_ends.discard(connection)
+        connection.close()
 
 
 class _Relay(RunForward):
@@ -339,3 +369,61 @@ class PoolProcesses:
     def take_held_output(self) -> list[OutputLine]:
         """Lines printed while no run was shown (background threads between runs)."""
         return self.relay.take_held()
+
+
+class PersistentLauncher(ForkedLauncher):
+    """Forked workers that stay: ``run`` returns them running, ready for commands."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        processes: PoolProcesses,
+        generation: int,
+        seat: NodeSeat | None = None,
+    ) -> None:
+        super().__init__(plan, seat)  # seat: one node of a cluster pool
+        self.processes = processes
+        self.generation = generation
+
+    def call(self) -> Call:
+        """The workers' function, the command loop, with a command and an interrupt pipe each."""
+        count = self.plan.num_processes
+        commands = [multiprocessing.Pipe(duplex=False) for _ in range(count)]
+        interrupts = [multiprocessing.Pipe(duplex=False) for _ in range(count)]
+        channels = PoolChannels(
+            commands=[reader for reader, _ in commands],
+            interrupts=[reader for reader, _ in interrupts],
+            senders=[writer for _, writer in commands],
+            interrupters=[writer for _, writer in interrupts],
+        )
+        # The kernel's write ends: closed in every child forked from now on.
+        _kernel_ends.update(channels.senders + channels.interrupters)
+        self.processes.channels = channels
+        return serve_pool, (channels,), {}
+
+    def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
+        """Fork, then wait until every rank reported it is ready; stop them all on any error.
+
+        The pool's relay is the observer: each run's view is attached to it later.
+        """
+        processes = self.processes
+        try:
+            processes.alive = True
+            wait_for_warmup()  # here Ctrl-C stops the start; inside os.fork it is swallowed
+            try:
+                self.fork(
+                    call, processes.supervisor, processes.stop_flag, frozenset(), self.generation
+                )
+            finally:
+                assert processes.channels is not None
+                processes.channels.close_readers()
+            deadline = time.monotonic() + self.plan.rendezvous_timeout + _READY_SLACK
+            while len(processes.relay.ready) < self.plan.num_processes:
+                processes.raise_if_dead("while starting")
+                if time.monotonic() > deadline:
+                    raise WorkersStopped("the workers did not form their process group in time", [])
+                processes.serve((yield processes.supervisor.waitables(), _TICK_SECONDS))
+        except BaseException:
+            processes.kill()
+            raise
+        return processes

@@ -44,7 +44,6 @@ __all__ = [
     "check_argument",
     "check_value",
     "choice_words",
-    "keyword_settings",
     "parse_text",
     "scoped",
     "settings_from_environ",
@@ -273,11 +272,6 @@ def scoped(scope: Scope) -> dict[str, Setting]:
     """
     every = (*SETTINGS.values(), *CALL_SETTINGS.values())
     return {setting.name: setting for setting in every if scope in setting.scope}
-
-
-def keyword_settings() -> dict[str, Setting]:
-    """Every setting the launcher takes, keyed by its keyword (``use_port``), in schema order."""
-    return {setting.keyword: setting for setting in (*SETTINGS.values(), *CALL_SETTINGS.values())}
 
 
 def choice_words(name: str) -> tuple[str, ...]:

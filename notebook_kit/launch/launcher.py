@@ -13,7 +13,7 @@ from notebook_kit.config.launch_plan import (
     DEFAULT_STALL_SECONDS,
     LaunchPlan,
 )
-from notebook_kit.config.schema import SETTINGS, keyword_settings
+from notebook_kit.config.schema import SETTINGS
 from notebook_kit.integrations import activation as integrations
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, resolve_cluster_plan
 from notebook_kit.launch.interrupts import interrupt_latch, interrupts_survive_forks
@@ -195,30 +195,19 @@ def _resolve_any(
         return (function, args, kwargs), resolve_plan(settings, "notebook_launcher"), observer
 
 
-def _check_option_names(options: Mapping[str, Any], caller: str) -> None:
-    """Refuse a keyword the launcher does not know, listing the ones it does."""
-    known = (*keyword_settings(), "config")
-    unknown = set(options) - set(known)
-    if unknown:
-        raise TypeError(
-            f"{caller} got unexpected arguments {sorted(unknown)}; "
-            f"valid options are {', '.join(known)}."
-        )
-
-
 def resolve_plan(
     options: Mapping[str, Any], caller: str, *, isolate: bool | None = None
 ) -> LaunchPlan:
-    """The plan for ``options`` (the launcher's keyword arguments), checked before any fork.
+    """The plan for ``options`` (the launcher's keyword arguments, bound against its signature,
+    so none unknown), checked before any fork.
 
-    ``caller`` names the API in the error for an unknown option; ``isolate`` overrides the
-    option of that name (a worker pool always forks, even for one process).
+    ``caller`` names the API in the error for a launch inside a launch; ``isolate`` overrides
+    the option of that name (a worker pool always forks, even for one process).
 
     Example:
         >>> resolve_plan({"num_processes": 2}, "WorkerPool").world_size
         2
     """
-    _check_option_names(options, caller)
     check_not_in_a_launch(caller)
     if options.get("min_nodes") is not None:
         raise ValueError(

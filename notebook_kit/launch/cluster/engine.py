@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from notebook_kit.launch.cluster.code_shipping import payload_asking
+from notebook_kit.launch.cluster.engines import ENGINES
 from notebook_kit.launch.cluster.probing import choose_workers
 from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
 
@@ -98,8 +99,6 @@ def engine_for(cluster: Any) -> Engine:
     Raises:
         TypeError: no engine takes ``cluster`` (the message names every accepted form).
     """
-    from notebook_kit.launch.cluster.engines import ENGINES
-
     for row in ENGINES:
         if row.takes(cluster):
             module_name, _, name = row.engine.partition(":")

@@ -46,3 +46,12 @@ def test_device_tensors_anywhere_in_the_value_come_home_on_the_cpu():
     trainable = home["trainable"]
     assert trainable.device == torch.device("cpu") and trainable.requires_grad
     assert torch.equal(home["plain"], torch.ones(2)) and home["number"] == 3
+
+
+def test_by_value_carries_a_class_defined_on_the_workers_that_the_kernel_cannot_import():
+    cell = {"__name__": "__main__"}  # as a pool cell defines it: in __main__, nowhere to import
+    exec("class Made:\n    def __init__(self):\n        self.weight = torch.ones(2)\n", cell)
+    cell["torch"] = torch
+    value = cell["Made"]()
+    home = pickle.loads(dumps_for_kernel(value, by_value=True))
+    assert type(home).__name__ == "Made" and torch.equal(home.weight, torch.ones(2))

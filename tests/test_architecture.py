@@ -1,4 +1,5 @@
-"""The package tree is the architecture: imports between subpackages run one way only.
+"""The package tree is the architecture: imports between subpackages run one way only, and no
+two files import each other, even round a longer circle.
 
 Every ``import`` statement in the package is read (including ones inside functions and under
 ``TYPE_CHECKING``), so a shortcut taken anywhere shows up here.
@@ -112,3 +113,63 @@ def test_modules_sharing_a_name_say_which_side_they_are() -> None:
     assert not unclear, (
         f"first docstring line must say 'Kernel/Worker side ..., run in ...': {unclear}"
     )
+
+
+def _module_name(path: Path) -> str:
+    parts = ("notebook_kit", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _file_imports() -> dict[str, set[str]]:
+    """Each module -> the package's modules its import statements name (``from a import b``
+    names the module ``a.b`` when there is one, else ``a``)."""
+    paths = {_module_name(path): path for path in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                named |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                named |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
+                    for a in node.names
+                }
+        graph[name] = {target for target in named if target in paths and target != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other round a circle (Tarjan's strongly
+    connected components, those of more than one module)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_between_files() -> None:
+    """A circle makes the import order matter and the files one unit; every statement counts,
+    in functions and under TYPE_CHECKING too, so a deferred import does not hide one."""
+    circles = _circles(_file_imports())
+    assert not circles, f"modules importing each other: {circles}"

@@ -783,7 +783,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a keeper that died is made again by the next launch",
         (
             Edit(
-                "launch/cluster/engines/ray.py",
+                "launch/cluster/engines/ray_actors.py",
                 "            _deaths[key] = _deaths.get(key, 0) + 1\n",
                 "            return made\n",
             ),
@@ -795,7 +795,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a Ray node's process starts without the nanny's settings a LocalCluster left behind",
         (
             Edit(
-                "node/task.py",
+                "node/links/dask_nanny.py",
                 "        if presets is None:\n",
                 "        if False:\n",
             ),
@@ -918,7 +918,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "Dask running a node task again never trains twice",
         (
             Edit(
-                "node/task.py",
+                "node/links/dask.py",
                 "    if started.get(callback_timeout=_RPC_SECONDS):",
                 "    if False:",
             ),
@@ -1648,7 +1648,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster run's ranks start without what Dask's nanny tuned for its worker process",
         (
             Edit(
-                "node/task.py",
+                "node/probe.py",
                 """        if env.get(name) == value:
             del env[name]""",
                 """        pass""",
@@ -2077,7 +2077,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster run leaves no event topic on the scheduler, even one unsubscribed late",
         (
             Edit(
-                "launch/cluster/engine.py",
+                "launch/cluster/engines/dask.py",
                 "    while time.monotonic() < deadline and any(\n",
                 "    while False and any(\n",
             ),
@@ -2368,7 +2368,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a worker with no free thread is named at once",
         (
             Edit(
-                "launch/cluster/probing.py",
+                "launch/cluster/engines/dask.py",
                 "        if len(running) >= threads:\n",
                 "        if len(running) > threads:\n",
             ),
@@ -2708,7 +2708,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "SIGTERM to a Dask worker lets its node save before the worker ends",
         (
             Edit(
-                "node/task.py",
+                "node/links/dask.py",
                 '        loop = getattr(self._worker.loop, "asyncio_loop", None)\n',
                 "        loop = None\n",
             ),
@@ -3147,7 +3147,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "one hub per kernel serves every run: its process is not started again for each",
         (
             Edit(
-                "launch/cluster/engines/ray.py",
+                "launch/cluster/engines/ray_actors.py",
                 "    if made is not None:\n        try:",
                 "    if False:\n        try:",
             ),

@@ -1516,8 +1516,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/pool/worker_pool.py",
-                "        if self._cluster_plan is None:  # before stopping",
-                "        if False:  # before stopping",
+                "        self._backend.check_start()  # before stopping",
+                "        pass  # before stopping",
             ),
         ),
         (
@@ -1710,9 +1710,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a notebook global a cluster pool's cell uses is sent to the nodes, which hold nothing",
         (
             Edit(
-                "launch/pool/worker_pool.py",
-                "            self._holdings.forget_all()  # a node holds nothing",
-                "            self._holdings.remember_all()  # a node holds nothing",
+                "launch/cluster/pool.py",
+                "        holdings.forget_all()  # a node holds nothing",
+                "        holdings.remember_all()  # a node holds nothing",
             ),
         ),
         (f"{_CLUSTER_POOL}test_cells_push_and_pull_work_with_global_ranks",),
@@ -1723,8 +1723,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "                    self._attempt.command(Interrupt(seq))\n",
-                "",
+                "settle.fault(now, lambda: self._attempt.command(Interrupt(seq)))",
+                "settle.fault(now, lambda: None)",
             ),
         ),
         (
@@ -2063,8 +2063,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "                if outcome.faulted and not interrupt_sent:\n",
-                "                if outcome.answers and outcome.faulted and not interrupt_sent:\n",
+                "lambda: self._attempt.command(Interrupt(seq))",
+                "lambda: outcome.answers and self._attempt.command(Interrupt(seq))",
             ),
         ),
         (
@@ -2321,9 +2321,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a cluster pool that lost a node says only that it was closed (create a new WorkerPool)",
         (
             Edit(
-                "launch/cluster/pool.py",
-                '        return "\\n".join([lines[0], *lines[2:], "", self.aftermath])',
-                '        return "\\n".join([*lines, "", self.aftermath])',
+                "errors.py",
+                "        lines.append(self.aftermath)\n",
+                '        lines += ["The other workers were stopped; the kernel is still usable.",'
+                " self.aftermath]\n",
             ),
         ),
         (

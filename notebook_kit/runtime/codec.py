@@ -38,16 +38,7 @@ from typing import Any, TypeVar
 import cloudpickle
 import msgpack
 
-__all__ = [
-    "MAC_BYTES",
-    "ProtocolError",
-    "Seal",
-    "decode",
-    "encode",
-    "kinds_of",
-    "pack",
-    "unpack",
-]
+__all__ = ["MAC_BYTES", "ProtocolError", "Seal", "decode", "encode", "kinds_of", "pack", "unpack"]
 
 MAC_BYTES = 32  # an HMAC-SHA256 digest leads every sealed frame
 _SECRET_BYTES = 32

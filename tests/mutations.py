@@ -2497,7 +2497,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "speed-line-not-in-the-live-view",
         "the live view shows the speed line under the plot while the run goes",
-        (Edit("live/notebook_view.py", "        self._refresh_lines()\n", ""),),
+        (Edit("live/notebook_view.py", "        self._show_panels()\n\n", "\n"),),
         (
             "tests/test_speed.py::"
             "test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary",

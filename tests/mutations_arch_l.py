@@ -54,8 +54,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/notebook_view.py",
-                "            line = self.lines.get(name)\n",
-                "            line = None\n",
+                "value, widget = panel.live_html(), self.lines.get(panel.name)",
+                "value, widget = panel.live_html(), None",
             ),
         ),
         (_LIVE,),

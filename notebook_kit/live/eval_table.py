@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+from notebook_kit.live.panels import Panel
 from notebook_kit.live.plot_layout import is_axis_name
 
-__all__ = ["EvalTable", "build_table", "short_number"]
+__all__ = ["EvalTable", "EvalTablePanel", "build_table", "short_number"]
 
 History = list[tuple[int, float]]
 _TRAIN_COLUMNS = 3  # training metrics shown beside the evaluation ones
 _PAD = ' style="padding:1px 10px"'
 _LIVE_ROWS = 200  # newest rows shown while running; the saved table has them all
+_NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
 
 @dataclass(frozen=True)
@@ -122,17 +123,47 @@ def short_number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def live_table_html(table: EvalTable, waiting: str) -> str:
-    """The table for the live view's tab: the newest rows, scrolled inside a fixed height."""
-    if not table:
-        return f'<div style="color:#888;font-size:12px">{html.escape(waiting)}</div>'
-    return table.html(last=_LIVE_ROWS)
+class EvalTablePanel(Panel):
+    """The evaluation rounds: a tab before the ranks' output from the first evaluation on,
+    the whole table among the details under the summary. Which metrics are evaluations, and
+    the x unit, are the live plot's (its feed counts each metric's points): ``run.plot``."""
 
+    name = "evaluations"
+    place = "tab"
 
-def split_histories(
-    histories: dict[str, History], eval_names: Sequence[str]
-) -> tuple[dict[str, History], dict[str, History]]:
-    """``(training, evaluation)`` histories by name."""
-    evals = {name: histories[name] for name in eval_names if name in histories}
-    train = {name: h for name, h in histories.items() if name not in evals}
-    return train, evals
+    def __init__(self) -> None:
+        self._key: list[str] = []  # the evaluations and their counts the HTML was made for
+        self._html = ""
+
+    def _evals(self) -> list[str]:
+        plot = getattr(self.run, "plot", None)
+        return plot.evals if plot is not None else []
+
+    def live_html(self) -> str:
+        """The newest rows, scrolled inside a fixed height; remade only when they change."""
+        evals = self._evals()
+        if not evals:
+            return ""
+        key = [*evals, *(str(self.run.plot.feed.counts.get(name, 0)) for name in evals)]
+        if key != self._key:
+            table = self.table()
+            waiting = f'<div style="color:#888;font-size:12px">{html.escape(_NO_EVALUATION)}</div>'
+            self._key, self._html = key, table.html(last=_LIVE_ROWS) if table else waiting
+        return self._html
+
+    def table(self) -> EvalTable:
+        """Every round so far (empty without an evaluation metric)."""
+        evals = self._evals()
+        if not evals:
+            return build_table({}, {})
+        histories = self.run.metrics.histories()
+        evaluation = {name: histories[name] for name in evals if name in histories}
+        train = {name: h for name, h in histories.items() if name not in evaluation}
+        return build_table(train, evaluation, self.run.plot.x_unit)
+
+    def details(self) -> tuple[str, str] | None:
+        table = self.table()
+        if not table:
+            return None
+        head = "<details open><summary>evaluation rounds</summary>"
+        return f"{head}{table.html()}</details>", f"evaluation rounds:\n{table.text()}"

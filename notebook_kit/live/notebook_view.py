@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import html
 import time
 import warnings
 from typing import Any
@@ -28,13 +27,11 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display
 
-from notebook_kit.live.eval_table import build_table, live_table_html, split_histories
 from notebook_kit.live.kernel_status import BusyKeeper
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
 from notebook_kit.live.plot_layout import plan_panels
 from notebook_kit.live.plot_widget import LivePlot, XAxis, check_x_axis
-from notebook_kit.live.progress_bar import ProgressBar
 from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.shared_models import SharedModels
@@ -54,7 +51,6 @@ ROUTE_AFTER = 0.25
 BOX_HEIGHT = "602px"
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _EMPTY = {"text/plain": ""}  # what a restart leaves of the last attempt's plot and details
-_NO_EVALUATION = "No evaluation metric yet (val_…, eval_…, or one logged less often)."
 
 
 class LiveObserver:
@@ -73,13 +69,11 @@ class LiveObserver:
         self.recorder = RunRecorder()
         self.info: LaunchInfo | None = None
         self.stop: StopButton | None = None
-        self.progress: ProgressBar | None = None
         self.output: RankOutput | None = None
         self.box: widgets.VBox | None = None
-        self.status: widgets.HTML | None = None
-        self.table: widgets.HTML | None = None
-        self.lines: dict[str, widgets.HTML] = {}  # each panel's line under the plot, by name
-        self._line_layout: widgets.Layout | None = None
+        self.header: widgets.Box | None = None
+        self.lines: dict[str, widgets.HTML] = {}  # each panel's widget, by its name
+        self._layouts: dict[str, widgets.Layout] = {}  # a place's own layout, by place
         self.figure: Any = None
         self._handle: Any = None
         self._extras: list[Any] = []  # the plot's PNG and the details under the summary
@@ -101,10 +95,9 @@ class LiveObserver:
         )
         if earlier is not None:
             self.plot.resume(self.recorder.metrics, self.recorder.restarts)
-        self.status = self.table = None
+        self.recorder.plot = self.plot
         self.lines = {}
         self._last_refresh = 0.0
-        self._evals: list[str] = []
         self._stopping_shown = False
         self._broken = False
         self._shown_at: float | None = None  # set when the view is displayed; None once routed
@@ -116,17 +109,16 @@ class LiveObserver:
         self.recorder.start(info)
         shared = self.shared
         self.stop = StopButton(info.stop_flag, shared)
-        self.progress = ProgressBar(shared)
         self.output = RankOutput(info.ranks, info.node_of(), shared)
-        status_layout = widgets.Layout(overflow="hidden", height="24px")
-        self.status = shared.html(_status_html(info.banner), ("nk-status",), status_layout)
         header_layout = widgets.Layout(height="36px")
-        header = shared.box([self.stop.widget, self.progress.widget], ("nk-header",), header_layout)
-        # A panel's line, when it appears: two lines high; more (a line per node) scroll.
-        self._line_layout = header_layout
-        parts = [self.status, header, self.stop.note, *self.plot.widgets, self.output.widget]
+        self.header = shared.box([self.stop.widget], ("nk-header",), header_layout)
+        # A line under the plot, when it appears: two lines high; more (a line per node) scroll.
+        status_layout = widgets.Layout(overflow="hidden", height="24px")
+        self._layouts = {"status": status_layout, "line": header_layout}
+        parts = [self.header, self.stop.note, *self.plot.widgets, self.output.widget]
         box_layout = widgets.Layout(height=BOX_HEIGHT)  # before the parts have rendered, too
         self.box = widgets.VBox(parts, layout=box_layout, _dom_classes=("nk-live",))
+        self._show_panels()  # the status line and the progress: they have their say at once
         fallback = f"{info.banner} (live view; a summary replaces it when the run ends)"
         view = {"version_major": 2, "version_minor": 0, "model_id": self.box.model_id}
         bundle = {_WIDGET_VIEW: view, "text/plain": fallback}
@@ -168,6 +160,23 @@ class LiveObserver:
         """The speed line under the plot, once the first figures arrived."""
         return self.lines.get("speed")
 
+    @property
+    def status(self) -> widgets.HTML | None:
+        """The status line: the banner, and a warning once records were dropped."""
+        return self.lines.get("status")
+
+    @property
+    def table(self) -> widgets.HTML | None:
+        """The evaluation table's tab, once the first evaluation arrived."""
+        return self.lines.get("evaluations")
+
+    @property
+    def progress(self) -> Any:
+        """The progress panel (its ``text`` and ``fraction``); ``.widget``: its bar here."""
+        panel = next(panel for panel in self.recorder.panels if panel.name == "progress")
+        panel.widget = self.lines.get("progress")  # type: ignore[attr-defined]
+        return panel
+
     def on_tick(self) -> None:
         self.recorder.tick()
         if self._shown_at is not None and not self._broken and self._route_due(self._shown_at):
@@ -190,53 +199,37 @@ class LiveObserver:
         if stopping and stop is not None and not self._stopping_shown:
             self._stopping_shown = True
             stop.show_stopping()
-        if self.progress is not None:
-            self.progress.show(self.recorder.progress)
         if self.output is not None:
             self.output.refresh()
         self.plot.refresh(self.recorder.metrics, self.recorder.progress)
-        self._refresh_table()
-        self._refresh_lines()
-        dropped = self.recorder.metrics.total_dropped
-        if dropped and info is not None and self.status is not None:
-            note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
-            self.status.value = _status_html(info.banner, note)
+        self._show_panels()
 
-    def _refresh_lines(self) -> None:
-        """Each panel's line under the plot, made when it first has something to say (as the
-        evaluation table is): a run that counts and logs nothing opens no model for it."""
-        if self.box is None or self.output is None:
+    def _show_panels(self) -> None:
+        """Each panel's widget at its place, made when it first has something to say: a run
+        that counts and logs nothing opens no model for its speed line or its table."""
+        if self.box is None or self.header is None or self.output is None:
             return
-        for name, text in self.recorder.texts("live"):
-            line = self.lines.get(name)
-            if line is None:
-                line = self.shared.html(_line_html(text), (f"nk-{name}",), self._line_layout)
-                parts = list(self.box.children)
-                parts.insert(parts.index(self.output.widget), line)  # above the tabs
-                self.box.children, self.lines[name] = tuple(parts), line
-            elif line.value != _line_html(text):
-                line.value = _line_html(text)
+        for panel in self.recorder.panels:
+            value, widget = panel.live_html(), self.lines.get(panel.name)
+            if widget is None and value:
+                layout = self._layouts.get(panel.place)
+                widget = self.shared.html(value, (f"nk-{panel.name}",), layout)
+                self.lines[panel.name] = widget
+                self._place(panel.place, panel.name, widget)
+            elif value and widget is not None and widget.value != value:
+                widget.value = value
 
-    def _refresh_table(self) -> None:
-        evals = self.plot.evals
-        if not evals or self.output is None:
-            return
-        counts = [self.plot.feed.counts.get(name, 0) for name in evals]
-        key = [*evals, *map(str, counts)]
-        if key == self._evals:
-            return
-        self._evals = key
-        value = live_table_html(self._table(evals), _NO_EVALUATION)
-        if self.table is None:  # the first evaluation: its tab, before the ranks'
-            self.table = self.shared.html(value)
-            self.output.add_leading_tab("evaluations", self.table)
-        else:
-            self.table.value = value
-
-    def _table(self, evals: list[str]) -> Any:
-        histories = self.recorder.metrics.histories()
-        train, evaluation = split_histories(histories, evals)
-        return build_table(train, evaluation, self.plot.x_unit)
+    def _place(self, place: str, name: str, widget: widgets.HTML) -> None:
+        """Put a panel's new widget at its place in the view."""
+        assert self.box is not None and self.header is not None and self.output is not None
+        if place == "tab":  # before the ranks' tabs
+            self.output.add_leading_tab(name, widget)
+        elif place == "header":  # beside the Stop button
+            self.header.children = (*self.header.children, widget)
+        else:  # the status line on top, a line above the tabs
+            parts = list(self.box.children)
+            parts.insert(0 if place == "status" else parts.index(self.output.widget), widget)
+            self.box.children = tuple(parts)
 
     def on_finish(self, summary: LaunchSummary) -> None:
         route_request = None
@@ -302,11 +295,10 @@ class LiveObserver:
             names = list(metrics.histories())
             png = figure_bundle(figure_png(self.figure), names, self.plot.x_label)
             self._show_extra(png)
-        evals = self.plot.evals
-        table = self._table(evals) if evals else build_table({}, {})
-        ranks_html = self.output.static_html() if self.output is not None else ""
-        ranks_text = self.output.text() if self.output is not None else ""
-        details = details_bundle(table, ranks_html, ranks_text)
+        blocks = [block for panel in self.recorder.panels if (block := panel.details())]
+        if self.output is not None and self.output.static_html():
+            blocks.append((self.output.static_html(), self.output.text()))
+        details = details_bundle(blocks)
         if details is not None:
             self._show_extra(details)
 
@@ -319,7 +311,7 @@ class LiveObserver:
     def _close_widgets(self) -> None:
         """The static outputs replaced them: free the models (and the saved widget state)."""
         extra = [] if self.stop is None else [self.stop.button, self.stop.note]
-        for widget in (self.box, self.table, *self.lines.values(), *self.plot.widgets, *extra):
+        for widget in (self.box, *self.lines.values(), *self.plot.widgets, *extra):
             if widget is not None:
                 close_tree(widget)
 
@@ -339,19 +331,3 @@ def close_tree(widget: widgets.Widget) -> None:
         if isinstance(part, widgets.Widget):
             with contextlib.suppress(KeyError):  # already closed, or never opened (no kernel)
                 part.close()
-
-
-def _line_html(text: str) -> str:
-    return (
-        '<div style="white-space:pre-wrap;font-size:12px;line-height:16px;max-height:34px;'
-        'overflow-y:auto">'
-        f"{html.escape(text)}</div>"
-    )
-
-
-def _status_html(banner: str, note: str = "") -> str:
-    extra = f" · <b>{html.escape(note)}</b>" if note else ""
-    return (
-        '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">'
-        f"{html.escape(banner)}{extra}</div>"
-    )

@@ -2,13 +2,15 @@
 
 A panel follows the run: ``start`` at each attempt (with the launch's shape), ``take`` for
 every typed message a worker sends (:mod:`notebook_kit.runtime.messages`), ``tick`` and
-``finish``. It says what it has to show in each place a run is shown: a line under the plot
-of the notebook view, lines under the end-of-run summary (and the saved PNG), lines printed at
-the end without a notebook, and what ``last_run().panels`` keeps. Every hook is optional: a
-panel overrides only what it has to say. The recorder
-(:class:`~notebook_kit.live.record.RunRecorder`) makes one of each class in its ``PANELS``
-list, and every display asks them in that order: a new figure is one module with its panel
-and one line in that list.
+``finish``; :attr:`Panel.run` is the recorder, whose metrics and step count every panel reads.
+It says what it has to show in each place a run is shown: its widget in the notebook view (at
+its :attr:`Panel.place`: the status line, beside the Stop button, a line under the plot, or a
+tab before the ranks' output), lines under the end-of-run summary (and the saved PNG), a block
+among the details under it, lines printed at the end without a notebook, and what
+``last_run().panels`` keeps. Every hook is optional: a panel overrides only what it has to
+say. The recorder (:class:`~notebook_kit.live.record.RunRecorder`) makes one of each class in
+its ``PANELS`` list, and every display asks them in that order: a new figure is one module
+with its panel and one line in that list.
 
 Example::
 
@@ -25,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import html
 from typing import Any, ClassVar
 
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary
@@ -36,7 +39,10 @@ __all__ = ["Panel"]
 class Panel:
     """One figure of the launch view; the defaults say nothing."""
 
-    name: ClassVar[str]  # its key in ``last_run().panels``, and its CSS class ``nk-…``
+    name: ClassVar[str]  # its key in ``last_run().panels``, its CSS class ``nk-…``, its tab
+    # Where the notebook view shows it: "status", "header", "line" (under the plot) or "tab".
+    place: ClassVar[str] = "line"
+    run: Any = None  # the RunRecorder that made it (set there; typed loosely: it imports us)
 
     def start(self, info: LaunchInfo) -> None:
         """An attempt starts: the first, or a restart after a failure."""
@@ -53,6 +59,18 @@ class Panel:
     def live(self) -> str:
         """Text of its line under the plot in the notebook view now ("": no line yet)."""
         return ""
+
+    def live_html(self) -> str:
+        """Its widget's HTML in the view now ("": no widget yet); by default :meth:`live`."""
+        text = self.live()
+        return text and (
+            '<div style="white-space:pre-wrap;font-size:12px;line-height:16px;max-height:34px;'
+            f'overflow-y:auto">{html.escape(text)}</div>'
+        )
+
+    def details(self) -> tuple[str, str] | None:
+        """``(html, text)`` of its block among the details under the summary, if any."""
+        return None
 
     def summary(self) -> str:
         """Lines under the end-of-run summary line and the saved plot ("": none)."""

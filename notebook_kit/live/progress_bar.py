@@ -1,8 +1,9 @@
-"""The progress bar of the live view: a bar once a total is known, and a line of text.
+"""The head of the live view: the status line, and the progress bar beside the Stop button.
 
-Before the first step it says it is waiting; without a total it shows the steps done and the
-rate, never an empty ``0/?`` bar. Bar and text are one HTML widget (one model, one message
-per change), drawn like ipywidgets' own progress bar.
+The status line is the launch's banner, with a warning once metric records were dropped. The
+bar shows once a total is known, with a line of text: before the first step it says it is
+waiting; without a total it shows the steps done and the rate, never an empty ``0/?`` bar. Bar
+and text are one HTML widget (one model, one message per change), drawn like ipywidgets' own.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import html
 import time
 
-from notebook_kit.live.progress import ProgressState, RateClock, format_duration, progress_text
-from notebook_kit.live.shared_models import SharedModels
+from notebook_kit.live.observer import LaunchInfo
+from notebook_kit.live.panels import Panel
+from notebook_kit.live.progress import RateClock, format_duration, progress_text
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressPanel", "StatusPanel"]
 
 _TRACK = (
     "display:inline-block;flex:0 0 300px;height:18px;margin-right:8px;overflow:hidden;"
@@ -23,32 +25,54 @@ _BAR = "height:100%;background:var(--jp-brand-color1,#1976d2)"
 _ROW = "display:flex;align-items:center;height:28px;white-space:nowrap"
 
 
-class ProgressBar:
-    """A bar and a line of text, fed from a ProgressState; the bar shows only with a total.
+class StatusPanel(Panel):
+    """The status line at the top of the live view: the banner, and dropped records."""
+
+    name = "status"
+    place = "status"
+    banner = ""
+
+    def start(self, info: LaunchInfo) -> None:
+        self.banner = info.banner
+
+    def live_html(self) -> str:
+        dropped = self.run.metrics.total_dropped if self.run is not None else 0
+        note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
+        extra = f" · <b>{html.escape(note)}</b>" if dropped else ""
+        return (
+            '<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">'
+            f"{html.escape(self.banner)}{extra}</div>"
+        )
+
+
+class ProgressPanel(Panel):
+    """A bar and a line of text, fed from the recorder's ProgressState; the bar shows only
+    with a total. Each attempt measures its own rate.
 
     Example::
 
-        bar = ProgressBar(); bar.show(state)
+        panel = ProgressPanel(); panel.run = recorder; panel.live_html()
     """
 
-    def __init__(self, shared: SharedModels | None = None) -> None:
-        shared = shared if shared is not None else SharedModels()
+    name = "progress"
+    place = "header"
+
+    def __init__(self) -> None:
+        self.start(None)
+
+    def start(self, info: LaunchInfo | None) -> None:
         self.clock = RateClock()
         self.started = time.monotonic()
         self.text = self._text(0, None)
         self.fraction: float | None = None  # of the total done; None: no total, no bar
-        self.widget = shared.html(self._html(), ("nk-progress",))
 
-    def show(self, state: ProgressState) -> None:
-        count, total = state.count, state.expected
-        self.clock.observe(count)
-        text = self._text(count, total)
-        fraction = min(count, total) / total if total else None
-        if (text, fraction) != (self.text, self.fraction):
-            self.text, self.fraction = text, fraction
-            self.widget.value = self._html()
-
-    def _html(self) -> str:
+    def live_html(self) -> str:
+        if self.run is not None:
+            state = self.run.progress
+            count, total = state.count, state.expected
+            self.clock.observe(count)
+            self.text = self._text(count, total)
+            self.fraction = min(count, total) / total if total else None
         bar = ""
         if self.fraction is not None:
             width = f"{round(100 * self.fraction, 1):g}%"

@@ -11,17 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.errors import choose_root_cause
+from notebook_kit.live.eval_table import EvalTablePanel
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.panels import Panel
 from notebook_kit.live.progress import ProgressState
+from notebook_kit.live.progress_bar import ProgressPanel, StatusPanel
 from notebook_kit.live.speed import Speed, SpeedPanel
 from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["PANELS", "Attempt", "RunRecord", "RunRecorder", "last_run"]
 
 # Every figure of the view, in the order the displays show them (live/panels.py says how).
-PANELS: tuple[type[Panel], ...] = (SpeedPanel,)
+PANELS: tuple[type[Panel], ...] = (StatusPanel, ProgressPanel, SpeedPanel, EvalTablePanel)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,10 @@ class RunRecorder:
         self.attempts: list[Attempt] = []
         self.restarts: list[tuple[int, str]] = []  # (step it resumed at, label) per restart
         self._info: LaunchInfo | None = None
+        self.plot: Any = None  # the live view's plot, where one is drawn (the table reads it)
         self.panels = [make() for make in PANELS]
+        for panel in self.panels:
+            panel.run = self
         self._started = time.monotonic()
         self._first_step: int | None = None
         self._counted = 0

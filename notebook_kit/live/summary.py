@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, choose_root_cause
-from notebook_kit.live.eval_table import EvalTable, short_number
+from notebook_kit.live.eval_table import short_number
 from notebook_kit.live.metric_names import joined, named_values
 from notebook_kit.live.observer import LaunchSummary
 
@@ -121,19 +121,12 @@ def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:
     return {"image/png": png, "text/plain": f"<plot of {joined(names, _SHOWN_METRICS)} by {unit}>"}
 
 
-def details_bundle(table: EvalTable, ranks_html: str, ranks_text: str) -> dict[str, str] | None:
-    """The evaluation table and each rank's output; None when there is neither."""
-    html_parts, text_parts = [], []
-    if table:
-        summary = "<summary>evaluation rounds</summary>"
-        html_parts.append(f"<details open>{summary}{table.html()}</details>")
-        text_parts.append("evaluation rounds:\n" + table.text())
-    if ranks_html:
-        html_parts.append(ranks_html)
-        text_parts.append(ranks_text)
-    if not html_parts:
+def details_bundle(blocks: Sequence[tuple[str, str]]) -> dict[str, str] | None:
+    """The panels' ``(html, text)`` blocks (the evaluation table, each rank's output) as one
+    output; None when there is none."""
+    if not blocks:
         return None
     return {
-        "text/html": f'<div class="nk-details">{"".join(html_parts)}</div>',
-        "text/plain": "\n".join(text_parts),
+        "text/html": f'<div class="nk-details">{"".join(html for html, _ in blocks)}</div>',
+        "text/plain": "\n".join(text for _, text in blocks),
     }

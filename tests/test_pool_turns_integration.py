@@ -62,11 +62,12 @@ def test_commands_from_threads_never_interleave(pool: WorkerPool) -> None:
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=caller, args=(tag,)) for tag in "ABC"]
+    threads = [threading.Thread(target=caller, args=(tag,), daemon=True) for tag in "ABC"]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 45  # within the per-test bound: a mixed-up wait fails here
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=max(deadline - time.monotonic(), 0))
     assert not errors, errors
     assert results == {tag: _expected(tag, 2) for tag in "ABC"}
     assert pool.run(_tagged, "after", 0, ranks="all") == ["after", "after"]

@@ -37,7 +37,8 @@ CHECK_SECONDS = 0.4  # the bound of the all-reduce that checks the group after a
 
 @dataclass(frozen=True)
 class PoolCell:
-    """Run ``source`` in the namespace; ``payload``: the kernel's globals it uses (pickled)."""
+    """Run ``source`` (``filename`` names it in tracebacks) in the namespace; ``payload``:
+    the kernel's globals it uses, pickled."""
 
     source: str
     filename: str

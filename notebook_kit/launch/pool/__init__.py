@@ -4,8 +4,8 @@ One folder holds this feature's kernel side: the pool itself (``worker_pool``), 
 settings it refuses and the backend it picks (``options``), what a backend is (``backend``:
 the protocol both the local processes and a cluster's nodes implement), what a command carries
 to the workers (``shipping``), the processes and how faults end them (``workers``), how answers
-become results or exceptions (``results``) and what the kernel shows of a run (``view``). The code the workers run is
-:mod:`notebook_kit.worker.pool`.
+become results or exceptions (``results``) and what the kernel shows of a run (``view``).
+The code the workers run is :mod:`notebook_kit.worker.pool`.
 
 Runs in the kernel, as the rest of :mod:`notebook_kit.launch`, and may import what it may.
 """

@@ -1640,7 +1640,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "worker-queues-not-flushed",
         "what a worker put on a multiprocessing.Queue reaches the kernel, even as the worker ends",
-        (Edit("worker/entry.py", "            _finish_multiprocessing()\n", "            pass\n"),),
+        (Edit("worker/entry.py", "            util._exit_function()\n", "            pass\n"),),
         (f"{_MP_OBJECTS}test_a_queue_locked_at_the_fork_takes_each_ranks_put_and_delivers_it",),
     ),
     Mutation(

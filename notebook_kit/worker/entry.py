@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import process, util
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
@@ -60,7 +61,8 @@ def run_worker(
             traceback.print_exc()
     finally:
         with contextlib.suppress(BaseException):
-            _finish_multiprocessing()
+            # As a multiprocessing child ends: flush what its queues buffer, join its children.
+            util._exit_function()
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -107,18 +109,9 @@ def _reset_multiprocessing() -> None:
     children this worker's: multiprocessing's exit function would terminate them (a Dask
     ``LocalCluster``'s worker processes, for one) when the worker ends.
     """
-    from multiprocessing import process, util
-
     process._children = set()
     util._finalizer_registry.clear()
     util._run_after_forkers()
-
-
-def _finish_multiprocessing() -> None:
-    """As a multiprocessing child ends: flush what its queues still buffer, join its children."""
-    from multiprocessing import util
-
-    util._exit_function()
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -206,7 +199,10 @@ def _run(
                 # On this process's main thread (the guardian forked it from a fresh one),
                 # so the function may install signal handlers.
                 value = function(*args, **kwargs)
-                if _streams_home(spec):
+                # Every rank forked here writes to (or joins) the kernel's file; across nodes
+                # each node's ranks gather through the strategy's gatherer, so the
+                # collectives of every node match.
+                if spec.weights_fd is not None and spec.plan.num_nodes == 1:
                     stored = _gather_and_store(spec, context)
                 else:
                     context.gather_weights(spec.home_model_ids)  # sharded models: all ranks
@@ -300,15 +296,6 @@ def _report_result(
         send(Failure("ResultError", message, ""))
         return False
     return True
-
-
-def _streams_home(spec: WorkerSpec) -> bool:
-    """Every rank of the launch is forked here and writes to (or joins) the kernel's file.
-
-    Across nodes, each node's ranks gather sharded models through the strategy's gatherer
-    instead: the collectives of every node must match.
-    """
-    return spec.weights_fd is not None and spec.plan.num_nodes == 1
 
 
 def _gather_and_store(spec: WorkerSpec, context: LaunchContext) -> dict[int, dict[str, Any]]:

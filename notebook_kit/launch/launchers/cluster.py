@@ -10,7 +10,6 @@ from __future__ import annotations
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
 from notebook_kit.launch.launchers.base import Launcher, Steps, prepare_view
 from notebook_kit.launch.plan import Call
-from notebook_kit.live.display import default_observer
 from notebook_kit.live.observer import LaunchObserver
 
 __all__ = ["ClusterLauncher"]
@@ -34,6 +33,3 @@ class ClusterLauncher(Launcher):
         if observer is None:
             prepare_view(self.cluster_plan.live)  # the default view, made there, imports now
         return (yield from cluster_steps(call, self.cluster_plan, observer))
-
-    def view(self, observer: LaunchObserver | None) -> LaunchObserver:
-        return observer if observer is not None else default_observer(self.cluster_plan.live)

@@ -135,13 +135,9 @@ class EvalTablePanel(Panel):
         self._key: list[str] = []  # the evaluations and their counts the HTML was made for
         self._html = ""
 
-    def _evals(self) -> list[str]:
-        plot = getattr(self.run, "plot", None)
-        return plot.evals if plot is not None else []
-
     def live_html(self) -> str:
         """The newest rows, scrolled inside a fixed height; remade only when they change."""
-        evals = self._evals()
+        evals = self.run.plot.evals if self.run.plot is not None else []
         if not evals:
             return ""
         key = [*evals, *(str(self.run.plot.feed.counts.get(name, 0)) for name in evals)]
@@ -152,10 +148,8 @@ class EvalTablePanel(Panel):
         return self._html
 
     def table(self) -> EvalTable:
-        """Every round so far (empty without an evaluation metric)."""
-        evals = self._evals()
-        if not evals:
-            return build_table({}, {})
+        """Every round so far (empty without a plot that found an evaluation metric)."""
+        evals = self.run.plot.evals if self.run.plot is not None else []
         histories = self.run.metrics.histories()
         evaluation = {name: histories[name] for name in evals if name in histories}
         train = {name: h for name, h in histories.items() if name not in evaluation}

@@ -36,7 +36,7 @@ from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.shared_models import SharedModels
 from notebook_kit.live.stop_button import StopButton
-from notebook_kit.live.summary import details_bundle, figure_bundle, summary_bundle, summary_line
+from notebook_kit.live.summary import figure_bundle, summary_bundle, summary_line
 from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["LiveObserver"]
@@ -298,9 +298,9 @@ class LiveObserver:
         blocks = [block for panel in self.recorder.panels if (block := panel.details())]
         if self.output is not None and self.output.static_html():
             blocks.append((self.output.static_html(), self.output.text()))
-        details = details_bundle(blocks)
-        if details is not None:
-            self._show_extra(details)
+        if blocks:  # the evaluation table, each rank's output: plain HTML and text
+            html = f'<div class="nk-details">{"".join(part for part, _ in blocks)}</div>'
+            self._show_extra({"text/html": html, "text/plain": "\n".join(t for _, t in blocks)})
 
     def _show_extra(self, bundle: dict[str, Any]) -> None:
         """Show ``bundle`` under the summary; a restart blanks it (its handle is kept)."""

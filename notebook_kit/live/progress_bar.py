@@ -36,7 +36,7 @@ class StatusPanel(Panel):
         self.banner = info.banner
 
     def live_html(self) -> str:
-        dropped = self.run.metrics.total_dropped if self.run is not None else 0
+        dropped = self.run.metrics.total_dropped
         note = f"{dropped} metric records dropped (the kernel could not keep up; log less)"
         extra = f" · <b>{html.escape(note)}</b>" if dropped else ""
         return (
@@ -67,12 +67,10 @@ class ProgressPanel(Panel):
         self.fraction: float | None = None  # of the total done; None: no total, no bar
 
     def live_html(self) -> str:
-        if self.run is not None:
-            state = self.run.progress
-            count, total = state.count, state.expected
-            self.clock.observe(count)
-            self.text = self._text(count, total)
-            self.fraction = min(count, total) / total if total else None
+        count, total = self.run.progress.count, self.run.progress.expected
+        self.clock.observe(count)
+        self.text = self._text(count, total)
+        self.fraction = min(count, total) / total if total else None
         bar = ""
         if self.fraction is not None:
             width = f"{round(100 * self.fraction, 1):g}%"

@@ -1,5 +1,5 @@
-"""What a finished run leaves in the cell: a one-line summary, the final PNG, the table and
-each rank's output, as plain outputs (HTML and text) that read without widget state.
+"""What a finished run leaves in the cell: a one-line summary and the final PNG, as plain
+outputs (HTML and text) that read without widget state; the panels' details go below them.
 
 GitHub, nbconvert, ``notebook-kit execute`` and a notebook reopened without its kernel show
 these; the widgets of the live view are closed once they are in place.
@@ -16,7 +16,7 @@ from notebook_kit.live.eval_table import short_number
 from notebook_kit.live.metric_names import joined, named_values
 from notebook_kit.live.observer import LaunchSummary
 
-__all__ = ["details_bundle", "figure_bundle", "summary_bundle", "summary_line"]
+__all__ = ["figure_bundle", "summary_bundle", "summary_line"]
 
 _SHOWN_METRICS = 3  # newest values in the summary line
 _COLOURS = {"success": "#2e7d32", "stopped": "#b26a00", "failed": "#b00020"}
@@ -119,14 +119,3 @@ def _panel_html(name: str, text: str) -> str:
 def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:
     """The final plot: the PNG, with a one-line text fallback."""
     return {"image/png": png, "text/plain": f"<plot of {joined(names, _SHOWN_METRICS)} by {unit}>"}
-
-
-def details_bundle(blocks: Sequence[tuple[str, str]]) -> dict[str, str] | None:
-    """The panels' ``(html, text)`` blocks (the evaluation table, each rank's output) as one
-    output; None when there is none."""
-    if not blocks:
-        return None
-    return {
-        "text/html": f'<div class="nk-details">{"".join(html for html, _ in blocks)}</div>',
-        "text/plain": "\n".join(text for _, text in blocks),
-    }

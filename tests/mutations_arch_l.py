@@ -9,6 +9,10 @@ from tests.mutations import Edit, Mutation
 
 _PANELS = "tests/test_panels.py::"
 _HEADLESS = f"{_PANELS}test_a_new_panel_prints_its_line_at_the_end_and_is_kept_in_last_run"
+_BAR = (
+    "tests/test_live.py::"
+    "test_live_observer_sends_only_new_points_and_shows_progress_without_an_empty_bar"
+)
 _LIVE = f"{_PANELS}test_a_new_panel_shows_its_line_under_the_plot_and_under_the_summary"
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -59,5 +63,44 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         (_LIVE,),
+    ),
+    Mutation(
+        "panel-details-left-out",
+        "the details under the summary hold each panel's block (the evaluation rounds)",
+        (
+            Edit(
+                "live/notebook_view.py",
+                "blocks = [block for panel in self.recorder.panels if (block := panel.details())]",
+                "blocks: list[tuple[str, str]] = []",
+            ),
+        ),
+        (
+            "tests/test_live_notebook.py::"
+            "test_nbconvert_html_without_widget_state_shows_summary_plot_table_and_ranks",
+        ),
+    ),
+    Mutation(
+        "status-panel-without-its-note",
+        "the status line warns once metric records were dropped",
+        (
+            Edit(
+                "live/progress_bar.py",
+                'extra = f" · <b>{html.escape(note)}</b>" if dropped else ""',
+                'extra = ""',
+            ),
+        ),
+        (_BAR,),
+    ),
+    Mutation(
+        "progress-panel-without-its-bar",
+        "the progress bar shows once a total is known",
+        (
+            Edit(
+                "live/progress_bar.py",
+                "self.fraction = min(count, total) / total if total else None",
+                "self.fraction = None",
+            ),
+        ),
+        (_BAR,),
     ),
 )

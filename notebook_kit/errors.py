@@ -109,7 +109,8 @@ class WorkerError(RuntimeError):
     def __init__(self, failures: list[WorkerFailure], world_size: int) -> None:
         root = choose_root_cause(failures)
         self.failure = root
-        self.failures = [root, *sorted((f for f in failures if f is not root), key=_by_time)]
+        others = sorted((f for f in failures if f is not root), key=lambda f: f.time)
+        self.failures = [root, *others]
         self.world_size = world_size
         super().__init__(self._format())
 
@@ -207,10 +208,6 @@ class PoolRunError(WorkerError):
 
 def _at(failure: WorkerFailure) -> str:
     return f" (mesh coordinates {failure.mesh})" if failure.mesh else ""
-
-
-def _by_time(failure: WorkerFailure) -> float:
-    return failure.time
 
 
 class PortInUseError(OSError):

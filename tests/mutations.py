@@ -182,7 +182,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "config/environment.py",
-                "bad = bool(torch_bad_fork()) or status == _CUDA_ERROR_NOT_INITIALIZED",
+                "bad = bool(torch_bad_fork()) or status == forked_probe.CUDA_ERROR_NOT_INITIALIZED",
                 "bad = False",
             ),
         ),

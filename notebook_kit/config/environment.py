@@ -79,10 +79,6 @@ class KernelState:
     gpu_error: str | None = None
 
 
-_CUDA_SUCCESS = forked_probe.CUDA_SUCCESS
-_CUDA_ERROR_NOT_INITIALIZED = forked_probe.CUDA_ERROR_NOT_INITIALIZED
-
-
 def _driver_init_status() -> int | None:
     """``cuInit(0)`` through the driver library itself, or None where there is no driver.
 
@@ -105,8 +101,8 @@ def _cuda_state_in_child() -> list[Any]:
 
     status = _driver_init_status()
     torch_bad_fork = getattr(torch._C, "_cuda_isInBadFork", lambda: False)  # CUDA builds only
-    bad = bool(torch_bad_fork()) or status == _CUDA_ERROR_NOT_INITIALIZED
-    if bad or status not in (None, _CUDA_SUCCESS):
+    bad = bool(torch_bad_fork()) or status == forked_probe.CUDA_ERROR_NOT_INITIALIZED
+    if bad or status not in (None, forked_probe.CUDA_SUCCESS):
         return [1 if bad else 0, 0, [], forked_probe.driver_error(status)]
     count = torch.cuda.device_count()
     return [0, count, [torch.cuda.get_device_name(index) for index in range(count)], None]

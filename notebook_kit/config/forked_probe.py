@@ -88,10 +88,8 @@ def nvml_count() -> int:
 def run_in_fork(function: Callable[[], _T], timeout: float = _PROBE_TIMEOUT_S) -> _T:
     """Run ``function`` in a forked child and return its JSON-able result.
 
-    Whatever the child initialises (CUDA above all) disappears with it, so the caller stays
-    fork-safe. Raises RuntimeError if the child fails or takes longer than ``timeout``. No
-    wait is unbounded: a child stuck in a hung driver ignores even SIGKILL, and waiting for it
-    would hang the kernel, so it is given up after a short grace.
+    Raises RuntimeError if the child fails or takes longer than ``timeout``; a child that
+    will not die is given up after a grace (see the module's docstring).
     """
     _reap_abandoned()
     read_end, write_end = os.pipe()

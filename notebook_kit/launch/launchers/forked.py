@@ -231,14 +231,9 @@ class _Attempt:
         )
 
 
-class _NotYetShown:
-    """The supervisor's observer until the view exists: the loop reads nothing before it."""
-
-    def on_start(self, info: LaunchInfo) -> None: ...
-    def on_output(self, rank: int, stream: Any, line: str) -> None: ...
-    def on_metrics(self, batch: Any) -> None: ...
-    def on_tick(self) -> None: ...
-    def on_finish(self, summary: LaunchSummary) -> None: ...
+class _NotYetShown(LaunchObserver):
+    """The supervisor's observer until the view exists: the loop reads nothing before it, and
+    the protocol's methods do nothing."""
 
 
 _NOT_YET_SHOWN = _NotYetShown()

@@ -7,8 +7,9 @@ with the evaluation table and each rank's output. Every part has its height from
 
 The view's widgets share their layout and style models where they can and are made with their
 classes and sizes (:mod:`notebook_kit.live.shared_models`): each model is a comm opened and
-closed in every launch, and a launch cell is run again and again. The evaluation table is made
-when the first evaluation arrives.
+closed in every launch, and a launch cell is run again and again. The status line, progress
+bar, speed line and evaluation table are panels (:mod:`notebook_kit.live.panels`): each widget
+is made at the panel's place when it first has something to say.
 
 When the run ends, the widget is replaced in place by plain outputs that need no widget state
 (:mod:`notebook_kit.live.summary`): the one-line summary, the final plot as a PNG, the table

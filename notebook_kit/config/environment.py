@@ -208,14 +208,8 @@ def _distributed_backends() -> tuple[str, ...]:
     distributed = torch.distributed
     if not distributed.is_available():
         return ()
-    checks = {
-        "gloo": "is_gloo_available",
-        "nccl": "is_nccl_available",
-        "mpi": "is_mpi_available",
-        "ucc": "is_ucc_available",
-        "xccl": "is_xccl_available",
-    }
-    return tuple(name for name, check in checks.items() if getattr(distributed, check, bool)())
+    names = ("gloo", "nccl", "mpi", "ucc", "xccl")
+    return tuple(name for name in names if getattr(distributed, f"is_{name}_available", bool)())
 
 
 @dataclass(frozen=True, repr=False)

@@ -33,6 +33,10 @@ RENDEZVOUS_OPTIONS = (
     "log_line_prefix_template",
 )
 _TIMEOUT_KEYS = ("timeout", "join_timeout")
+_NO_EFFECT = {
+    "rdzv_id": "each launch has a rendezvous of its own.",
+    "log_line_prefix_template": "each rank's output is shown apart, labelled with its rank.",
+}
 
 
 def _endpoint(endpoint: Any) -> tuple[str | None, int | None]:
@@ -95,15 +99,7 @@ def translate_rendezvous_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"monitor_interval must be a positive number of seconds, got {interval!r}."
         )
-    for name in ("rdzv_id", "log_line_prefix_template"):
+    for name, why in _NO_EFFECT.items():
         if options.get(name) is not None:
-            warnings.warn(
-                f"notebook_launcher({name}=...) has no effect here: "
-                + (
-                    "each launch has a rendezvous of its own."
-                    if name == "rdzv_id"
-                    else "each rank's output is shown apart, labelled with its rank."
-                ),
-                stacklevel=4,
-            )
+            warnings.warn(f"notebook_launcher({name}=...) has no effect here: {why}", stacklevel=4)
     return result

@@ -125,7 +125,7 @@ def test_live_observer_sends_only_new_points_and_shows_progress_without_an_empty
     assert "progress-bar" not in progress.widget.value and progress.text.startswith("30 steps")
     assert ">30 steps" in progress.widget.value  # the text, in the one widget
     assert sent[-1]["points"]["loss"][0] == list(range(30))
-    assert "7 metric records" in observer.status.value
+    assert "7 metric records" in observer.lines["status"].value
     observer._last_refresh = 0.0
     observer.on_metrics(MetricsBatch(0, ((0, 30, {"loss": 0.1}),), 0, Progress(31, 100)))
     observer.on_tick()
@@ -340,7 +340,7 @@ def test_the_live_view_opens_few_widget_models_and_closes_them_all(
     observer.on_metrics(_batch(30, total=30))
     observer.on_metrics(MetricsBatch(0, ((0, 29, {"val_loss": 0.5}),), None))
     observer.on_tick()
-    assert observer.table is not None and len(set(models) - before) <= 21
+    assert observer.lines.get("evaluations") is not None and len(set(models) - before) <= 21
     _finish(observer)
     assert set(models) <= before, "every model of the view is closed"
     flag.close()

@@ -125,13 +125,16 @@ def test_the_live_view_shows_the_speed_line_under_the_plot_and_in_the_summary(
     flag = StopFlag()
     observer = LiveObserver()
     observer.on_start(LaunchInfo("Launching 2 processes", 2, 2, (0, 1), flag))
-    assert observer.speed is None  # nothing counted yet: no line, no model
+    assert observer.lines.get("speed") is None  # nothing counted yet: no line, no model
     speed = RankSpeed(32, 4, None, 2.0, 300 * _MIB, timed_steps=3, step_seconds=1.5)
     observer.on_metrics(_batch(0, speed))
     observer.on_tick()
-    assert observer.speed is not None and "16.0 samples/s" in observer.speed.value
+    assert (
+        observer.lines.get("speed") is not None
+        and "16.0 samples/s" in observer.lines["speed"].value
+    )
     children = list(observer.box.children)  # type: ignore[union-attr]
-    assert children.index(observer.speed) == children.index(observer.plot.widgets[-1]) + 1
+    assert children.index(observer.lines["speed"]) == children.index(observer.plot.widgets[-1]) + 1
     observer.on_finish(_SUMMARY)
     text = shown[1]["text/plain"].splitlines()
     assert (
@@ -156,7 +159,7 @@ def test_without_counts_or_metrics_the_views_show_nothing_new(
     observer.on_metrics(_batch(0, memory_only, steps=0))
     observer.on_tick()
     observer.on_finish(_SUMMARY)
-    assert observer.speed is None and "speed" not in shown[1]["text/plain"]
+    assert observer.lines.get("speed") is None and "speed" not in shown[1]["text/plain"]
     flag.close()
     headless = HeadlessObserver()
     headless.on_metrics(MetricsBatch(0, (), speed=memory_only))

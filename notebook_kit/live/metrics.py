@@ -1,25 +1,11 @@
 """Kernel side of the metrics channel, run in the kernel: every logged value, bounded memory.
 
 Workers send batches through :mod:`notebook_kit.runtime.metrics`; the plot, the headless view
-and the run record read the means over ranks per step from here.
-
-Memory does not grow with the number of ``log`` calls. Each metric keeps at most
-``MAX_POINTS`` points: while a metric has fewer logged steps than that, every step is its own
-point, exactly as logged. Beyond it, neighbouring steps are merged in pairs (the resolution
-halves, again each time the limit is reached), so a point then stands for a range of
-``steps_per_point`` consecutive steps; the newest step logged is always a point of its own,
-exactly as logged (the final value users read, and the plot's last point). For every point
-and rank the aggregator keeps the exact count, sum, minimum, maximum and last value, so:
-
-- a point's value is the mean over ranks of each rank's mean over the point's steps, drawn at
-  the mean of the steps it covers (with one step per point: the step and its mean over ranks);
-- :meth:`MetricsAggregator.stats` is exact however long the run: number of values, minimum,
-  maximum, first and last step, and the last value (the mean over ranks at the newest step);
-- :meth:`MetricsAggregator.envelope` gives each point's exact minimum and maximum, so a spike
-  merged into a point is never lost;
-- :meth:`MetricsAggregator.latest` is exact.
-
-A value a rank logs twice for the same step counts twice (the point shows their mean).
+and the run record read the means over ranks per step from here. Each metric keeps at most
+``MAX_POINTS`` points, merging neighbouring steps in pairs beyond that (the newest step stays a
+point of its own), while the count, sum, minimum, maximum and last value of every point and rank
+stay exact: ``docs/live_view.md`` says what that keeps. A value a rank logs twice for the same
+step counts twice (the point shows their mean).
 """
 
 from __future__ import annotations

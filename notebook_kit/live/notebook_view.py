@@ -157,21 +157,6 @@ class LiveObserver:
         self.plot.on_metrics(batch)
 
     @property
-    def speed(self) -> widgets.HTML | None:
-        """The speed line under the plot, once the first figures arrived."""
-        return self.lines.get("speed")
-
-    @property
-    def status(self) -> widgets.HTML | None:
-        """The status line: the banner, and a warning once records were dropped."""
-        return self.lines.get("status")
-
-    @property
-    def table(self) -> widgets.HTML | None:
-        """The evaluation table's tab, once the first evaluation arrived."""
-        return self.lines.get("evaluations")
-
-    @property
     def progress(self) -> Any:
         """The progress panel (its ``text`` and ``fraction``); ``.widget``: its bar here."""
         panel = next(panel for panel in self.recorder.panels if panel.name == "progress")

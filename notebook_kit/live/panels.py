@@ -1,16 +1,9 @@
 """What a figure of the launch view is: a :class:`Panel`.
 
-A panel follows the run: ``start`` at each attempt (with the launch's shape), ``take`` for
-every typed message a worker sends (:mod:`notebook_kit.runtime.messages`), ``tick`` and
-``finish``; :attr:`Panel.run` is the recorder, whose metrics and step count every panel reads.
-It says what it has to show in each place a run is shown: its widget in the notebook view (at
-its :attr:`Panel.place`: the status line, beside the Stop button, a line under the plot, or a
-tab before the ranks' output), lines under the end-of-run summary (and the saved PNG), a block
-among the details under it, lines printed at the end without a notebook, and what
-``last_run().panels`` keeps. Every hook is optional: a panel overrides only what it has to
-say. The recorder (:class:`~notebook_kit.live.record.RunRecorder`) makes one of each class in
-its ``PANELS`` list, and every display asks them in that order: a new figure is one module
-with its panel and one line in that list.
+A panel follows the run (``start`` at each attempt, ``take`` for every typed message a worker
+sends, ``tick``, ``finish``; :attr:`Panel.run` is the recorder it reads) and says what it shows
+in each place a run is shown, one optional hook per place. The recorder makes one of each class
+in its ``PANELS`` list; ``docs/live_view.md`` ("A new figure") says how a figure is added.
 
 Example::
 

@@ -1,17 +1,10 @@
 """Kernel side of the speed figures: every rank's counts turned into rates, and their line.
 
-Each rank counts the samples, batches and tokens it trained on and reads its memory peaks
-(:mod:`notebook_kit.runtime.throughput`); its metrics batches carry the latest counts as a
-:class:`~notebook_kit.runtime.messages.RankSpeed`. Here they become the run's figures:
-samples/s over all ranks (the global rate, as the Hugging Face Trainer reports it), steps/s,
-tokens/s, where each rank's steps go (data, compute, waiting on the others), the straggler,
-each rank's memory and the model FLOPs utilisation, shown under the plot and kept in
-``last_run().speed``.
-
-A straggler is a rank whose busy time per step (data and compute: the step without its wait on
-the other ranks) stays more than :data:`STRAGGLER_MARGIN` above the median of the other ranks,
-both over the whole run and over its latest :data:`STRAGGLER_STEPS` steps. Its cause is the part
-(data or compute) that exceeds the others' most.
+Each rank's metrics batches carry its latest counts and memory peaks as a
+:class:`~notebook_kit.runtime.messages.RankSpeed` (:mod:`notebook_kit.runtime.throughput`).
+Here they become the run's figures (samples/s over all ranks, steps/s, tokens/s, where each
+rank's steps go, the straggler, memory, MFU: ``docs/live_view.md`` defines each), shown under
+the plot and kept in ``last_run().speed``.
 """
 
 from __future__ import annotations
@@ -138,6 +131,7 @@ class SpeedTracker:
         )
 
     def _straggler(self, ranks: dict[int, RankSpeed]) -> tuple[int | None, str | None]:
+        """The rank lagging both over the whole run and over its latest window, and why."""
         whole = _lagging(ranks)
         if whole is None:
             return None, None

@@ -126,18 +126,27 @@ class WorkerError(RuntimeError):
     def _format(self) -> str:
         root = self.failure
         lines = [
-            f"Rank {root.rank} of {self.world_size}{_at(root)} failed: {root.summary()}",
-            "The other workers were stopped; the kernel is still usable: fix the cause and "
-            "run the cell again.",
+            f"{self._named(root.rank)} of {self.world_size}{_at(root)} failed: {root.summary()}",
+            *self._after(self.failures[1:]),
         ]
-        others = self.failures[1:]
+        if root.traceback:
+            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        return "\n".join(lines)
+
+    def _named(self, rank: int) -> str:
+        return f"Rank {rank}"
+
+    def _after(self, others: list[WorkerFailure]) -> list[str]:
+        """What became of the workers, and the other failures."""
+        lines = [
+            "The other workers were stopped; the kernel is still usable: fix the cause and "
+            "run the cell again."
+        ]
         if others:
             ranks = ", ".join(str(f.rank) for f in others)
             noun = "Rank" if len(others) == 1 else "Ranks"
             lines.append(f"{noun} {ranks} failed afterwards, likely as a consequence.")
-        if root.traceback:
-            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
-        return "\n".join(lines)
+        return lines
 
 
 class PoolRunError(WorkerError):
@@ -186,24 +195,17 @@ class PoolRunError(WorkerError):
         node = rank // max(self.world_size // len(self.nodes), 1)
         return f"Rank {rank} (node {node}, {self.worker_noun} {self.nodes[node]})"
 
-    def _format(self) -> str:
+    def _after(self, others: list[WorkerFailure]) -> list[str]:
         root = self.failure
-        lines = [
-            f"{self._named(root.rank)} of {self.world_size}{_at(root)} failed: {root.summary()}"
-        ]
-        others = self.failures[1:]
         alike = all(
             (f.exception_type, f.message) == (root.exception_type, root.message) for f in others
         )
         if others and alike:
             noun = "Rank" if len(others) == 1 else "Ranks"
-            lines.append(f"{noun} {', '.join(str(f.rank) for f in others)} failed the same way.")
-        elif others:
-            lines += [f"Rank {f.rank} failed too: {f.summary()}" for f in others]
-        lines.append(self.aftermath)
-        if root.traceback:
-            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
-        return "\n".join(lines)
+            lines = [f"{noun} {', '.join(str(f.rank) for f in others)} failed the same way."]
+        else:
+            lines = [f"Rank {f.rank} failed too: {f.summary()}" for f in others]
+        return [*lines, self.aftermath]
 
 
 def _at(failure: WorkerFailure) -> str:

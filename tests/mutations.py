@@ -2322,9 +2322,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "errors.py",
-                "        lines.append(self.aftermath)\n",
-                '        lines += ["The other workers were stopped; the kernel is still usable.",'
-                " self.aftermath]\n",
+                "        return [*lines, self.aftermath]\n",
+                '        return [*lines, "The other workers were stopped; the kernel is still'
+                ' usable.", self.aftermath]\n',
             ),
         ),
         (

@@ -1,11 +1,11 @@
 """What a pool's kernel asks of its workers, as typed data: one frozen dataclass per command.
 
-``WorkerPool`` makes one command per call (a cell, a call, ``push``, ``pull``); its backend
-adds the group check and the close, and sends each as a :class:`PoolRequest` on a local
-worker's command pipe, or inside a cluster's ``RunCommand`` to every node, which sends it on
-to its ranks the same way. Both ends use the one codec (:mod:`notebook_kit.runtime.codec`):
-plain data, except the user's own objects (the function, its arguments, the globals it uses,
-pushed values), which the kernel cloudpickles into ``payload`` bytes that only a worker opens.
+``WorkerPool`` makes one command per call; its backend adds the group check and the close,
+and sends each as a :class:`PoolRequest` on a local worker's command pipe, or inside a
+cluster's ``RunCommand`` to every node, which sends it on to its ranks the same way. Both ends
+use the one codec (:mod:`notebook_kit.runtime.codec`): plain data, except
+the user's own objects, which the kernel cloudpickles into ``payload`` bytes that only a worker
+opens.
 
 Lives in ``runtime`` because the kernel, a node process and the workers all import it.
 """

@@ -43,13 +43,6 @@ from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import OutputLine, PoolAnswer, Started, WorkerMessage
-from notebook_kit.runtime.pool_commands import (
-    CHECK_SECONDS,
-    PoolCheck,
-    PoolClose,
-    PoolCommand,
-    PoolRequest,
-)
 from notebook_kit.runtime.weights_file import WeightsFile
 from notebook_kit.worker.pool.command_loop import PoolChannels, serve_pool
 
@@ -79,13 +72,6 @@ def _close_kernel_ends() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_kernel_ends)
-
-
-def let_go(channels: PoolChannels) -> None:
-    """The workers are gone: close the kernel's write ends of their pipes."""
-    for connection in (*channels.senders, *channels.interrupters):
-        _kernel_ends.discard(connection)
-        connection.close()
 
 
 class _Relay(RunForward):
@@ -202,7 +188,11 @@ class PoolProcesses:
     # -- commands ------------------------------------------------------------------------
 
     def execute(
-        self, command: PoolCommand, ranks: list[int], want: list[int], timeout: float | None = None
+        self,
+        command: pool_commands.PoolCommand,
+        ranks: list[int],
+        want: list[int],
+        timeout: float | None = None,
     ) -> RunOutcome:
         """Run one command on ``ranks`` (global ranks of these workers); ``want``: whose value.
 
@@ -215,7 +205,7 @@ class PoolProcesses:
         self.raise_if_dead("before the command started")
         self.relay.answers = {}
         for rank in ranks:
-            self._send(rank, PoolRequest(number, rank in want, command))
+            self._send(rank, pool_commands.PoolRequest(number, rank in want, command))
         outcome = RunOutcome()
         deadline = None if timeout is None else time.monotonic() + timeout
         self.supervisor.stall.start(self.plan.stall_seconds)
@@ -279,12 +269,12 @@ class PoolProcesses:
 
     def check_group(self) -> None:
         """After a fault: do all ranks still meet in a collective? If not, stop them."""
-        request = PoolRequest(next(self._numbers), False, PoolCheck())
+        request = pool_commands.PoolRequest(next(self._numbers), False, pool_commands.PoolCheck())
         self.relay.answers = {}
         ranks = set(self.ranks)
         for rank in ranks:
             self._send(rank, request)
-        deadline = time.monotonic() + CHECK_SECONDS + 0.3
+        deadline = time.monotonic() + pool_commands.CHECK_SECONDS + 0.3
         with interrupts_deferred():  # short and bounded: Ctrl-C waits for it
             while set(self.relay.answers) != ranks and time.monotonic() < deadline:
                 self.raise_if_dead("while checking the process group")
@@ -299,7 +289,7 @@ class PoolProcesses:
                 list(self.supervisor.failures),
             )
 
-    def _send(self, rank: int, request: PoolRequest) -> None:
+    def _send(self, rank: int, request: pool_commands.PoolRequest) -> None:
         assert self.channels is not None
         try:
             sender = self.channels.senders[rank - self.first_rank]
@@ -351,7 +341,7 @@ class PoolProcesses:
         with interrupts_deferred():
             for rank in self.ranks:
                 with contextlib.suppress(OSError, AssertionError):
-                    self._send(rank, PoolRequest(0, False, PoolClose()))
+                    self._send(rank, pool_commands.PoolRequest(0, False, pool_commands.PoolClose()))
             deadline = time.monotonic() + _CLOSE_SECONDS
             while any(w.alive for w in self.supervisor.workers) and time.monotonic() < deadline:
                 self.supervisor.serve(wait(self.supervisor.waitables(), 0.05))
@@ -363,7 +353,9 @@ class PoolProcesses:
             self.supervisor.shutdown()
             self.supervisor.release()  # the guardian, which swept every descendant
             if self.channels is not None:
-                let_go(self.channels)
+                for connection in (*self.channels.senders, *self.channels.interrupters):
+                    _kernel_ends.discard(connection)
+                    connection.close()
             self.alive = False
 
     def take_held_output(self) -> list[OutputLine]:

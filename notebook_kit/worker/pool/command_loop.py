@@ -33,17 +33,6 @@ import torch.distributed as dist
 from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
-from notebook_kit.runtime.pool_commands import (
-    CHECK_SECONDS,
-    PoolCall,
-    PoolCell,
-    PoolCheck,
-    PoolClose,
-    PoolCommand,
-    PoolPull,
-    PoolPush,
-    PoolRequest,
-)
 from notebook_kit.runtime.weights_file import gather_and_store
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.pool import namespace as pool_namespace
@@ -114,13 +103,13 @@ class _Loop:
         self.check_group = dist.new_group(backend="gloo")
         self.collective_commands = 0  # commands every rank ran: the same on all of them
 
-    def serve(self, request: PoolRequest) -> bool:
+    def serve(self, request: pool_commands.PoolRequest) -> bool:
         """Run one command; False once the pool closes."""
         command, number = request.command, request.number
-        if isinstance(command, PoolClose):
+        if isinstance(command, pool_commands.PoolClose):
             return False
-        if isinstance(command, PoolCheck):
-            status, detail = self._check(CHECK_SECONDS)
+        if isinstance(command, pool_commands.PoolCheck):
+            status, detail = self._check(pool_commands.CHECK_SECONDS)
             self._answer(PoolAnswer(number, status, detail=detail))
             return True
         context = dataclasses.replace(
@@ -132,22 +121,22 @@ class _Loop:
         self._answer_run(number, status, value, request.want_value)
         return True
 
-    def _run(self, command: PoolCommand, context: LaunchContext) -> Any:
+    def _run(self, command: pool_commands.PoolCommand, context: LaunchContext) -> Any:
         # The user's objects are unpickled here, where names and functions resolve in the
         # namespace.
         space = namespace()
-        if isinstance(command, PoolCell):
+        if isinstance(command, pool_commands.PoolCell):
             space.update(pickle.loads(command.payload))
             return run_cell(command.source, command.filename), {}
-        if isinstance(command, PoolCall):
+        if isinstance(command, pool_commands.PoolCall):
             shipped, (function, args, kwargs), home = pickle.loads(command.payload)
             space.update(shipped)
             value = function(*args, **kwargs)
             return value, self._weights_home(home, command.weights_fd, context)
-        if isinstance(command, PoolPush):
+        if isinstance(command, pool_commands.PoolPush):
             space.update(pickle.loads(command.payload))
             return None, {}
-        if isinstance(command, PoolPull):
+        if isinstance(command, pool_commands.PoolPull):
             if command.name not in space:
                 raise NameError(f"name {command.name!r} is not defined on this worker")
             return space[command.name], {}

@@ -1,30 +1,20 @@
 """Keep the front end's kernel indicator on Busy for the whole launch.
 
-Jupyter front ends (JupyterLab's status bar, ``/api/kernels``, tools that wait for idle) take
-the kernel's state from the last ``status`` message it published, whatever request it answers.
-While a launch runs, other requests are served beside the busy cell: the Stop button's route
-is set up on a kernel subshell with control requests, and a click is handled on that subshell.
-Each of those ends with ``idle``, and the indicator would say Idle while the cell still runs.
-The front end sends such requests of its own, too: JupyterLab carries comms over a subshell it
-creates when the first widget is shown, and that request's ``idle`` can come after a launching
-cell began; so the keeper starts by publishing the cell's ``busy``.
-
-Answering such an ``idle`` with ``busy`` leaves a moment in between: a consumer handles the two
-messages one at a time, and whatever it does between them (JupyterLab redrawing its status bar,
-the server answering ``GET /api/kernels``) sees Idle. A thread listening to IOPub answered
-5-10 ms late on an idle machine, and a client polling ``/api/kernels`` caught Idle mid-run in
-most launches. So where the kernel publishes its statuses through ``Kernel._publish_status``
-(ipykernel 6 and 7), that method is wrapped on the kernel instance from the launch until the
-cell's own ``idle``:
+Front ends take the kernel's state from the last ``status`` message it published, whatever
+request it answers. During a launch other requests are served beside the busy cell (the Stop
+button's route on a kernel subshell, its clicks, the comm subshell JupyterLab creates when the
+first widget is shown), each ending with ``idle``: the indicator would say Idle mid-run, so the
+keeper starts by publishing the cell's ``busy``. A thread listening to IOPub answered an
+``idle`` with ``busy`` 5-10 ms late, and a client polling ``/api/kernels`` caught Idle in most
+launches. So where the kernel publishes through ``Kernel._publish_status`` (ipykernel 6 and 7),
+that method is wrapped on the kernel instance from the launch until the cell's own ``idle``:
 
 - the ``idle`` of a request the launch sent itself (the route's, recognised by its client's
-  session) is held back and published just before the cell's own ``idle``: nothing waits for
-  it meanwhile, and during the run nothing says Idle;
+  session) is held back and published just before the cell's own ``idle``;
 - any other ``idle`` (a click, a control moved: ipywidgets waits for it) is published at once,
   and the ``busy`` right behind it by the same thread, the next message on IOPub.
 
-Elsewhere a thread subscribed to the kernel's status messages answers them. The main thread is
-never involved.
+Elsewhere a thread subscribed to the kernel's status messages answers them, never the main one.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The live view of a launch in a notebook: status, Stop and progress, plot, table, output.
 
-While the workers train the cell holds one fixed-height widget: a status line, the Stop button
-beside the progress bar, the plot (drawn in the browser from only the new points), and tabs
-with the evaluation table and each rank's output. Every part has its height from the start
-(the plot and the tabs say what they are waiting for), so nothing below the cell moves.
-
-The view's widgets share their layout and style models where they can and are made with their
-classes and sizes (:mod:`notebook_kit.live.shared_models`): each model is a comm opened and
-closed in every launch, and a launch cell is run again and again. The status line, progress
-bar, speed line and evaluation table are panels (:mod:`notebook_kit.live.panels`): each widget
-is made at the panel's place when it first has something to say.
-
-When the run ends, the widget is replaced in place by plain outputs that need no widget state
-(:mod:`notebook_kit.live.summary`): the one-line summary, the final plot as a PNG, the table
-and each rank's output. Everything is drawn from the kernel's main thread at a throttled
-rate: workers only write to pipes, and the Stop button's click handler only sets the flag.
+While the workers train the cell holds one fixed-height widget, every part sized from the start
+so that nothing below the cell moves. The panels (:mod:`notebook_kit.live.panels`) each get a
+widget at their place when they first have something to say, and the widgets share their layout
+and style models (:mod:`notebook_kit.live.shared_models`). When the run ends the widget is
+replaced in place by plain outputs that need no widget state (:mod:`notebook_kit.live.summary`).
+Everything is drawn from the kernel's main thread at a throttled rate: workers only write to
+pipes, and the Stop button's click handler only sets the flag.
 """
 
 from __future__ import annotations
@@ -112,7 +104,7 @@ class LiveObserver:
         self.stop = StopButton(info.stop_flag, shared)
         self.output = RankOutput(info.ranks, info.node_of(), shared)
         header_layout = widgets.Layout(height="36px")
-        self.header = shared.box([self.stop.widget], ("nk-header",), header_layout)
+        self.header = shared.box([self.stop.button], ("nk-header",), header_layout)
         # A line under the plot, when it appears: two lines high; more (a line per node) scroll.
         status_layout = widgets.Layout(overflow="hidden", height="24px")
         self._layouts = {"status": status_layout, "line": header_layout}
@@ -154,7 +146,7 @@ class LiveObserver:
         resumed = self.recorder.on_metrics(batch)
         if resumed is not None:  # a restart logs these steps again: they replace the old
             self.plot.resume(self.recorder.metrics, self.recorder.restarts, drop_from=resumed)
-        self.plot.on_metrics(batch)
+        self.plot.feed.add_batch(batch)
 
     @property
     def progress(self) -> Any:
@@ -246,11 +238,7 @@ class LiveObserver:
         draw_metrics(
             figure,
             histories,
-            x_label=self.plot.x_label,
-            evals=set(self.plot.evals),
-            smoothing=self.plot.smoothing,
-            y_scale=self.plot.y_scale,  # type: ignore[arg-type]
-            x_metric=self.plot.x_metric if self.plot.x_axis == "epoch" else None,
+            **self.plot.drawing(),
             marks=self.recorder.restarts,
             footer="\n".join(text for _, text in self.recorder.texts("summary")),
         )
@@ -279,7 +267,7 @@ class LiveObserver:
             display(bundle, raw=True)
         if self.figure is not None:
             names = list(metrics.histories())
-            png = figure_bundle(figure_png(self.figure), names, self.plot.x_label)
+            png = figure_bundle(figure_png(self.figure), names, self.plot.drawing()["x_label"])
             self._show_extra(png)
         blocks = [block for panel in self.recorder.panels if (block := panel.details())]
         if self.output is not None and self.output.static_html():

@@ -219,7 +219,7 @@ class LivePlot:
 
     Example::
 
-        plot = LivePlot(); plot.on_metrics(MetricsBatch(0, ((0, 0, {"loss": 1.0}),)))
+        plot = LivePlot(); plot.feed.add_batch(MetricsBatch(0, ((0, 0, {"loss": 1.0}),)))
         plot.refresh(metrics, progress)
     """
 
@@ -256,34 +256,22 @@ class LivePlot:
         return [self.controls_widget]
 
     @property
-    def smoothing(self) -> float:
-        """The smoothing the user chose (TensorBoard's EMA weight)."""
-        return min(max(float(self.controls_widget.smoothing), 0.0), 0.99)
-
-    @property
-    def y_scale(self) -> str:
-        """The y axis the user chose: ``auto``, ``linear`` or ``log``."""
-        index = self.controls_widget.y_scale
-        return Y_SCALES[index] if 0 <= index < len(Y_SCALES) else "auto"
-
-    @property
     def x_metric(self) -> str | None:
         """The logged ``epoch`` the plot can be drawn against, once one is logged by step."""
         return axis_metric(self.feed.names) if self.x_unit == "step" else None
 
-    @property
-    def x_axis(self) -> XAxis:
-        """What the x axis shows: ``epoch`` where chosen and logged, else the logged step."""
+    def drawing(self) -> dict[str, Any]:
+        """What the user chose, as ``draw_metrics``' arguments for the final PNG: the x axis
+        (``epoch`` where chosen and logged), smoothing (TensorBoard's EMA weight), y axis."""
+        index = self.controls_widget.y_scale
         epoch = self.controls_widget.x_axis == "epoch" and self.x_metric is not None
-        return "epoch" if epoch else "step"
-
-    @property
-    def x_label(self) -> str:
-        """The x axis' label: ``epoch``, or the unit the logged steps count."""
-        return "epoch" if self.x_axis == "epoch" else self.x_unit
-
-    def on_metrics(self, batch: MetricsBatch) -> None:
-        self.feed.add_batch(batch)
+        return {
+            "x_label": "epoch" if epoch else self.x_unit,
+            "evals": set(self.evals),
+            "smoothing": min(max(float(self.controls_widget.smoothing), 0.0), 0.99),
+            "y_scale": Y_SCALES[index] if 0 <= index < len(Y_SCALES) else "auto",
+            "x_metric": self.x_metric if epoch else None,
+        }
 
     def resume(
         self,

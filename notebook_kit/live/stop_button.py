@@ -1,22 +1,15 @@
 """The Stop button, and how its click reaches a kernel that is busy running the launch cell.
 
-A cell that calls the blocking ``notebook_launcher`` keeps the kernel's main shell busy, so a
-widget event queued behind it would only run after the training. ipykernel 7 implements kernel
-subshells (JEP 91): extra shell threads, created with a ``create_subshell_request`` on the
-control channel, that handle messages while the main shell is busy. ipykernel sends a comm's
-incoming messages to the subshell that last published on that comm.
-
-So, once a run has lasted a quarter second (``notebook_view.ROUTE_AFTER``: nobody clicks
-sooner, and a short launch pays nothing for it), the kernel connects a client to itself through
-its connection file
-(the same documented messaging protocol a front end uses), creates a subshell and opens a comm
-on it; the handler of that comm, running on the subshell, republishes the button's state (and
-that of the plot's controls). From then on their events are handled on that idle subshell,
-with any front end. The client and its subshell are kept for the kernel's later launches
-(a launch cell is run again and again): each of them then only opens that one comm. The click
-handler only sets the shared stop flag; everything visible happens on the main thread. The
-``idle`` these requests publish is held back until the cell ends by
-:class:`~notebook_kit.live.kernel_status.BusyKeeper`, so the kernel still shows Busy.
+The blocking ``notebook_launcher`` keeps the kernel's main shell busy, so a widget event queued
+behind it would run after the training. ipykernel 7's kernel subshells (JEP 91) are extra shell
+threads, made with a ``create_subshell_request`` on the control channel, that serve messages
+meanwhile; ipykernel sends a comm's messages to the subshell that last published on it. So once
+a run has lasted ``notebook_view.ROUTE_AFTER``, the kernel connects a client to itself through
+its connection file, creates a subshell and opens a comm on it whose handler republishes the
+button's state (and the plot's controls'): from then on their events are handled on that idle
+subshell, with any front end. The client and its subshell are kept for the kernel's later
+launches. The click handler only sets the stop flag; the ``idle`` of these requests is held
+back by :class:`~notebook_kit.live.kernel_status.BusyKeeper`, so the kernel still shows Busy.
 
 Where that is not possible (ipykernel 6, no connection file) the click is still served while a
 cell awaits ``notebook_launcher_async``, and the button says so.
@@ -49,7 +42,7 @@ class StopButton:
 
     Example::
 
-        button = StopButton(info.stop_flag); display(button.widget)
+        button = StopButton(info.stop_flag); display(button.button)
         ...  # the run
         button.finish()
     """
@@ -69,7 +62,6 @@ class StopButton:
         self.button.on_click(self._clicked)
         # Shown only for the hint of an old kernel: a layout of its own.
         self.note = shared.html("", ("nk-stop-note",), widgets.Layout(display="none"))
-        self.widget = self.button
         self._route: _SubshellRoute | None = None
 
     def _clicked(self, _: Any) -> None:

@@ -1,10 +1,5 @@
 """The nodes of ``WorkerPool(cluster=client)``: every node's ranks stay forked and grouped.
 
-This is a pool backend, as :class:`~notebook_kit.launch.pool.workers.PoolProcesses` is for the
-ranks of this machine: :class:`~notebook_kit.launch.pool.worker_pool.WorkerPool` drives either
-through the same :meth:`ClusterNodes.execute`, so runs, cells, ``push``, ``pull``, the live
-view and the Stop button behave the same on both.
-
 One :class:`~notebook_kit.launch.cluster.attempt.ClusterAttempt`, started with ``pool=True``,
 lasts the nodes' life: each node task keeps its node process, which keeps its ranks
 (:mod:`notebook_kit.launch.node_process.pooling`). A command is one order broadcast to every node

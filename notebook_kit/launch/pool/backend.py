@@ -6,9 +6,6 @@ kept on a cluster's nodes). Whatever differs between them (how they start, wheth
 fork-safe kernel, how a failure names its rank, what a fault leaves of the pool) lives in the
 backend, so the pool itself never asks where it runs.
 
-Both settle a fault the same way (:class:`Settle`) and end a command the same way: with a
-:class:`RunOutcome`, or :class:`WorkersStopped` when the workers had to go.
-
 Runs in the kernel (and a cluster's node process, which drives ``PoolProcesses`` too).
 """
 

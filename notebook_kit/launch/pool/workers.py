@@ -123,8 +123,7 @@ class PoolProcesses:
         self.first_rank = plan.global_rank(0)  # ranks are global; the pipes are per local rank
         self.check_after_fault = True  # a cluster node leaves the group check to the kernel
 
-    # A fault that stops the workers leaves the pool usable: its next run forks new ones.
-    restarts_after_fault = True
+    restarts_after_fault = True  # the next run forks new workers
 
     @classmethod
     def start(
@@ -248,10 +247,9 @@ class PoolProcesses:
             return True
         self.raise_if_dead("during the command")
         now = time.monotonic()
-        failed = any(a.status != "ok" for a in outcome.answers.values())
         if deadline is not None and now >= deadline:
             outcome.timed_out = True
-        if failed or outcome.interrupted or outcome.timed_out:
+        if outcome.faulted:
             settle.fault(now, lambda: self._interrupt(command, pending))
         if settle.over(now):
             self._poll()  # a slow step may have kept answers that did come in time unread

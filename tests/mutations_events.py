@@ -41,9 +41,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "runtime/codec.py",
-                "    message = unpack(data if seal is None else seal.open(data), kinds)\n",
+                "    message = _unpack(data if seal is None else seal.open(data), kinds)\n",
                 "    try:\n"
-                "        message = unpack(data if seal is None else seal.open(data), kinds)\n"
+                "        message = _unpack(data if seal is None else seal.open(data), kinds)\n"
                 "    except ProtocolError:\n"
                 "        message = __import__('pickle').loads(data)\n",
             ),

@@ -34,7 +34,7 @@ from notebook_kit.node.protocol import (
     decode,
     encode,
 )
-from notebook_kit.runtime.codec import pack
+from notebook_kit.runtime import codec
 from notebook_kit.runtime.messages import (
     Failure,
     MetricsBatch,
@@ -124,7 +124,9 @@ def test_a_cut_off_or_damaged_frame_is_refused():
     for damaged in (frame[:-1], frame[:10], b"", frame[:-1] + bytes([frame[-1] ^ 1])):
         with pytest.raises(ProtocolError):
             decode(damaged, NodePrint, seal=seal)
-    cut = seal.close(pack(NodePrint("a line"), {"NodePrint": NodePrint})[:-2])  # sealed, cut
+    cut = seal.close(
+        codec.encode(NodePrint("a line"), {"NodePrint": NodePrint})[:-2]
+    )  # sealed, cut
     with pytest.raises(ProtocolError, match="not a message"):
         decode(cut, NodePrint, seal=seal)
 

@@ -19,7 +19,7 @@ from notebook_kit.config.environment import KernelState
 from notebook_kit.launch import plan as plan_module
 from notebook_kit.launch import preflight
 from notebook_kit.launch.plan import make_plan
-from notebook_kit.runtime import metrics
+from notebook_kit.runtime import metrics, throughput
 from notebook_kit.runtime.context import LaunchContext
 
 H200 = "NVIDIA H200"
@@ -226,7 +226,7 @@ def test_a_kernel_run_leaves_the_kernel_model_with_its_own_forward():
 # -- no hidden syncs in logging ----------------------------------------------------------------
 
 
-class _PendingScalar(metrics.DeviceScalar):
+class _PendingScalar(throughput.DeviceScalar):
     """A GPU scalar whose copy has not arrived yet; arrives when told (no GPU needed)."""
 
     def __init__(self, value: float) -> None:  # no super(): nothing is on a device

@@ -307,25 +307,12 @@ def _failure_from_exit(worker: WorkerProcess) -> WorkerFailure:
         message = "exited with code 0 before its function returned (os._exit(0)?)"
     else:
         message = describe_exit(code)
-    return WorkerFailure(
-        rank=worker.rank,
-        exit_code=code,
-        exception_type=None,
-        message=message,
-        traceback="",
-        time=worker.ended or time.monotonic(),
-    )
+    return _without_exception(worker, code, message, worker.ended or time.monotonic())
 
 
 def _not_started(worker: WorkerProcess, error_number: int, when: float) -> WorkerFailure:
-    return WorkerFailure(
-        rank=worker.rank,
-        exit_code=None,
-        exception_type=None,
-        message=f"could not be started: fork failed ({os.strerror(error_number)})",
-        traceback="",
-        time=when,
-    )
+    message = f"could not be started: fork failed ({os.strerror(error_number)})"
+    return _without_exception(worker, None, message, when)
 
 
 def _left_early(worker: WorkerProcess, failures: list[WorkerFailure]) -> WorkerFailure:
@@ -340,14 +327,22 @@ def _left_early(worker: WorkerProcess, failures: list[WorkerFailure]) -> WorkerF
             "should_stop() is a collective: call it on every rank at the same steps, and "
             "end all ranks together."
         )
+    message = (
+        f"{how} while {noun} {', '.join(map(str, others))} still needed it ({where}), so "
+        f"they lost their peer. {advice}"
+    )
+    return _without_exception(worker, worker.exit_code, message, when)
+
+
+def _without_exception(
+    worker: WorkerProcess, exit_code: int | None, message: str, when: float
+) -> WorkerFailure:
+    """A rank that failed without a Python exception: ``message`` says how."""
     return WorkerFailure(
         rank=worker.rank,
-        exit_code=worker.exit_code,
+        exit_code=exit_code,
         exception_type=None,
-        message=(
-            f"{how} while {noun} {', '.join(map(str, others))} still needed it ({where}), so "
-            f"they lost their peer. {advice}"
-        ),
+        message=message,
         traceback="",
         time=when,
     )

@@ -365,12 +365,9 @@ class NodeReport:
     notes: tuple[str, ...] = field(default=())
 
 
-# Every dataclass a frame may hold, by name: :func:`decode` rebuilds none but these.
-_KINDS: dict[str, type] = {
-    kind.__name__: kind
-    for kind in (
-        *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder,
-        NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
-        *pool_commands.KINDS.values(),
-    )
-}  # fmt: skip
+# Every dataclass a frame may hold: :func:`decode` rebuilds none but these.
+_KINDS = codec.kinds_of(
+    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder,
+    NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
+    *pool_commands.KINDS.values(),
+)  # fmt: skip

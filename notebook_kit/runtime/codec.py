@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import cloudpickle
 import msgpack
 
-__all__ = ["MAC_BYTES", "ProtocolError", "Seal", "decode", "encode", "kinds_of", "pack", "unpack"]
+__all__ = ["MAC_BYTES", "ProtocolError", "Seal", "decode", "encode", "kinds_of"]
 
 MAC_BYTES = 32  # an HMAC-SHA256 digest leads every sealed frame
 _SECRET_BYTES = 32
@@ -97,12 +97,11 @@ def kinds_of(*classes: type) -> dict[str, type]:
 def encode(
     message: Any, kinds: Mapping[str, type], seal: Seal | None = None, dumps: Dumps | None = None
 ) -> bytes:
-    """``message`` as one frame: plain data (:func:`pack`), behind ``seal`` when one is given.
-
-    ``dumps`` pickles what is not plain data (default: cloudpickle); a worker passes one that
-    brings device tensors to the CPU.
-    """
-    data = pack(message, kinds, dumps)
+    """``message`` (a dataclass of ``kinds``, nested ones, builtins) as msgpack, behind ``seal``
+    when one is given; what is none of these is pickled (by ``dumps``, default cloudpickle: a
+    worker passes one that brings device tensors to the CPU)."""
+    plain = _Plain(kinds, dumps or cloudpickle.dumps)
+    data = msgpack.packb(message, default=plain, use_bin_type=True, strict_types=True)
     return data if seal is None else seal.close(data)
 
 
@@ -115,26 +114,16 @@ def decode(
     Raises:
         ProtocolError: anything else (a forgery, another run's frame, damaged bytes).
     """
-    message = unpack(data if seal is None else seal.open(data), kinds)
+    message = _unpack(data if seal is None else seal.open(data), kinds)
     if expected and not isinstance(message, expected):
         names = ", ".join(kind.__name__ for kind in expected)
         raise ProtocolError(f"expected {names}, got {type(message).__name__}")
     return message
 
 
-def pack(message: Any, kinds: Mapping[str, type], dumps: Dumps | None = None) -> bytes:
-    """``message`` (a dataclass of ``kinds``, nested ones, builtins) as msgpack: plain data,
-    unsealed; what is none of these is pickled (by ``dumps``, default cloudpickle)."""
-    plain = _Plain(kinds, dumps or cloudpickle.dumps)
-    return msgpack.packb(message, default=plain, use_bin_type=True, strict_types=True)
-
-
-def unpack(data: bytes, kinds: Mapping[str, type]) -> Any:
-    """What :func:`pack` made of ``data``, its dataclasses only among ``kinds``.
-
-    Call it only on the inside of a checked seal: a value that was not plain data comes back
-    through pickle.
-    """
+def _unpack(data: bytes, kinds: Mapping[str, type]) -> Any:
+    """What :func:`encode` made of ``data`` (unsealed): call it only inside a checked seal, as
+    a value that was not plain data comes back through pickle."""
     try:
         return msgpack.unpackb(
             data, ext_hook=_Rebuild(kinds), raw=False, strict_map_key=False, use_list=True
@@ -178,7 +167,7 @@ class _Rebuild:
     def __call__(self, code: int, data: bytes) -> Any:
         if code == _PICKLED:  # reached only inside a checked seal
             return pickle.loads(data)
-        inner = unpack(data, self.kinds)
+        inner = _unpack(data, self.kinds)
         if code == _TUPLE and isinstance(inner, list):
             return tuple(inner)
         if code == _DATACLASS and isinstance(inner, list) and len(inner) == 2:

@@ -74,7 +74,7 @@ class RankSpeed:
     peaks in bytes: resident memory of the process, and on a GPU the caching allocator's
     maximum allocated and reserved (None off the GPU).
 
-    Where the steps went (:class:`~notebook_kit.runtime.throughput.StepClock`), as running
+    Where the steps went (:class:`~notebook_kit.runtime.step_clock.StepClock`), as running
     sums over ``timed_steps`` steps: ``step_seconds`` in all, ``data_seconds`` waiting for the
     loader (None: no prepared loader was timed) and ``wait_seconds`` blocked on collectives
     (None: the strategy reports none). ``flops`` are the model FLOPs of the counted batches

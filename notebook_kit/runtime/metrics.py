@@ -24,7 +24,6 @@ from notebook_kit.runtime.step_clock import StepClock
 from notebook_kit.runtime.throughput import DeviceScalar, SpeedCounter
 
 __all__ = [
-    "DeviceScalar",
     "WorkerChannel",
     "channel",
     "close_channel",
@@ -33,7 +32,6 @@ __all__ = [
     "loader_counter",
     "log_from_worker",
     "log_snapshots",
-    "plain_values",
     "settle",
     "snapshot_values",
     "speed_counter",

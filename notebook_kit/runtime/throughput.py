@@ -33,7 +33,6 @@ __all__ = [
     "DeviceScalar",
     "ModelFlops",
     "SpeedCounter",
-    "StepClock",
     "batch_size",
     "batch_tokens",
     "model_flops",

@@ -21,7 +21,6 @@ from typing import Any
 
 from notebook_kit.errors import WorkerFailure, describe_exit
 from notebook_kit.launch.guardian_link import GuardianLink
-from notebook_kit.launch.interrupts import interrupts_deferred
 from notebook_kit.launch.line_reader import LineReader
 from notebook_kit.launch.stall_watch import StallWatch
 from notebook_kit.live.observer import LaunchObserver, RankSummary
@@ -38,7 +37,7 @@ from notebook_kit.runtime.messages import (
 from notebook_kit.runtime.waiting import STOP_VOTE, collective_of, frames_in_traceback
 from notebook_kit.worker.guardian import EXITED, NOT_STARTED, STARTED, TERMINATE_GRACE_SECONDS
 
-__all__ = ["LaunchOutcome", "Supervisor", "WorkerProcess", "interrupts_deferred"]
+__all__ = ["LaunchOutcome", "Supervisor", "WorkerProcess"]
 
 # After the first failure, collect the others' reports this long before picking a culprit.
 _FAILURE_SETTLE_SECONDS = 0.1

@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 
-from notebook_kit.launch.supervisor import interrupts_deferred
+from notebook_kit.launch.interrupts import interrupts_deferred
 from notebook_kit.live.display import default_observer
 from notebook_kit.live.headless import last_segment
 from notebook_kit.live.observer import (

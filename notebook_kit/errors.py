@@ -9,9 +9,7 @@ from typing import Literal
 
 __all__ = ["PoolFate", "PoolRunError", "PortInUseError", "WorkerError", "WorkerFailure"]
 
-# What a failed pool command left of the pool: its workers still running with their state,
-# stopped (the next command starts new ones), or closed (a cluster pool's nodes).
-PoolFate = Literal["running", "stopped", "closed"]
+PoolFate = Literal["running", "stopped", "closed"]  # PoolRunError.pool: what became of it
 
 # Errors a rank raises only because another rank went away first: never the root cause.
 _SECONDARY_MARKERS = (

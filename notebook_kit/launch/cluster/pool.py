@@ -203,7 +203,8 @@ class ClusterNodes:
                     outcome.answers.update(answer.answers)
                 stopped = [a for a in got.values() if a.status == "stopped"]
                 if stopped:
-                    raise self._stopped(outcome, stopped[0].reason, stopped[0].failures)
+                    failures = failures_of(outcome.answers) + list(stopped[0].failures)
+                    raise WorkersStopped(stopped[0].reason, failures)
                 if len(got) == len(self.workers):  # (a node's ranks interrupted for a rank
                     return  # elsewhere: that rank's error is the command's)
                 now = time.monotonic()
@@ -216,7 +217,7 @@ class ClusterNodes:
                     settle.fault(now, lambda: self._attempt.command(Interrupt(seq)))
                 late = settle.over(now) and settle.late(set(range(len(self.workers))) - set(got))
                 if late:
-                    raise self._stopped(outcome, late, ())
+                    raise WorkersStopped(late, failures_of(outcome.answers))
                 self._step("during the run")
             except KeyboardInterrupt:
                 interrupt_taken()  # the command ends for it: more presses only repeat it
@@ -227,13 +228,6 @@ class ClusterNodes:
         if self._attempt.abort or not running:
             why = f"a node ended {when} ({self._attempt.abort or 'ended'})"
             raise WorkersStopped(why, list(self._attempt.result.failures))
-
-    def _stopped(
-        self, outcome: RunOutcome, reason: str, failures: tuple[WorkerFailure, ...]
-    ) -> WorkersStopped:
-        ending = WorkersStopped(reason, failures_of(outcome.answers) + list(failures))
-        ending.outcome = outcome
-        return ending
 
     # -- the end -------------------------------------------------------------------------
 

@@ -122,8 +122,7 @@ class _Loop:
         return True
 
     def _run(self, command: pool_commands.PoolCommand, context: LaunchContext) -> Any:
-        # The user's objects are unpickled here, where names and functions resolve in the
-        # namespace.
+        # The user's objects are unpickled here: their names resolve in the namespace.
         space = namespace()
         if isinstance(command, pool_commands.PoolCell):
             space.update(pickle.loads(command.payload))
@@ -153,7 +152,6 @@ class _Loop:
         """
         # The kernel's models arrived as copies: map each copy's id to the kernel's.
         kernel_ids = {id(model): kernel_id for kernel_id, model in home.items()}
-        # fd: the kernel's weights file, inherited at the fork (a local pool's only).
         if fd is None:  # sharded models are gathered by every rank, before rank 0 sends them
             context.gather_weights(kernel_ids)
             if self.base.rank != 0:  # the kernel loads global rank 0's weights only

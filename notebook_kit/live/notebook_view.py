@@ -65,7 +65,6 @@ class LiveObserver:
         self.output: RankOutput | None = None
         self.box: widgets.VBox | None = None
         self.header: widgets.Box | None = None
-        self.lines: dict[str, widgets.HTML] = {}  # each panel's widget, by its name
         self._layouts: dict[str, widgets.Layout] = {}  # a place's own layout, by place
         self.figure: Any = None
         self._handle: Any = None
@@ -75,10 +74,8 @@ class LiveObserver:
         self._new_view()
 
     def _new_view(self) -> None:
-        """Fresh widgets: each attempt of a launch (a restart after a failure) gets its own,
-        since the previous attempt's were closed when its summary replaced them; they are
-        shown in the same place, so a launch leaves one view however often it restarted. The
-        plot goes on from the earlier attempts' points, with a mark where each restart resumed."""
+        """Fresh widgets for each attempt (the last one's were closed), shown in the same place;
+        the plot goes on from the earlier attempts' points, with a mark at each restart."""
         self.shared = SharedModels()
         earlier = getattr(self, "plot", None)
         self.plot = LivePlot(
@@ -89,7 +86,7 @@ class LiveObserver:
         if earlier is not None:
             self.plot.resume(self.recorder.metrics, self.recorder.restarts)
         self.recorder.plot = self.plot
-        self.lines = {}
+        self.lines: dict[str, widgets.HTML] = {}  # each panel's widget, by its name
         self._last_refresh = 0.0
         self._stopping_shown = False
         self._broken = False
@@ -198,7 +195,6 @@ class LiveObserver:
                 widget.value = value
 
     def _place(self, place: str, name: str, widget: widgets.HTML) -> None:
-        """Put a panel's new widget at its place in the view."""
         assert self.box is not None and self.header is not None and self.output is not None
         if place == "tab":  # before the ranks' tabs
             self.output.add_leading_tab(name, widget)

@@ -1,9 +1,7 @@
 """The final plot of a run as a matplotlib figure: what stays in the saved notebook as a PNG.
 
-Laid out like the live plot in the browser (:mod:`notebook_kit.live.plot_layout` decides for both):
-one panel per metric family with a legend (a few lines each, long names shortened, the rest
-counted), the logged unit (step or epoch) or the logged ``epoch`` on x, evaluation metrics as
-markers, the smoothing and y scale the user chose while it ran. The figure is built with
+Laid out like the live plot in the browser (:mod:`notebook_kit.live.plot_layout` decides for
+both), with the x axis, smoothing and y scale the user chose while it ran. The figure is built with
 matplotlib's object API on an Agg canvas: no pyplot state, nothing shared with the user's own
 figures, nothing shown twice.
 """
@@ -27,6 +25,7 @@ from notebook_kit.live.plot_layout import (
     ema,
     epoch_positions,
     plan_panels,
+    thinned,
     use_log,
 )
 
@@ -102,7 +101,7 @@ def draw_metrics(
         steps: list[float] = []
         for name in panel.names:
             history = histories.get(name, [])
-            xs, ys = _thinned(history)
+            xs, ys = thinned(history, _MAX_POINTS)
             if along:
                 xs = epoch_positions(xs, along)
             colour, label = colours[name], short_name(name)
@@ -162,16 +161,6 @@ def _style(
     axes.tick_params(labelsize=8)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="best")
-
-
-def _thinned(history: History) -> tuple[list[float], list[float]]:
-    if not history:
-        return [], []
-    stride = max(1, len(history) // _MAX_POINTS)
-    points = history[::stride]
-    if stride > 1 and points[-1] != history[-1]:
-        points.append(history[-1])  # always show the newest value
-    return [step for step, _ in points], [value for _, value in points]
 
 
 def figure_png(figure: Figure) -> bytes:

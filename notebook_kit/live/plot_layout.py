@@ -33,6 +33,7 @@ __all__ = [
     "is_eval_name",
     "metric_group",
     "plan_panels",
+    "thinned",
     "use_log",
 ]
 
@@ -265,3 +266,16 @@ def use_log(values: Iterable[float], scale: YScale) -> bool:
     if not finite or min(finite) <= 0:
         return False
     return max(finite) > _AUTO_LOG_SPAN * min(finite)
+
+
+def thinned(history: Sequence[tuple[int, float]], most: int) -> tuple[list[float], list[float]]:
+    """Steps and values of every ``len(history) // most``-th point, and always the newest.
+
+    Example:
+        >>> thinned([(0, 1.0), (1, 0.5), (2, 0.25)], 1)
+        ([0, 2], [1.0, 0.25])
+    """
+    points = list(history[:: max(1, len(history) // most)])
+    if points and points[-1] != history[-1]:
+        points.append(history[-1])
+    return [step for step, _ in points], [value for _, value in points]

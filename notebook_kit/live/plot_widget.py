@@ -6,9 +6,7 @@ the steps that changed a few times a second; the browser draws them on a canvas
 ``epoch`` is logged) are a second small widget (``plot_controls.js``): the plot reads them in
 the browser, so moving one redraws without a round trip, and their own comm is the one a
 kernel subshell serves while the cell runs, so the kernel knows the user's choice for the
-final PNG. The y axis is logarithmic where positive values span more than a thousandfold (a
-falling loss stays readable), unless the user picks linear or log. The x axis is the logged
-step, or the logged ``epoch`` where the user picks it (or passes ``x_axis="epoch"``).
+final PNG (:meth:`LivePlot.drawing`).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from notebook_kit.live.plot_layout import (
     eval_metrics,
     infer_x_unit,
     plan_panels,
+    thinned,
 )
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.runtime.messages import MetricsBatch
@@ -352,11 +351,4 @@ def snapshot(histories: dict[str, list[tuple[int, float]]]) -> dict[str, Any]:
         >>> snapshot({"loss": [(0, 1.0), (1, 0.5)]})
         {'loss': [[0, 1], [1.0, 0.5]]}
     """
-    shown: dict[str, Any] = {}
-    for name, history in histories.items():
-        stride = max(1, len(history) // _SNAPSHOT_POINTS)
-        points = history[::stride]
-        if points and points[-1] != history[-1]:
-            points.append(history[-1])
-        shown.update(_json_points({name: ([s for s, _ in points], [v for _, v in points])}))
-    return shown
+    return _json_points({name: thinned(h, _SNAPSHOT_POINTS) for name, h in histories.items()})

@@ -177,24 +177,16 @@ class _SubshellRoute:
             manager.unregister_target(target, claim)
 
     def forget(self) -> None:
-        """Stop keeping this route (it did not answer) and close it."""
+        """Stop keeping this route (it did not answer) and delete its subshell."""
         global _KEPT
         if _KEPT is self:
             _KEPT = None
-        self.close()
-
-    def close(self) -> str | None:
-        """Delete the subshell; the id of the delete request, whose ``idle`` follows."""
-        request = None
         with contextlib.suppress(Exception):
-            request = _control_request(
-                client=self.client,
-                msg_type="delete_subshell_request",
-                content={"subshell_id": self.subshell_id},
-            )[1]
+            _control_request(
+                self.client, "delete_subshell_request", {"subshell_id": self.subshell_id}
+            )
         with contextlib.suppress(Exception):
             self.client.stop_channels()
-        return request
 
 
 _KEPT: _SubshellRoute | None = None  # this kernel's route, made by its first launch that needs one

@@ -124,9 +124,8 @@ def short_number(value: float) -> str:
 
 
 class EvalTablePanel(Panel):
-    """The evaluation rounds: a tab before the ranks' output from the first evaluation on,
-    the whole table among the details under the summary. Which metrics are evaluations, and
-    the x unit, are the live plot's (its feed counts each metric's points): ``run.plot``."""
+    """The evaluation rounds: a tab from the first evaluation on, the whole table under the
+    summary. Which metrics are evaluations, and the x unit, are ``run.plot``'s."""
 
     name = "evaluations"
     place = "tab"

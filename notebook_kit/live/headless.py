@@ -23,10 +23,7 @@ _SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
 
 
 class ConsolePrinter:
-    """Prints worker lines as ``[rank N] text`` on the kernel's stdout or stderr.
-
-    Each line goes out in one write, so lines of different ranks never mix mid-line.
-    """
+    """Prints worker lines as ``[rank N] text``, each in one write (ranks never mix mid-line)."""
 
     nodes: dict[int, int] = {}  # noqa: RUF012 (replaced per launch, never mutated)
 

@@ -194,8 +194,7 @@ class BusyKeeper:
         )
 
     def _answer(self, request: str | None) -> None:
-        """An ``idle`` of ``request`` went out: ``busy`` behind it, unless it ends the cell or
-        the launch is over."""
+        """An ``idle`` of ``request`` went out: ``busy`` behind it, unless cell or launch ended."""
         with self._publishing:
             answered = request != self._own and not self._stopping.is_set()
             if answered:

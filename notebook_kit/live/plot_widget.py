@@ -278,11 +278,8 @@ class LivePlot:
         restarts: list[tuple[int, str]],
         drop_from: int | None = None,
     ) -> None:
-        """Go on from earlier attempts: every point so far, and a mark at each restart.
-
-        ``drop_from``: a restarted attempt logs from this step again, so the points from there
-        on are dropped (they will be replaced), here and in the browser.
-        """
+        """Go on from earlier attempts: every point so far, and a mark at each restart; the points
+        from ``drop_from`` on are dropped here and in the browser (a restart logs them again)."""
         if drop_from is not None:
             self.feed.drop_from(drop_from)
         self.marks = [[step, label] for step, label in restarts]

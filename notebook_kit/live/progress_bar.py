@@ -46,8 +46,7 @@ class StatusPanel(Panel):
 
 
 class ProgressPanel(Panel):
-    """A bar and a line of text, fed from the recorder's ProgressState; the bar shows only
-    with a total. Each attempt measures its own rate.
+    """The bar and its text, from the recorder's ProgressState; each attempt has its own rate.
 
     Example::
 

@@ -88,8 +88,7 @@ class RunRecord:
 
     @property
     def speed(self) -> Speed | None:
-        """Samples/s, steps/s, tokens/s and each rank's memory peaks
-        (:class:`~notebook_kit.live.speed.Speed`); None when no rank counted or logged."""
+        """The run's :class:`~notebook_kit.live.speed.Speed`, None if no rank counted or logged."""
         return self.panels.get("speed")
 
     @property

@@ -333,8 +333,7 @@ class SpeedPanel(Panel):
             self.logged = self.logged or bool(message.records)
 
     def live(self) -> str:
-        """Empty while no rank counted a batch (a prepared loader, ``log(samples=...)``) or
-        logged a metric, so such a run shows nothing new."""
+        """Empty until a rank counted a batch or logged a metric: such a run shows nothing new."""
         speed = self.tracker.speed()
         if speed is None or not (speed.steps or self.logged):
             return ""

@@ -10,10 +10,8 @@ Three parties talk:
 - the **node process** (``notebook_kit.launch.node_process.process``) runs the node's ranks
   and sends its :data:`NodeEvent` and, last, its :data:`NodeOutcome`.
 
-Every message is a frozen dataclass of this module, turned into bytes by :func:`encode` and
-back by :func:`decode`, which checks the run's seal first and then that what arrived is one of
-the kinds expected there (:mod:`notebook_kit.runtime.codec`: plain data, never a pickle from
-whoever can post on the scheduler). Every party runs the same notebook_kit (the pre-flight
+Every message is a frozen dataclass of this module, sealed plain data through the one codec
+(:mod:`notebook_kit.runtime.codec`). Every party runs the same notebook_kit (the pre-flight
 probe checks the versions).
 
 Names on the scheduler (event topic, variables) all derive from the run's random id, so two

@@ -63,6 +63,8 @@ class ClusterNodes:
     # workers of that moment, which may be gone; a new pool chooses again.
     restarts_after_fault = False
     stopped_words = CLOSED
+    num_processes: int
+    world_size: int
 
     def __init__(self, plan: ClusterPlan, stop_flag: StopFlag) -> None:
         engine = plan.engine

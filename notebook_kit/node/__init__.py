@@ -8,7 +8,7 @@ asks, when the kernel's lease runs out or when the worker dies. Both are engine-
 engine's side of them (its ``NodeLink``, its task entry, its probe task) is one module of
 ``links`` (``links.dask``, ``links.ray``), the only ones that import that engine. The messages
 between the kernel, the task and the node process are the dataclasses of ``protocol``, sent
-as plain data sealed with the run's secret (``codec``).
+as plain data sealed with the run's secret (``runtime.codec``).
 
 Runs in an engine's worker process. Imports no torch (the zygote's node process does; only the
 probe's GPU count asks it). May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`,

@@ -12,7 +12,7 @@ The kernel's loop never blocks here: the events arrive on the engine's thread, w
 them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on.
 
 Whoever can reach the cluster can post on the run's event topic too. Every frame a node sends
-is sealed with the attempt's secret (:mod:`notebook_kit.node.codec`), which only the kernel
+is sealed with the attempt's secret (:mod:`notebook_kit.runtime.codec`), which only the kernel
 and the run's node tasks hold: a batch that is not the nodes' is dropped, with one warning per
 attempt, and the run goes on.
 """

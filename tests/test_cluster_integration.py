@@ -636,11 +636,11 @@ def test_a_node_task_run_again_refuses_to_train(client, tmp_path):
     """Dask may run a task again after its worker died: the node must not train twice."""
     from distributed import Variable
 
-    from notebook_kit.node.protocol import NodeOrder, NodeSettings, RunNames, control_value
     from notebook_kit.node.links.dask import run_node
+    from notebook_kit.node.protocol import Control, NodeOrder, NodeSettings, RunNames, control_frame
 
     names = RunNames("rerun-check")
-    Variable(names.control, client=client).set(control_value(0, False, ""))
+    Variable(names.control, client=client).set(control_frame(Control()))
     Variable(names.address, client=client).set([])
     Variable(names.started(0), client=client).set("tcp://127.0.0.1:1")  # it ran once already
     settings = NodeSettings(notebook_kit.LaunchConfig(), 60.0, None)

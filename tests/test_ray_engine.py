@@ -13,6 +13,7 @@ import pytest
 from notebook_kit import WorkerPool, notebook_launcher
 from notebook_kit.launch.cluster.engines.ray import _renamed
 from notebook_kit.node.links.ray import RunHub
+from notebook_kit.node.protocol import Control, control_frame
 from tests.optional import needs
 
 
@@ -59,8 +60,8 @@ def test_the_hub_serves_each_run_until_it_is_forgotten():
     async def scenario() -> None:
         hub = RunHub()
         assert hub.claim("a", 0, "w0") is None  # the kernel's first call has not arrived
-        hub.set_control("a", {"lease": 0, "stop": False, "abort": ""})
-        hub.set_control("b", {"lease": 0, "stop": False, "abort": ""})
+        hub.set_control("a", control_frame(Control(0)))
+        hub.set_control("b", control_frame(Control(0)))
         assert hub.claim("a", 0, "w0") is True and hub.claim("a", 0, "w1") is False
         hub.put("a", 0, [b"event"])
         hub.put("b", 1, [b"other"])
@@ -76,7 +77,7 @@ def test_the_hub_serves_each_run_until_it_is_forgotten():
         assert await asyncio.wait_for(control, 1.0) is None
         assert hub.runs() == ["b"] and await hub.control("a") is None
         assert hub.claim("a", 1, "w1") is False  # a late claim of a forgotten run
-        hub.set_control("a", {"lease": 1, "stop": False, "abort": ""})  # a late publish
+        hub.set_control("a", control_frame(Control(1)))  # a late publish
         assert hub.runs() == ["b"]
 
     asyncio.run(scenario())
@@ -87,8 +88,8 @@ def test_a_nodes_control_read_waits_in_the_hub_for_a_change_but_not_for_a_lease_
     Stop or an abort arrives, and the kernel's lease ticks alone do not wake it."""
     import asyncio
 
-    def value(lease: int, stop: bool = False, abort: str = "") -> dict:
-        return {"lease": lease, "stop": stop, "abort": abort}
+    def value(lease: int, stop: bool = False, abort: str = "") -> bytes:
+        return control_frame(Control(lease, stop, abort))
 
     async def scenario() -> None:
         hub = RunHub()

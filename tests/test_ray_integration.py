@@ -239,9 +239,10 @@ def test_a_nodes_control_read_waits_in_the_hub_actor_while_the_kernel_publishes(
     import ray
 
     from notebook_kit.node.links import ray as ray_task
+    from notebook_kit.node.protocol import Control, control_frame
 
-    def control(lease: int, stop: bool = False) -> dict:
-        return {"lease": lease, "stop": stop, "abort": ""}
+    def control(lease: int, stop: bool = False) -> bytes:
+        return control_frame(Control(lease, stop, ""))
 
     hub = ray.remote(ray_task.RunHub).options(num_cpus=0).remote()
     try:

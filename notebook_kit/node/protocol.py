@@ -68,7 +68,7 @@ __all__ = [
     "RunNames",
     "Seal",
     "StopCommand",
-    "control_value",
+    "control_frame",
     "decode",
     "encode",
 ]
@@ -108,21 +108,23 @@ def decode(data: bytes, *kinds: type[T], seal: Seal) -> T:
 class Control:
     """What the kernel publishes: a lease counter, the Stop request, an abort reason.
 
-    It travels as a plain dict, which the scheduler holds without unpickling anything.
+    It travels through the codec unsealed (:func:`control_frame`): the scheduler or the Ray hub
+    holds plain data, and the hub reads it to tell a lease tick from a change.
     """
 
-    lease: int
-    stop: bool
-    abort: str
-
-    @classmethod
-    def read(cls, value: dict[str, Any]) -> Control:
-        return cls(int(value["lease"]), bool(value["stop"]), str(value["abort"]))
+    lease: int = 0
+    stop: bool = False
+    abort: str = ""
 
 
-def control_value(lease: int, stop: bool, abort: str) -> dict[str, Any]:
-    """The control variable's value (:meth:`Control.read` reads it back)."""
-    return {"lease": lease, "stop": stop, "abort": abort}
+def control_frame(control: Control) -> bytes:
+    """The control variable's value (:func:`read_control` reads it back)."""
+    return codec.encode(control, _KINDS)
+
+
+def read_control(data: bytes) -> Control:
+    """The :class:`Control` a control variable holds."""
+    return codec.decode(data, _KINDS, Control)
 
 
 # -- kernel to node process (relayed by the node task) ----------------------------------------
@@ -365,7 +367,7 @@ class NodeReport:
 
 # Every dataclass a frame may hold: :func:`decode` rebuilds none but these.
 _KINDS = codec.kinds_of(
-    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder,
+    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder, Control,
     NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
     *pool_commands.KINDS.values(),
 )  # fmt: skip

@@ -38,6 +38,7 @@ from notebook_kit.node.protocol import (
     CONTROL_PERIOD_SECONDS,
     NODE_EVENTS,
     NODE_OUTCOMES,
+    Control,
     NodeAnswer,
     NodeCommand,
     NodeError,
@@ -54,7 +55,7 @@ from notebook_kit.node.protocol import (
     ProtocolError,
     RunNames,
     Seal,
-    control_value,
+    control_frame,
     decode,
     encode,
 )
@@ -341,8 +342,8 @@ class ClusterAttempt:
     # -- control and cleanup --------------------------------------------------------------
 
     def _publish(self) -> None:
-        value = control_value(self._lease, self.result.stopped, self.abort)
-        self.engine.publish(self.names, value)
+        control = Control(self._lease, self.result.stopped, self.abort)
+        self.engine.publish(self.names, control_frame(control))
 
     def _renew(self) -> None:
         """The lease: a counter the nodes watch; it stops moving when this kernel dies."""

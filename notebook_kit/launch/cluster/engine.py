@@ -59,7 +59,7 @@ class Engine(Protocol):
     def open_run(self, names: RunNames, num_nodes: int, events: Callable[[Any], None]) -> None:
         """Create the run's shared state, and call ``events`` with each node's event batch."""
 
-    def publish(self, names: RunNames, control: dict[str, Any]) -> None:
+    def publish(self, names: RunNames, control: bytes) -> None:
         """The control value every node task reads."""
 
     def submit(self, order: NodeOrder, worker: str, secret: bytes) -> NodeTask:

@@ -22,6 +22,7 @@ from notebook_kit.node.protocol import (
     ProbeReport,
     Rendezvous,
     RunNames,
+    read_control,
 )
 from notebook_kit.node.task import serve_node
 from notebook_kit.node.zygote import local_zygote
@@ -77,7 +78,7 @@ class DaskNodeLink:
 
     def control(self, patience: float = 0.0) -> Control:
         """At once: a Dask variable cannot be waited on for a change."""
-        return Control.read(self._control.get(callback_timeout=_RPC_SECONDS))
+        return read_control(self._control.get(callback_timeout=_RPC_SECONDS))
 
     def master(self) -> Rendezvous | None:
         published = self._address.get(callback_timeout=_RPC_SECONDS)

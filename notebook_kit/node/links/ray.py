@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -31,7 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_kit.node.probe import node_environment, probe_report
-from notebook_kit.node.protocol import Control, NodeOrder, NodeReport, ProbeReport, Rendezvous
+from notebook_kit.node.protocol import (
+    Control,
+    NodeOrder,
+    NodeReport,
+    ProbeReport,
+    Rendezvous,
+    read_control,
+)
 from notebook_kit.node.task import serve_node
 from notebook_kit.node.zygote import local_zygote
 
@@ -48,7 +56,7 @@ _SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after i
 class _RunState:
     """What the hub holds for one run."""
 
-    def __init__(self, control: dict[str, Any]) -> None:
+    def __init__(self, control: bytes) -> None:
         self.control = control
         self.master: tuple[str, int] | None = None
         self.started: dict[int, str] = {}
@@ -59,8 +67,8 @@ class _RunState:
         self.changed = asyncio.Event()  # set when the control value changes but for its lease
 
 
-def _but_lease(control: dict[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in control.items() if name != "lease"}
+def _but_lease(control: bytes) -> Control:
+    return dataclasses.replace(read_control(control), lease=0)
 
 
 class RunHub:
@@ -79,7 +87,7 @@ class RunHub:
         """The runs held (none once every run was forgotten)."""
         return list(self._runs)
 
-    def set_control(self, run: str, control: dict[str, Any]) -> None:
+    def set_control(self, run: str, control: bytes) -> None:
         state = self._runs.get(run)
         if state is None:
             if run in self._forgotten:  # a publish that crossed the run's end: nothing to hold
@@ -93,8 +101,8 @@ class RunHub:
             state.changed = asyncio.Event()
 
     async def control(
-        self, run: str, known: dict[str, Any] | None = None, wait: float = 0.0
-    ) -> dict[str, Any] | None:
+        self, run: str, known: bytes | None = None, wait: float = 0.0
+    ) -> bytes | None:
         """The run's control value (None: forgotten). If it differs from ``known`` only in the
         lease, the answer waits up to ``wait`` seconds for another change: the kernel renews
         the lease twice a second, which alone wakes no node."""
@@ -206,7 +214,7 @@ class RayNodeLink:
         self._hub, self._run, self._node, self.worker = hub, run, node_rank, worker
         self._zygote = zygote
         self._listening = threading.Event()
-        self._known: dict[str, Any] | None = None  # the control value the hub last gave
+        self._known: bytes | None = None  # the control value the hub last gave
 
     def _call(self, method: Any, *args: Any, wait: float = _RPC_SECONDS) -> Any:
         import ray
@@ -231,7 +239,7 @@ class RayNodeLink:
         if control is None:  # forgotten (or not opened yet): as an unreachable scheduler
             raise LookupError(f"the hub holds no run {self._run}")
         self._known = control
-        return Control.read(control)
+        return read_control(control)
 
     def master(self) -> Rendezvous | None:
         published = self._call(self._hub.master)

@@ -121,7 +121,7 @@ class DaskEngine(Engine):
             Variable(names.started(node), client=self.client).set("")
         self.client.subscribe_topic(names.events, events)
 
-    def publish(self, names: RunNames, control: dict[str, Any]) -> None:
+    def publish(self, names: RunNames, control: bytes) -> None:
         from distributed import Variable
 
         Variable(names.control, client=self.client).set(control)

@@ -46,7 +46,14 @@ from notebook_kit.launch.cluster.engines.ray_actors import (
 )
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
 from notebook_kit.node.links.ray import probe_ray_worker, run_ray_node
-from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNames
+from notebook_kit.node.protocol import (
+    Control,
+    NodeOrder,
+    NodeReport,
+    ProbeReport,
+    RunNames,
+    control_frame,
+)
 
 __all__ = ["INSTALL_HINT", "RayEngine", "ray_engine"]
 
@@ -314,7 +321,7 @@ class RayEngine(Engine):
 
     # -- one attempt ----------------------------------------------------------------------
 
-    def _run(self, names: RunNames, control: dict[str, Any] | None = None) -> _Run | None:
+    def _run(self, names: RunNames, control: bytes | None = None) -> _Run | None:
         run = self._runs.get(names.run_id)
         if run is None and control is not None:
             run = self._runs[names.run_id] = _Run(kernel_hub(), names.run_id)
@@ -322,14 +329,14 @@ class RayEngine(Engine):
         return run
 
     def open_run(self, names: RunNames, num_nodes: int, events: Callable[[Any], None]) -> None:
-        run = self._run(names, {"lease": 0, "stop": False, "abort": ""})
+        run = self._run(names, control_frame(Control()))
         assert run is not None
         run.pump = threading.Thread(
             target=_pump, args=(run, events), name="notebook_kit-ray-events", daemon=True
         )
         run.pump.start()
 
-    def publish(self, names: RunNames, control: dict[str, Any]) -> None:
+    def publish(self, names: RunNames, control: bytes) -> None:
         """Not waited for: each value is the whole state (a counter, and flags that stay set),
         and the kernel's first run waits for no hub process to start."""
         run = self._run(names, control)

@@ -25,6 +25,8 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
+from notebook_kit.worker.entry import exit_flushed
+
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run ``script [args...]`` as ``__main__`` and exit with its status."""
@@ -45,10 +47,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if status == 0 and dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
-    with contextlib.suppress(BaseException):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(status)
+    exit_flushed(status)
 
 
 class _OncePerNode:

@@ -63,10 +63,16 @@ def run_worker(
         with contextlib.suppress(BaseException):
             # As a multiprocessing child ends: flush what its queues buffer, join its children.
             util._exit_function()
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(exit_code)
+        exit_flushed(exit_code)
+
+
+def exit_flushed(status: int) -> NoReturn:
+    """End this process with ``status`` at once, its standard streams flushed first: ``os._exit``
+    runs no clean-up, so what they buffer would be lost."""
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)
 
 
 def _detach_from_kernel(pipes: WorkerPipes, parent_pid: int) -> None:

@@ -12,10 +12,10 @@ from notebook_kit.config.launch_config import (
     LaunchConfig,
     default_config_path,
     field_errors,
-    parse_field,
     resolve_launch_config,
     saved_default,
 )
+from notebook_kit.config.schema import parse_text as parse_field
 from tests.configs import EVERY_FIELD_SET
 
 pytestmark = pytest.mark.usefixtures("config_file")

@@ -127,15 +127,15 @@ def test_shard_sizes_parse_and_bad_ones_say_how_to_write_them():
 def test_launch_use_fsdp_is_a_plain_flag_that_reaches_the_scripts_workers():
     from notebook_kit import LaunchConfig
     from notebook_kit.cli.main import build_parser, config_from_arguments
-    from notebook_kit.cli.script_launch import ScriptLaunch
     from notebook_kit.config.command_line import launch_command_line
+    from notebook_kit.config.launch_plan import worker_environment
 
     parser = build_parser()
     args = parser.parse_args(["launch", "--use-fsdp", "train.py"])
     assert args.script == "train.py"
     config = config_from_arguments(args, base=LaunchConfig())
     assert config.use_fsdp is True
-    environment = ScriptLaunch(config, 2, 1, "train.py").worker_environment()
+    environment = worker_environment(config, 1)
     assert environment["NOTEBOOK_KIT_USE_FSDP"] == "yes"
     off = parser.parse_args(["launch", "--no-use-fsdp", "train.py"])  # over a saved default
     assert config_from_arguments(off, base=config).use_fsdp is False

@@ -13,8 +13,7 @@ from notebook_kit import LaunchConfig, ParallelismConfig
 from notebook_kit.accelerator.parallelism_config import adopt_parallelism
 from notebook_kit.accelerator.strategies.parallel import check_context_parallel_device
 from notebook_kit.accelerator.strategies.tensor_parallel import expand_plan
-from notebook_kit.cli.script_launch import ScriptLaunch
-from notebook_kit.config.launch_plan import LOOPBACK, LaunchPlan
+from notebook_kit.config.launch_plan import LOOPBACK, LaunchPlan, worker_environment
 from notebook_kit.config.mesh_layout import MeshLayout, check_mesh_fits
 from notebook_kit.errors import WorkerError, WorkerFailure
 from notebook_kit.launch.cluster.cluster_plan import check_cluster_mesh
@@ -170,7 +169,7 @@ def test_the_banner_and_a_script_launch_carry_the_mesh():
     assert "Mesh dp_replicate 2 × dp_shard 2" in banner
     assert "dp_shard groups [0 1] [2 3]" in banner and "dp_replicate groups [0 2] [1 3]" in banner
     config = LaunchConfig(use_fsdp=True, parallelism_config_dp_shard_size=2)
-    environment = ScriptLaunch(config, 2, 1, "train.py").worker_environment()
+    environment = worker_environment(config, 1)
     assert environment["NOTEBOOK_KIT_PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2"
     assert environment["NOTEBOOK_KIT_PARALLELISM_CONFIG_TP_SIZE"] == "1"
 

@@ -9,6 +9,7 @@ import pytest
 from notebook_kit.cli.main import main
 from notebook_kit.cli.script_launch import LaunchInputError, ScriptLaunch, plan_script_launch
 from notebook_kit.config.launch_config import LaunchConfig
+from notebook_kit.config.launch_plan import worker_environment
 
 COILED = {
     "COILED_BATCH_TASK_ID": "1",
@@ -32,7 +33,7 @@ def test_single_node_uses_a_free_port_and_the_notebook_environment(script):
         "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
         "-m", "notebook_kit.cli.script_entry", script, "--lr", "0.1",
     ]  # fmt: skip
-    env = launch.worker_environment()
+    env = worker_environment(launch.config, launch.threads)
     assert env["NOTEBOOK_KIT_MIXED_PRECISION"] == "no"
     assert env["NOTEBOOK_KIT_GRADIENT_ACCUMULATION_STEPS"] == "1"
     assert int(env["OMP_NUM_THREADS"]) >= 1
@@ -47,7 +48,7 @@ def test_multi_node_uses_the_static_rendezvous_at_node_0(script):
         "--master-addr", "head", "--master-port", "29500",
         "-m", "notebook_kit.cli.script_entry", script,
     ]  # fmt: skip
-    env = launch.worker_environment()
+    env = worker_environment(launch.config, launch.threads)
     assert "GLOO_SOCKET_IFNAME" not in env
 
 

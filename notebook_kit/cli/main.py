@@ -20,13 +20,11 @@ from notebook_kit.config.arguments import loopback_master_problem
 from notebook_kit.config.command_line import answer_text
 from notebook_kit.config.launch_config import (
     LaunchConfig,
-    choice_words,
     default_config_path,
     field_errors,
-    parse_field,
     saved_default,
 )
-from notebook_kit.config.schema import SETTINGS
+from notebook_kit.config.schema import SETTINGS, choice_words, parse_text
 
 __all__ = [
     "add_launch_config_arguments",
@@ -41,7 +39,7 @@ _MULTI_NODE_FIELDS = ("node_rank", "master_addr", "master_port")
 def _argument_type(field: str) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         try:
-            return parse_field(field, text)
+            return parse_text(field, text)
         except (TypeError, ValueError) as error:
             raise argparse.ArgumentTypeError(str(error)) from error
 
@@ -107,7 +105,7 @@ def _ask(field: str, current: Any, answers: dict[str, Any]) -> Any:
         if not sys.stdin.isatty():
             print(text)  # piped answers are not echoed; keep the transcript readable
         try:
-            value = current if not text.strip() else parse_field(field, text)
+            value = current if not text.strip() else parse_text(field, text)
         except (TypeError, ValueError) as error:
             print(f"  {error} Please try again.")
             continue

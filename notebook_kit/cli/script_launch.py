@@ -104,16 +104,6 @@ class ScriptLaunch:
         # Every process runs the script through script_entry, which ends it cleanly.
         return [*words, "-m", "notebook_kit.cli.script_entry", self.script, *self.script_args]
 
-    def worker_environment(self) -> dict[str, str]:
-        """Variables every worker inherits, matching what a notebook launch sets.
-
-        Example:
-            >>> launch = ScriptLaunch(LaunchConfig(mixed_precision="bf16"), 2, 4, "train.py")
-            >>> launch.worker_environment()["NOTEBOOK_KIT_MIXED_PRECISION"]
-            'bf16'
-        """
-        return worker_environment(self.config, self.threads)
-
     def banner(self) -> str:
         """One line saying what is about to start."""
         config = self.config
@@ -137,7 +127,8 @@ class ScriptLaunch:
             >>> ScriptLaunch(LaunchConfig(), 1, 2, "t.py").command_line().split()[0]
             'OMP_NUM_THREADS=2'
         """
-        assignments = [f"{name}={value}" for name, value in self.worker_environment().items()]
+        environment = worker_environment(self.config, self.threads)
+        assignments = [f"{name}={value}" for name, value in environment.items()]
         words = [*assignments, "torchrun", *self.torchrun_arguments()]
         return " ".join(shlex.quote(word) for word in words)
 
@@ -270,7 +261,7 @@ def run_script_launch(launch: ScriptLaunch) -> int:
     from torch.distributed.run import parse_args, run
 
     print(launch.banner(), flush=True)
-    os.environ.update(launch.worker_environment())
+    os.environ.update(worker_environment(launch.config, launch.threads))
     try:
         run(parse_args(launch.torchrun_arguments()))
     except ChildFailedError as failure:

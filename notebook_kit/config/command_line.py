@@ -48,7 +48,7 @@ def launch_command_line(
 
 
 def answer_text(value: Any) -> str:
-    """A value as a person types it (and as parse_field reads it back)."""
+    """A value as a person types it (and as parse_text reads it back)."""
     if value is None:
         return "auto"
     if isinstance(value, bool):

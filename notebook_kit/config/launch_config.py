@@ -26,29 +26,19 @@ from typing import Any
 
 from notebook_kit.atomic_file import replace_atomically
 from notebook_kit.config.arguments import Backend, MixedPrecision, loopback_master_problem
-from notebook_kit.config.schema import (
-    SETTINGS,
-    check_value,
-    choice_words,
-    parse_text,
-    settings_from_environ,
-)
+from notebook_kit.config.schema import SETTINGS, check_value, settings_from_environ
 
 __all__ = [
     "CONFIG_ENV_VAR",
     "LaunchConfig",
-    "choice_words",
     "default_config_path",
     "field_errors",
-    "parse_field",
     "read_saved_default",
     "resolve_launch_config",
     "saved_default",
 ]
 
 CONFIG_ENV_VAR = "NOTEBOOK_KIT_CONFIG"
-
-parse_field = parse_text  # what a person typed, as a value of one field
 
 
 def _check_fields(

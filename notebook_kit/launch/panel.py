@@ -18,13 +18,11 @@ from notebook_kit.config.command_line import launch_command_line
 from notebook_kit.config.environment import gpu_count, usable_cpu_count
 from notebook_kit.config.launch_config import (
     LaunchConfig,
-    choice_words,
     default_config_path,
     field_errors,
-    parse_field,
     read_saved_default,
 )
-from notebook_kit.config.schema import SETTINGS
+from notebook_kit.config.schema import SETTINGS, choice_words, parse_text
 
 __all__ = ["ConfigPanel"]
 
@@ -153,7 +151,7 @@ class ConfigPanel(widgets.VBox):
         for field, widget in self.widgets.items():
             if _is_text(field):
                 try:
-                    values[field] = parse_field(field, widget.value)
+                    values[field] = parse_text(field, widget.value)
                 except (TypeError, ValueError) as error:
                     errors[field] = str(error)
             elif _has_auto_entry(field) and widget.value == _AUTO:

@@ -26,8 +26,6 @@ from notebook_kit.config.schema import SETTINGS, choice_words, parse_text
 
 __all__ = ["ConfigPanel"]
 
-# Labels are the field names, in full: as wide as the longest name, in character widths (the
-# label font's "0" is at least as wide as its average letter), plus a margin.
 _HELP_COLOUR, _ERROR_COLOUR = "#666", "#b00020"
 
 
@@ -43,13 +41,6 @@ def _is_text(field: str) -> bool:
 
 def _has_auto_entry(field: str) -> bool:
     return SETTINGS[field].widget != "text" and SETTINGS[field].optional
-
-
-def _make_widget(field: str, process_limit: int) -> widgets.ValueWidget:
-    """A widget suited to ``field``, with a CSS class ``nk-field-<field>`` to find it by."""
-    widget = _new_widget(field, process_limit)
-    widget.add_class(f"nk-field-{field}")
-    return widget
 
 
 def _new_widget(field: str, process_limit: int) -> widgets.ValueWidget:
@@ -117,7 +108,8 @@ class ConfigPanel(widgets.VBox):
         self.notes: dict[str, widgets.HTML] = {}
         rows = []
         for field in SETTINGS:
-            self.widgets[field] = _make_widget(field, self.process_limit)
+            self.widgets[field] = _new_widget(field, self.process_limit)
+            self.widgets[field].add_class(f"nk-field-{field}")  # to find it by
             self.notes[field] = widgets.HTML(layout=widgets.Layout(margin="0 0 0 12px"))
             rows.append(widgets.HBox([self.widgets[field], self.notes[field]]))
             self.widgets[field].observe(self._on_change, names="value")

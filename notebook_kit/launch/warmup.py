@@ -81,8 +81,7 @@ def start_warmup() -> None:
         if _thread is not None:
             return
         _thread = threading.Thread(target=_import_all, name="notebook_kit-warmup", daemon=True)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(before=_before_fork)
+        os.register_at_fork(before=_before_fork)
         _thread.start()
 
 

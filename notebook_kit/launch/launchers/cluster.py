@@ -1,8 +1,6 @@
 """A cluster, on any engine: one node process per chosen worker, each forking its node's ranks.
 
-The kernel's side of the run is :mod:`notebook_kit.launch.cluster`; this class puts it behind
-the interface every way to run shares, so ``notebook_launcher(cluster=...)`` and ``await
-notebook_launcher_async(cluster=...)`` drive the same steps, with the same live view.
+The kernel's side of the run is :mod:`notebook_kit.launch.cluster`, behind the launcher interface.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Choosing the launcher for a plan, and driving its steps from blocking or awaiting code.
-
-Both entry points, :func:`~notebook_kit.notebook_launcher` and its ``await`` form, go through
-here: :func:`select_launcher` is the one place that picks a way to run, and the launcher's
-steps are the one wait loop; only the waiting itself differs (a blocking ``wait``, or the same
-``wait`` on an executor thread so that the kernel's event loop keeps serving widget events).
-"""
+"""Choosing the launcher for a plan, and driving its steps from blocking or awaiting code: only
+the waiting differs (on an executor thread when awaited, so widget events are served)."""
 
 from __future__ import annotations
 

@@ -1,34 +1,11 @@
 """``notebook-kit export``: a notebook's code cells as a script for ``notebook-kit launch``.
 
-What is kept, cell by cell (code cells only, in notebook order):
-
-- A cell tagged ``skip-export`` is left out.
-- A cell magic drops the cell (``%%bash``, ``%%html``, ...), except ``%%time`` and
-  ``%%capture``, whose body is ordinary Python and is kept.
-- Line magics and shell lines (``%matplotlib``, ``!pip``, ``x = !ls``) are dropped;
-  ``%time statement`` keeps the statement. A magic inside a block cannot be dropped without
-  changing the block, so it is an error that names the cell.
-- Display-only statements are dropped: at the top level of a cell, an expression that is a
-  name, an attribute, a subscript or a literal, or a tuple of them (the value the kernel shows
-  as the cell's result), or a call of ``display(...)`` or ``....show(...)``. A cell left with
-  nothing to run is dropped as display-only.
-- ``await notebook_launcher_async(...)`` becomes ``asyncio.run(notebook_launcher_async(...))``.
-- What only a kernel can run is refused, or left out with a warning, naming the cell
-  (:mod:`notebook_kit.cli.export_checks`); ``tempfile.mkdtemp(...)`` made by the cells
-  themselves up to the last launch becomes one folder for the whole job.
-
-The cells from the first one that calls ``notebook_launcher`` (or ``notebook_launcher_async``,
-or ``panel.launch`` of a ``ConfigPanel``) go into ``main()``, run under
-``if __name__ == "__main__":``. Names they bind are declared ``global``, so they behave as
-notebook variables. Under torchrun every process returns from the launch call (see
-:func:`notebook_kit.notebook_launcher`), so the code after the last launch call runs only
-where ``LOCAL_RANK`` is 0 or unset: once per node, as in the kernel.
-The cells before it run on every process (they define what the launch needs); what they,
-or the code between launches, print goes to standard output only where ``LOCAL_RANK`` is 0
-or unset, so it too shows once per node; what the launched function prints shows on every
-process. Errors (standard error)
-show on every process. Before its first cell the script joins torchrun's process group, so
-the cells can make a temporary folder once for the job; every launch then runs in it.
+``docs/scale_out.md`` says what is kept, what runs once per node and what is refused. Beyond
+it: a magic inside a block cannot be dropped without changing the block, so it is an error
+naming the cell; a tuple of display-only expressions is display-only too; the names the cells
+in ``main()`` bind are declared ``global``, so they behave as notebook variables; and errors
+(standard error) show on every process. What only a kernel can run is found by
+:mod:`notebook_kit.cli.export_checks`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """What a notebook does that a script run on every process cannot do as the kernel did.
 
-``notebook-kit launch`` runs the exported script on every process of every node, and there
-is no kernel. So, cell by cell:
-
-- refused (an :class:`~notebook_kit.cli.export.ExportError` naming the cell, why, and the
-  fix): a ``WorkerPool`` or ``%%distributed`` cell (its warm workers live in a kernel), a
-  cluster made or used by the notebook (every process would make its own and train on it),
-  a ``try`` that handles a failed launch (``except WorkerError``: a failing rank ends the job),
-  a notebook that starts ``notebook-kit`` commands itself (every process would start a job);
-- warned: a launch given ``max_restarts=`` (a script's restarts are ``notebook-kit launch
-  --max-restarts``, which run the whole script again);
-- left out with a warning naming the cell: a cell that reads ``last_run()`` (the kernel's
-  record of a launch; a script keeps none), a cell after the last launch that uses a model
-  that launch trained with FSDP (each process holds only its shard of it), and any later cell
-  that needs a name only such a cell binds.
-
-What the kernel made once and its workers shared is carried: ``tempfile.mkdtemp(...)`` that
-a cell itself calls, up to the last launch, becomes one folder for the whole job. Here too:
-which calls launch (:func:`launch_test`), and ``position`` for rewriting a cell's text.
+Cell by cell, what is refused (an :class:`~notebook_kit.cli.export.ExportError` naming the
+cell, why, and the fix), warned about, left out with a warning, or carried (a temporary folder
+made once for the job), as ``docs/scale_out.md`` lists them. Here too: which calls launch
+(:func:`launch_test`), and ``position`` for rewriting a cell's text.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ class Supervisor:
         self.stall.stop()
         if self.guardian is not None:
             self._stop_guardian(self.guardian)
-        self._drain_all()
+        for worker in self.workers:
+            self._drain(worker)
         for worker in self.workers:
             if worker.alive:  # the guardian never reported it: it is gone with the guardian
                 self._on_exit(worker, -int(signal.SIGKILL), time.monotonic())
@@ -294,10 +295,6 @@ class Supervisor:
             self._receive(worker)
         for reader in (worker.stdout, worker.stderr):
             reader.read(self.observer.on_output, budget=None)
-
-    def _drain_all(self) -> None:
-        for worker in self.workers:
-            self._drain(worker)
 
 
 def _failure_from_exit(worker: WorkerProcess) -> WorkerFailure:

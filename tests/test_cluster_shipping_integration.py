@@ -23,12 +23,7 @@ import pytest
 from notebook_kit import notebook_launcher
 from notebook_kit.errors import WorkerError
 from notebook_kit.launch.cluster import run as cluster_run
-from notebook_kit.launch.cluster.engines.dask import (
-    choose_workers,
-    current_workers,
-    payload_for_nodes,
-    probe_workers,
-)
+from notebook_kit.launch.cluster.engines.dask import DaskEngine, choose_workers, current_workers
 from notebook_kit.launch.cluster.probing import ClusterSetupError
 from tests.optional import needs
 
@@ -203,8 +198,8 @@ def test_the_probes_verdict_is_the_nodes_outcome_for_a_module_they_cannot_import
     assert "No module named 'nk_ship_native'" in str(failed.value)
 
     workers = choose_workers(current_workers(client), 2)
-    payload = payload_for_nodes(client, workers, ((uses.train, (), {}), []))
-    verdicts = [r.rebuild_error for r in probe_workers(client, workers, payload)]
+    payload = DaskEngine(client).ship(workers, ((uses.train, (), {}), []))
+    verdicts = [r.rebuild_error for r in DaskEngine(client).probe(workers, payload)]
     assert all("No module named 'nk_ship_native'" in str(v) for v in verdicts), verdicts
     with pytest.raises(ClusterSetupError) as refused:
         _launch(client, uses.train)
@@ -219,6 +214,6 @@ def test_a_module_the_nodes_import_by_name_is_not_sent_by_value(client):
     workers = choose_workers(current_workers(client), 2)
     from tests.test_cluster_checks import _report
 
-    payload = payload_for_nodes(client, workers, ((_report, (), {}), []))
+    payload = DaskEngine(client).ship(workers, ((_report, (), {}), []))
     by_name, _ = pickle_recording_modules(((_report, (), {}), []))
     assert payload == by_name

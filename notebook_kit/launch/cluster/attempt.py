@@ -85,7 +85,6 @@ class AttemptResult:
     lost_nodes: tuple[int, ...] = ()
     timed_out: bool = False
     stopped: bool = False
-    interrupted: bool = False
 
 
 class ClusterAttempt:
@@ -302,7 +301,7 @@ class ClusterAttempt:
         elif isinstance(outcome, NodeFailed):
             self._node_failed(node, outcome.failures)
         elif isinstance(outcome, NodeError):
-            rank = node * self._ranks_per_node()
+            rank = node * self.settings.num_processes
             failure = WorkerFailure(
                 rank, None, outcome.exception_type, outcome.message, outcome.traceback,
                 time.monotonic(),
@@ -332,12 +331,9 @@ class ClusterAttempt:
     def _lose(self, node: int, why: str) -> None:
         self.result.lost_nodes = (*self.result.lost_nodes, node)
         worker = self.reports[node].worker
-        rank = node * self._ranks_per_node()
+        rank = node * self.settings.num_processes
         self.result.failures.append(node_lost(node, rank, worker, why, self.engine.worker_noun))
         self.end_all(f"node {node} lost")
-
-    def _ranks_per_node(self) -> int:
-        return self.settings.num_processes
 
     # -- control and cleanup --------------------------------------------------------------
 

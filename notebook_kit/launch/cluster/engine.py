@@ -1,11 +1,8 @@
 """The kernel's side of a cluster engine: everything a cluster run asks of the cluster.
 
-A cluster run (a launch's attempt, a pool's nodes) never calls the engine's own API: it asks an
-:class:`Engine` to choose and probe workers, ask them a question, ship the payload, open a
-run's shared state, submit one node task per node, publish the control value, carry the events
-and commands, watch which workers are present, and forget the run. Each engine is one class of
-:mod:`notebook_kit.launch.cluster.engines` (one row of its table) and one node-side link
-(:class:`~notebook_kit.node.task.NodeLink`); nothing here imports an engine.
+A cluster run (a launch's attempt, a pool's nodes) never calls an engine's own API, only its
+:class:`Engine`: one class of :mod:`notebook_kit.launch.cluster.engines` (a row of its table),
+whose node side is a :class:`~notebook_kit.node.task.NodeLink`. Nothing here imports an engine.
 
 Runs in the kernel.
 """

@@ -78,10 +78,8 @@ def _too_few(
 
 
 def check_reports(reports: list[ProbeReport], worker_noun: str, ship_hint: str) -> None:
-    """Raise for the first worker that differs from the kernel or cannot run its share.
-
-    ``worker_noun`` names a worker of the engine; ``ship_hint`` how it sends a module to its
-    workers (the engine's own words for both)."""
+    """Raise for the first worker that differs from the kernel or cannot run its share, in
+    the engine's words (its ``worker_noun`` and ``ship_hint``)."""
     here = {
         "torch": probe_version("torch"),
         "notebook_kit": probe_version("notebook_kit"),

@@ -217,7 +217,6 @@ def _attempt(
             yield [attempt.wake], min(_TICK_SECONDS, grace - time.monotonic())
     except BaseException as raised:  # Ctrl-C: every node ends, then it is raised again
         error = raised
-        attempt.result.interrupted = True
         if isinstance(raised, KeyboardInterrupt):
             interrupt_taken()  # the launch ends for it: more presses only repeat it
         attempt.end_all("interrupt")

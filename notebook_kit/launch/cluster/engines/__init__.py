@@ -1,11 +1,7 @@
 """The engine table: which engine takes a ``cluster=`` value, and where its two sides live.
 
-Each engine is one module here (its :class:`~notebook_kit.launch.cluster.engine.Engine`, on
-the kernel's side) and one link in :mod:`notebook_kit.node.links` (its
-:class:`~notebook_kit.node.task.NodeLink`, in its workers), plus one row of :data:`ENGINES`.
-A row names both by module path, imported only once a value is taken, so the table imports no
-engine. Dask (with ``dask_local``, the interrupt-proof ``local_cluster``) and Ray are imported
-only in the files named for them.
+A row of :data:`ENGINES` names an engine's two sides by module path, imported only once a
+value is taken, so the table imports no engine (``docs/architecture.md``: adding an engine).
 
 Runs in the kernel. Part of :mod:`notebook_kit.launch`, and imports what it may.
 """

@@ -28,7 +28,7 @@ from notebook_kit.node.protocol import NodeOrder, NodeReport, ProbeReport, RunNa
 
 __all__ = [
     "INSTALL_HINT", "DaskEngine", "choose_workers", "current_workers", "dask_client", "dask_engine",
-    "forget_on_scheduler", "payload_for_nodes", "probe_workers",
+    "forget_on_scheduler",
 ]  # fmt: skip
 
 INSTALL_HINT = "pip install 'notebook_kit[cluster]'  (installs dask and distributed)"
@@ -106,10 +106,43 @@ class DaskEngine(Engine):
         return current_workers(self.client)
 
     def ask(self, workers: list[str], function: Callable, *args: Any) -> list[Any]:
-        return ask_workers(self.client, workers, function, *args)
+        """Raises ``ClusterSetupError`` naming a busy worker at once, or the silent ones."""
+        client = self.client
+        refuse_busy_workers(client, workers)
+        futures = [
+            client.submit(
+                function,
+                *args,
+                workers=[address],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+            )
+            for address in workers
+        ]
+        from distributed import wait
+
+        try:
+            wait(futures, timeout=PROBE_TIMEOUT_SECONDS)
+            return client.gather(futures)
+        except TimeoutError as error:
+            silent = [
+                address
+                for address, future in zip(workers, futures, strict=True)
+                if not future.done()
+            ]
+            raise ClusterSetupError(
+                f"Dask worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not answer "
+                f"the probe within {PROBE_TIMEOUT_SECONDS:g} s: each chosen worker needs a free "
+                f"thread, and a worker too loaded to start a Python process in time cannot run a "
+                f"node. Wait for its running tasks to finish, or add workers."
+            ) from error
+        finally:
+            client.cancel(futures, force=True)
 
     def probe(self, workers: list[str], payload: bytes) -> list[ProbeReport]:
-        return probe_workers(self.client, workers, payload)
+        node0_host = workers[0].split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        return self.ask(workers, probe_worker, payload, node0_host)
 
     def open_run(self, names: RunNames, num_nodes: int, events: Callable[[Any], None]) -> None:
         from distributed import Variable
@@ -153,44 +186,6 @@ class DaskEngine(Engine):
         variables = names.all_variables(num_nodes)
         topics = [names.events, names.commands, *(f"variable-{name}" for name in variables)]
         self.client.run_on_scheduler(forget_on_scheduler, variables, topics)
-
-
-def ask_workers(client: Any, workers: list[str], function: Callable, *args: Any) -> list[Any]:
-    """``function(*args)`` once on each of ``workers``, in their order.
-
-    Raises:
-        ClusterSetupError: a worker has no free thread (named before anything is submitted),
-            or did not answer within ``PROBE_TIMEOUT_SECONDS`` (only the silent ones named).
-    """
-    refuse_busy_workers(client, workers)
-    futures = [
-        client.submit(
-            function,
-            *args,
-            workers=[address],
-            allow_other_workers=False,
-            pure=False,
-            retries=0,
-        )
-        for address in workers
-    ]
-    from distributed import wait
-
-    try:
-        wait(futures, timeout=PROBE_TIMEOUT_SECONDS)
-        return client.gather(futures)
-    except TimeoutError as error:
-        silent = [
-            address for address, future in zip(workers, futures, strict=True) if not future.done()
-        ]
-        raise ClusterSetupError(
-            f"Dask worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not answer "
-            f"the probe within {PROBE_TIMEOUT_SECONDS:g} s: each chosen worker needs a free "
-            f"thread, and a worker too loaded to start a Python process in time cannot run a "
-            f"node. Wait for its running tasks to finish, or add workers."
-        ) from error
-    finally:
-        client.cancel(futures, force=True)
 
 
 def refuse_busy_workers(client: Any, workers: list[str]) -> None:
@@ -240,17 +235,6 @@ async def forget_on_scheduler(
         await asyncio.sleep(0.01)
     for topic in topics:
         known.pop(topic, None)
-
-
-def probe_workers(client: Any, workers: list[str], payload: bytes) -> list[ProbeReport]:
-    """Run the probe on each worker (never elsewhere, never retried) and gather the reports."""
-    node0_host = workers[0].split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return ask_workers(client, workers, probe_worker, payload, node0_host)
-
-
-def payload_for_nodes(client: Any, workers: list[str], obj: Any) -> bytes:
-    """``obj`` pickled so every Dask worker in ``workers`` can rebuild it in its node process."""
-    return DaskEngine(client).ship(workers, obj)
 
 
 # Dask's words for too few workers, as the engine's choice says them.

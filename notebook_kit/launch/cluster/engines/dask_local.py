@@ -9,14 +9,6 @@ notebook_kit.launch.cluster.engines.dask_local``), whose worker processes are it
 an interrupt reaches only the kernel. That process holds the reading end of a pipe from the
 kernel; when the kernel closes the cluster, or dies, the pipe ends and it closes the cluster
 and exits.
-
-Example::
-
-    from notebook_kit import local_cluster, notebook_launcher
-
-    cluster = local_cluster(n_workers=2, threads_per_worker=1)
-    notebook_launcher(train, cluster=cluster, num_nodes=2)
-    cluster.close()
 """
 
 from __future__ import annotations
@@ -112,6 +104,7 @@ def local_cluster(
 
         cluster = local_cluster(n_workers=2, threads_per_worker=1)
         notebook_launcher(train, cluster=cluster, num_nodes=2)
+        cluster.close()
     """
     if not isinstance(n_workers, int) or n_workers < 0:
         raise ValueError(f"n_workers must be an int >= 0, got {n_workers!r}.")

@@ -7,14 +7,11 @@ is: ``ray.init`` joins the process to one cluster, and every Ray call then goes 
 
 The run's nodes are Ray tasks, one per node, each in its bundle of one placement group made
 for the attempt: ``num_processes`` CPUs (and as many GPUs, on a Ray node that has them), one
-bundle per Ray node (``STRICT_SPREAD``). As with Dask, ``num_nodes`` above the number of Ray
-nodes puts several nodes on one Ray node (each bundle pinned to the Ray node it was probed on),
-which is how a one-machine Ray cluster runs several nodes. The group is removed when the
-attempt is forgotten. The run's state (control value, node 0's address, events, a pool's
-commands) lives in the kernel's :class:`~notebook_kit.node.links.ray.RunHub` actor, dropped
-when the attempt is forgotten. The hub is one actor per kernel, with no CPU, made by the first
-run and reused by the next ones, as a Dask client's scheduler is; it ends with the kernel's
-Ray connection (``ray.shutdown()``, or the kernel's exit).
+bundle per Ray node (``STRICT_SPREAD``), or, as with Dask, several nodes on one Ray node when
+``num_nodes`` is above their number (each bundle pinned to the Ray node it was probed on). The
+run's state (control value, node 0's address, events, a pool's commands) lives in the kernel's
+:class:`~notebook_kit.node.links.ray.RunHub` actor (:mod:`.ray_actors`); the run's entry there
+and the group go when the attempt is forgotten.
 
 A worker, as the rest of the cluster run names it, is one place for a node on a Ray node: a
 Ray node holds as many as it has CPUs, named ``ip/node-id#k``. A node task whose Ray worker
@@ -215,8 +212,7 @@ def _why(error: BaseException) -> str:
 
 
 class _Run:
-    """What one attempt holds on the cluster: the hub's entry, its placement group, its event
-    thread."""
+    """What one attempt holds on the cluster: a hub entry, a placement group, an event thread."""
 
     def __init__(self, hub: Any, run_id: str) -> None:
         self.hub, self.run_id = hub, run_id
@@ -270,38 +266,31 @@ class RayEngine(Engine):
     ) -> list[Any]:
         """``function(*arguments(worker))`` on the Ray node of each worker, for each worker in
         order: asked once per Ray node, in parallel, as every place of one Ray node is the same
-        machine and environment (each asks a fresh process there, which imports torch)."""
+        machine and environment, in the kernel's keeper there (made by the first ask), which
+        answers warm from the second launch on."""
+        import ray
+
         asking: dict[str, str] = {}  # a Ray node's id -> the first of its workers
         for worker in workers:
             asking.setdefault(self._places[worker].node_id, worker)
         askers = list(asking.values())
-        answers = dict(zip(askers, self._ask_each(askers, function, arguments), strict=True))
-        return [answers[asking[self._places[worker].node_id]] for worker in workers]
-
-    def _ask_each(
-        self, workers: list[str], function: Callable, arguments: Callable[[str], tuple]
-    ) -> list[Any]:
-        """``function(*arguments(worker))`` once on the Ray node of each worker, in order: in
-        the kernel's keeper there (made by the first ask), which answers warm from the second
-        launch on."""
-        import ray
-
         refs = [
             keeper(self._places[worker].node_id).call.remote(function, *arguments(worker))
-            for worker in workers
+            for worker in askers
         ]
         try:
-            return ray.get(refs, timeout=PROBE_TIMEOUT_SECONDS)
+            answers = dict(zip(askers, ray.get(refs, timeout=PROBE_TIMEOUT_SECONDS), strict=True))
         except ray.exceptions.GetTimeoutError as error:
             _, waiting = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in waiting:  # never started: its Ray node has no process for the keeper
                 cancel_task(ref)
-            silent = [w for w, ref in zip(workers, refs, strict=True) if ref in waiting]
+            silent = [w for w, ref in zip(askers, refs, strict=True) if ref in waiting]
             raise ClusterSetupError(
                 f"Ray worker{'s' if len(silent) > 1 else ''} {', '.join(silent)} did not "
                 f"answer the probe within {PROBE_TIMEOUT_SECONDS:g} s: its Ray node could not "
                 f"start a worker process in time (ray status shows what runs there)."
             ) from error
+        return [answers[asking[self._places[worker].node_id]] for worker in workers]
 
     def ask(self, workers: list[str], function: Callable, *args: Any) -> list[Any]:
         return self._ask(workers, function, lambda _: args)

@@ -1,8 +1,5 @@
-"""The kernel's actors on a Ray cluster (its hub, a keeper per Ray node) and its Ray calls.
-
-Part of the kernel side of the Ray engine (:mod:`notebook_kit.launch.cluster.engines.ray`):
-each actor is made once per kernel, with no CPU, and kept while it answers; a remote function
-is made once, as Ray exports its code again for every new ``ray.remote`` of it.
+"""The kernel's actors on a Ray cluster (its hub, a keeper per Ray node) and its Ray calls,
+for the kernel side of the Ray engine (:mod:`notebook_kit.launch.cluster.engines.ray`).
 
 Runs in the kernel.
 """

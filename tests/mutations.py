@@ -2297,7 +2297,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             Edit(
                 "launch/cluster/attempt.py",
                 "        worker = self.reports[node].worker\n"
-                "        rank = node * self._ranks_per_node()\n",
+                "        rank = node * self.settings.num_processes\n",
                 "        worker = self.reports[node].worker\n        rank = 0\n",
             ),
         ),

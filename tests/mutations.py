@@ -907,8 +907,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "node/task.py",
-                "        return time.monotonic() - self._renewed > self._lease_seconds\n",
-                "        return False\n",
+                '"lease" if time.monotonic() - self._renewed > self._lease_seconds else ""',
+                '""',
             ),
         ),
         (f"{_CLUSTER}test_a_dead_kernel_ends_every_node_through_its_lease",),

@@ -5,10 +5,9 @@ A cluster run (:mod:`notebook_kit.launch.cluster`) asks each chosen worker for t
 node, which has the worker's ``zygote`` fork its node process (never a fork of the
 multithreaded worker itself), relays its events to the kernel, and ends it when the kernel
 asks, when the kernel's lease runs out or when the worker dies. Both are engine-neutral: each
-engine's side of them (its ``NodeLink``, its task entry, its probe task) is one module of
-``links`` (``links.dask``, ``links.ray``), the only ones that import that engine. The messages
-between the kernel, the task and the node process are the dataclasses of ``protocol``, sent
-as plain data sealed with the run's secret (``runtime.codec``).
+engine's side of them is one module of ``links``, the only ones that import that engine. The
+messages between the kernel, the task and the node process are the dataclasses of
+``protocol``, sent as plain data sealed with the run's secret (``runtime.codec``).
 
 Runs in an engine's worker process. Imports no torch (the zygote's node process does; only the
 probe's GPU count asks it). May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`,

@@ -1,15 +1,12 @@
-"""The probe: one short Dask task per chosen worker before a cluster run starts anything.
+"""The probe: one short task per chosen worker before a cluster run starts anything.
 
 It reports the worker's versions and GPUs, finds the network interface that reaches node 0
 (the route the kernel will give to gloo and NCCL: a host name that resolves to 127.0.0.1, as
 inside a Linux network namespace, does not matter), and unpickles the function to show it
-can be rebuilt there.
-
-The rebuilding, and the question which modules a node can import, happen in a fresh
-``python -m`` process started as the node task starts its node process (same interpreter,
-working folder and environment), not in the Dask worker: the worker's own ``sys.path`` (a
-folder it was started with, what ``client.upload_file`` sent it) is not the node's, so only
-such a process gives the node's answer.
+can be rebuilt there. The rebuilding, and the question which modules a node can import,
+happen in a process started as the node task starts its node process, not in the worker: the
+worker's own ``sys.path`` (a folder it was started with, what ``client.upload_file`` sent it)
+is not the node's, so only such a process gives the node's answer.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The messages of a cluster run, between the kernel, each node task and its node process.
 
-Three parties talk:
-
-- the **kernel** publishes a :class:`Control` (lease, Stop, abort) in a Dask variable, and a
-  pool's :data:`NodeCommand` on a Dask topic every node task subscribes to;
-- each **node task** (a Dask task, ``notebook_kit.node.task``) starts its node process and
-  relays: kernel to node on the process's orders pipe, node to kernel as one Dask event
-  holding a batch of encoded events;
-- the **node process** (``notebook_kit.launch.node_process.process``) runs the node's ranks
-  and sends its :data:`NodeEvent` and, last, its :data:`NodeOutcome`.
+The kernel publishes a :class:`Control` (lease, Stop, abort) and a pool's :data:`NodeCommand`
+through its engine; each node task (``notebook_kit.node.task``) relays them to its node
+process (``notebook_kit.launch.node_process.process``) on the orders pipe, and the node's
+:data:`NodeEvent` and, last, its :data:`NodeOutcome` back to the kernel in batches.
 
 Every message is a frozen dataclass of this module, sealed plain data through the one codec
 (:mod:`notebook_kit.runtime.codec`). Every party runs the same notebook_kit (the pre-flight
-probe checks the versions).
-
-Names on the scheduler (event topic, variables) all derive from the run's random id, so two
-runs, or two kernels sharing a cluster, never read each other's state.
+probe checks the versions). Names on the engine's shared state (event topic, variables) all
+derive from the run's random id, so two runs, or two kernels sharing a cluster, never read
+each other's state.
 """
 
 from __future__ import annotations
@@ -347,7 +341,6 @@ class NodeOrder:
     settings: NodeSettings
     store_prefix: str
     lease_seconds: float = LEASE_SECONDS
-    master: tuple[str, int] | None = None  # node 0's rendezvous; filled by the task
     host_nodes: int = 1  # nodes of this run on this node's host, which share its cores
     pool: bool = False  # keep the ranks and serve the kernel's commands (a cluster pool)
     restart_count: int = 0  # times the kernel started every node again before this attempt
@@ -362,7 +355,6 @@ class NodeReport:
     outcome: bytes | None = None  # the node process's encoded NodeOutcome
     ended_by: str = ""  # "", "lease", "abort", "refused", "died"
     exit_code: int | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 # Every dataclass a frame may hold: :func:`decode` rebuilds none but these.

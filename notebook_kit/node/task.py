@@ -10,9 +10,6 @@ guardian then stops the ranks.
 
 A task whose worker died may be run again by the engine. Each node marks itself started
 first, so a second run of the same node refuses to train.
-
-All it asks of the cluster goes through a :class:`NodeLink`: each engine's task
-(:mod:`notebook_kit.node.links`) calls :func:`serve_node` with its own link.
 """
 
 from __future__ import annotations
@@ -47,7 +44,7 @@ from notebook_kit.node.protocol import (
 )
 from notebook_kit.node.zygote import ZygoteChild
 
-__all__ = ["NODE_PROCESS_NAME", "NodeLink", "serve_node"]
+__all__ = ["NODE_PROCESS_NAME", "SIGTERM_AGAIN_SECONDS", "NodeLink", "serve_node"]
 
 NODE_PROCESS_NAME = "nk-node"  # a node process's name (/proc/PID/comm)
 
@@ -55,6 +52,7 @@ _BATCH_SECONDS = 0.25  # events leave in one batch this often
 _HEARTBEAT_SECONDS = 1.0  # an empty batch leaves this often when the node has nothing to say
 _CONTROL_PATIENCE_SECONDS = 1.0  # a control read waits this long for a change, where it can
 _INTERRUPT_GRACE_SECONDS = 1.0  # after SIGINT, the node process gets this long, then SIGKILL
+SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
 _log = logging.getLogger(__name__)
 
 
@@ -132,20 +130,11 @@ class _Control(threading.Thread):
         self.stop_requested = self.stop_requested or control.stop
         self.abort = self.abort or control.abort
 
-    @property
-    def lease_expired(self) -> bool:
-        return time.monotonic() - self._renewed > self._lease_seconds
-
     def ending(self) -> str:
         """Why the node must end now ("" while it may go on)."""
         if self.abort:
             return "abort"
-        return "lease" if self.lease_expired else ""
-
-
-def _signal(process: ZygoteChild, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signum)
+        return "lease" if time.monotonic() - self._renewed > self._lease_seconds else ""
 
 
 def serve_node(order: NodeOrder, link: NodeLink, secret: bytes) -> NodeReport:
@@ -239,7 +228,7 @@ class _Relay:
     def run(self) -> NodeReport:
         """Give the started node process its order, relay until it has ended, report."""
         process, orders, events = self.process, self.orders, self.events
-        release = self.link.hold_sigterm(lambda: _signal(process, signal.SIGTERM))
+        release = self.link.hold_sigterm(lambda: process.send_signal(signal.SIGTERM))
         try:
             orders.send_bytes(self.seal.secret)  # a private pipe: the run's secret, then
             orders.send_bytes(encode(self.order, self.seal))  # the order it seals
@@ -249,10 +238,7 @@ class _Relay:
                 process.kill()
             process.wait()
             release()
-            orders.close()
-            events.close()
-            self.wake.close()
-            self._ring.close()
+            self._close_ends()
         self._send_batch()
         return NodeReport(
             self.order.node_rank,
@@ -321,8 +307,7 @@ class _Relay:
             return
         if self.interrupted_at is None:
             self.ended_by, self.interrupted_at = why, time.monotonic()
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGINT)
         elif time.monotonic() - self.interrupted_at > _INTERRUPT_GRACE_SECONDS:
             process.kill()  # its guardian sees it die and stops the ranks
 

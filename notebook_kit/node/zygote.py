@@ -198,9 +198,6 @@ class ZygoteChild:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
 
 _local: Zygote | None = None
 _local_lock = threading.Lock()
@@ -220,13 +217,18 @@ def local_zygote(env: dict[str, str]) -> Zygote:
 
 
 def _read_int(sock: socket.socket) -> int:
+    return _INT.unpack(_receive(sock, _INT.size, "zygote"))[0]
+
+
+def _receive(sock: socket.socket, size: int, peer: str) -> bytes:
+    """Exactly ``size`` bytes from ``sock``; EOFError if the ``peer`` closes it first."""
     data = b""
-    while len(data) < _INT.size:
-        chunk = sock.recv(_INT.size - len(data))
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
         if not chunk:
-            raise EOFError("the zygote closed the connection")
+            raise EOFError(f"the {peer} closed the connection")
         data += chunk
-    return _INT.unpack(data)[0]
+    return data
 
 
 # -- the zygote process ----------------------------------------------------------------------
@@ -271,13 +273,7 @@ class _Server:
             header, fds, _, _ = socket.recv_fds(connection, _INT.size, _MAX_FDS)
             if len(header) != _INT.size or len(fds) < 2:
                 raise EOFError("a short request")
-            request = b""
-            size = _INT.unpack(header)[0]
-            while len(request) < size:
-                chunk = connection.recv(size - len(request))
-                if not chunk:
-                    raise EOFError("the starter left mid-request")
-                request += chunk
+            request = _receive(connection, _INT.unpack(header)[0], "starter")
             order = codec.decode(request, _REQUEST_KINDS, ZygoteRequest)
         except Exception:  # a starter that left or sent nonsense: the zygote serves on
             connection.close()

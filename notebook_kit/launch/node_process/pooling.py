@@ -2,17 +2,12 @@
 
 The node process builds the pool's :class:`~notebook_kit.launch.pool.workers.PersistentLauncher`
 with its :class:`~notebook_kit.launch.forking.NodeSeat`, says it is ready (with its ranks'
-pids), then reads the kernel's :data:`~notebook_kit.node.protocol.NodeCommand` from its orders
-pipe, one at a time, until a :class:`RunCommand` holds a ``PoolClose``:
-
-- :class:`RunCommand`: the pool command on this node's ranks among ``ranks``; answered with a
-  :class:`NodeAnswer` holding each of its ranks' answers. A ``PoolCheck`` is the group check
-  after a fault, on every node at once (a node cannot check alone: the all-reduce spans every
-  node's ranks).
-- :class:`StopCommand`: the Stop button was pressed during that command: this node's ranks
-  read it at their next vote, as on one machine.
-- :class:`Interrupt`: a rank elsewhere failed, Ctrl-C or a timeout, during that command; this
-  node's ranks are interrupted (the pool's own settling follows).
+pids), then serves the kernel's :data:`~notebook_kit.node.protocol.NodeCommand` from its orders
+pipe, one at a time, until a :class:`RunCommand` holds a ``PoolClose``; each is answered with a
+:class:`NodeAnswer` of its ranks' answers. A ``PoolCheck`` is the group check after a fault, on
+every node at once (the all-reduce spans every node's ranks). A Stop or an interrupt counts
+only during its own command: the ranks read the Stop at their next vote, as on one machine, or
+are interrupted (the pool's own settling follows).
 
 Runs on a node, in the node process.
 """

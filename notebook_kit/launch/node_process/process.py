@@ -73,12 +73,11 @@ def _run(order: NodeOrder, orders: Connection, events: Connection, seal: Seal) -
         # A preempted VM or a SLURM job at its limit is told with SIGTERM: the ranks get to
         # save (should_stop() turns True everywhere) before the machine goes.
         signal.signal(signal.SIGTERM, lambda signum, frame: relay.preempt())
-        if order.pool:
-            from notebook_kit.launch.node_process.pooling import serve_node_pool
-
-            with prints_to_kernel(relay):
-                return serve_node_pool(plan, relay, seat, orders)
         with prints_to_kernel(relay):
+            if order.pool:
+                from notebook_kit.launch.node_process.pooling import serve_node_pool
+
+                return serve_node_pool(plan, relay, seat, orders)
             value = launch_node((function, args, kwargs), plan, relay, seat, order.restart_count)
     except WorkerError as error:
         return NodeFailed(tuple(error.failures))

@@ -3,9 +3,8 @@
 Every observer call becomes one encoded event frame on the pipe to the task, which batches
 them to the scheduler (an event the kernel waits for leaves at once). A launch's one message
 back, :class:`~notebook_kit.node.protocol.LaunchStop`, sets this node's stop flag, so the ranks'
-stop vote ends every node at the same step, as the Stop button does on one machine. SIGTERM to
-the node process (:meth:`RelayObserver.preempt`) sets it with the cause "preempted", and the
-kernel is told in a line.
+stop vote ends every node at the same step, as the Stop button does on one machine (SIGTERM
+too: :meth:`RelayObserver.preempt`).
 """
 
 from __future__ import annotations

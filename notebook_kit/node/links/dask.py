@@ -1,9 +1,4 @@
-"""Worker side of the Dask engine, run in a Dask worker: the node task and the probe task.
-
-:func:`run_node` is the Dask task of one node: it serves the node
-(:func:`~notebook_kit.node.task.serve_node`) through a :class:`DaskNodeLink`, the scheduler's
-variables, topics and events. :func:`probe_worker` is the Dask task of the probe.
-"""
+"""Worker side of the Dask engine, run in a Dask worker: the node task and the probe task."""
 
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ from notebook_kit.node.protocol import (
     RunNames,
     read_control,
 )
-from notebook_kit.node.task import serve_node
+from notebook_kit.node.task import SIGTERM_AGAIN_SECONDS, serve_node
 from notebook_kit.node.zygote import local_zygote
 
 __all__ = ["DaskNodeLink", "probe_worker", "run_node"]
@@ -130,7 +125,7 @@ class DaskNodeLink:
                 loop.remove_signal_handler(signal.SIGTERM)
                 signal.signal(signal.SIGTERM, held)
                 if received.is_set():  # once the report is out: end as the signal asked
-                    loop.call_later(_SIGTERM_AGAIN_SECONDS, os.kill, os.getpid(), signal.SIGTERM)
+                    loop.call_later(SIGTERM_AGAIN_SECONDS, os.kill, os.getpid(), signal.SIGTERM)
 
             _on_loop(loop, restore)
 
@@ -138,7 +133,6 @@ class DaskNodeLink:
 
 
 _FAILED = object()
-_SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
 
 
 def _on_loop(loop: Any, call: Callable[[], Any]) -> Any:

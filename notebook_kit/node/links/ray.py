@@ -1,13 +1,11 @@
 """Worker side of the Ray engine, run in a Ray worker: one node's Ray task, the runs' hub actor.
 
-A cluster run on Ray (``notebook_launcher(cluster="ray")``) shares everything with the Dask
-path but the engine: the node task is a Ray task placed in its bundle of the run's placement
-group, and :func:`run_ray_node` serves its node with :func:`~notebook_kit.node.task.serve_node`
-through a :class:`RayNodeLink`. What the Dask scheduler holds for a run (the control
-variable, node 0's address, the started marks, the event topic, a pool's command topic) is held
-by a small actor, the :class:`RunHub`: one per kernel, serving each of its runs until the run
-is forgotten, as a Dask scheduler serves every run of a client. Starting an actor's process
-took about 4 s of a 7 s launch on 2 cores; the kernel's hub starts once.
+A node task is a Ray task placed in its bundle of the run's placement group
+(:func:`run_ray_node`, through a :class:`RayNodeLink`). What the Dask scheduler holds for a run
+(the control variable, node 0's address, the started marks, the event topic, a pool's command
+topic) is held by a small actor, the :class:`RunHub`: one per kernel, serving each of its runs
+until the run is forgotten. Starting an actor's process took about 4 s of a 7 s launch on 2
+cores; the kernel's hub starts once.
 
 The hub is an asyncio actor with no CPU of its own. A node task's event batch is one ``put``
 call. The kernel's event thread, a node's control thread and a pool node's command thread each
@@ -40,7 +38,7 @@ from notebook_kit.node.protocol import (
     Rendezvous,
     read_control,
 )
-from notebook_kit.node.task import serve_node
+from notebook_kit.node.task import SIGTERM_AGAIN_SECONDS, serve_node
 from notebook_kit.node.zygote import local_zygote
 
 __all__ = ["NodeKeeper", "RayNodeLink", "RunHub", "probe_ray_worker", "run_ray_node"]
@@ -50,7 +48,6 @@ _HUB_START_SECONDS = 60.0  # the hub's process starts with the node tasks'
 _CLAIM_AGAIN_SECONDS = 0.05  # a claim that came before the kernel's first call asks again
 _FORGOTTEN_KEPT = 10_000  # runs the hub remembers as forgotten (a late claim is refused)
 _COMMAND_WAIT_SECONDS = 0.5  # a pool node's command thread asks again this often
-_SIGTERM_AGAIN_SECONDS = 1.0  # a held SIGTERM ends the worker this long after its node ended
 
 
 class _RunState:
@@ -72,8 +69,7 @@ def _but_lease(control: bytes) -> Control:
 
 
 class RunHub:
-    """The runs' shared state on a Ray cluster, one entry per run (made an actor by
-    ``ray.remote``; one per kernel, as a Dask scheduler serves every run of a client).
+    """The runs' shared state on a Ray cluster, one entry per run (an actor by ``ray.remote``).
 
     A run's entry is made by its first ``set_control`` and dropped by ``forget``, which
     wakes its waiters; a call for a run the hub does not hold (forgotten) returns empty.
@@ -293,7 +289,7 @@ class RayNodeLink:
             signal.signal(signal.SIGTERM, previous)
             if received.is_set():  # once the report is out: end as the signal asked
                 again = threading.Timer(
-                    _SIGTERM_AGAIN_SECONDS, os.kill, (os.getpid(), signal.SIGTERM)
+                    SIGTERM_AGAIN_SECONDS, os.kill, (os.getpid(), signal.SIGTERM)
                 )
                 again.daemon = True
                 again.start()

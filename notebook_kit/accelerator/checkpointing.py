@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
 
 from notebook_kit.accelerator.async_save import BackgroundSaves, SaveAbandoned
 from notebook_kit.accelerator.checkpoint_files import (
@@ -121,11 +120,6 @@ class Stateful:
             "rng": get_rng_states(),
             "dataloaders": [loader.state_dict() for loader in self.dataloaders],
         }
-
-
-def _barrier() -> None:
-    if world_size() > 1:
-        dist.barrier()
 
 
 def _commit(directory: StoragePath, manifest: dict[str, Any]) -> None:

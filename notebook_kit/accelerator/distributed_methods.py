@@ -1,9 +1,6 @@
 """The Accelerator's view of the job and its training step (a mixin; state is the Accelerator's).
 
-Rank, device, accumulation progress, ``distributed_type`` and the data loader settings read as
-on Accelerate's Accelerator. The step's calls (``backward``, ``accumulate``, ``no_sync``,
-``autocast``, clipping) defer to the strategy (DDP, FSDP or one process) for what differs;
-``join_uneven_inputs`` and ``trigger_sync_in_backward`` steer DistributedDataParallel. Unlike
+The step's calls defer to the strategy (DDP, FSDP or one process) for what differs. Unlike
 Accelerate, joining uneven inputs works on CPU processes (gloo) as well as on GPUs.
 """
 
@@ -37,8 +34,7 @@ __all__ = ["DistributedMethods"]
 
 
 class DistributedMethods:
-    """Properties, the training step and DDP context managers; reads ``state``, ``strategy``,
-    the handlers and the config, all created by ``Accelerator.__init__``."""
+    """Properties, the training step and DDP context managers (state set by the Accelerator)."""
 
     state: AcceleratorState
     strategy: Strategy
@@ -68,15 +64,9 @@ class DistributedMethods:
         """True when fp16 loss scaling skipped the last optimizer step (inf/nan gradients)."""
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
-    @property
-    def distributed_type(self) -> DistributedType:
-        """``DistributedType.NO``, ``MULTI_CPU``, ``MULTI_GPU`` or ``FSDP``.
-
-        Example::
-
-            if accelerator.distributed_type == DistributedType.MULTI_GPU: ...
-        """
-        return self.state.distributed_type
+    distributed_type = Delegated[DistributedType](
+        "state", doc="``DistributedType.NO``, ``MULTI_CPU``, ``MULTI_GPU`` or ``FSDP``."
+    )
 
     @property
     def is_fsdp2(self) -> bool:

@@ -8,7 +8,7 @@ steps once per process so a schedule written for one process keeps its length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -50,12 +50,7 @@ class GradientState:
     @property
     def plugin_kwargs(self) -> dict[str, Any]:
         """The accumulation settings, named as ``GradientAccumulationPlugin``'s fields."""
-        return {
-            "num_steps": self.num_steps,
-            "adjust_scheduler": self.adjust_scheduler,
-            "sync_with_dataloader": self.sync_with_dataloader,
-            "sync_each_batch": self.sync_each_batch,
-        }
+        return {item.name: getattr(self, item.name) for item in fields(self) if item.init}
 
     @property
     def active_dataloader(self) -> Any:

@@ -100,6 +100,11 @@ def _from_environment(field: str) -> int:
     return 1
 
 
+def _enabled(dim: str) -> property:
+    """Accelerate's ``<dim>_enabled``: True when ``<dim>_size`` is above 1."""
+    return property(lambda config: getattr(config, f"{dim}_size") > 1)
+
+
 @dataclass
 class ParallelismConfig:
     """How the ranks split the work (Accelerate's ``ParallelismConfig``, same fields).
@@ -194,21 +199,10 @@ class ParallelismConfig:
 
     # -- Accelerate's properties ------------------------------------------------------------
 
-    @property
-    def dp_replicate_enabled(self) -> bool:
-        return self.dp_replicate_size > 1
-
-    @property
-    def dp_shard_enabled(self) -> bool:
-        return self.dp_shard_size > 1
-
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp_size > 1
-
-    @property
-    def cp_enabled(self) -> bool:
-        return self.cp_size > 1
+    dp_replicate_enabled = _enabled("dp_replicate")
+    dp_shard_enabled = _enabled("dp_shard")
+    tp_enabled = _enabled("tp")
+    cp_enabled = _enabled("cp")
 
     @property
     def sp_enabled(self) -> bool:

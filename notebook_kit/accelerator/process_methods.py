@@ -34,11 +34,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ProcessMethods:
-    """Helpers an Accelerator offers about its processes.
-
-    Every attribute it reads or sets is declared here and created by ``Accelerator.__init__``
-    (``trackers``, ``tracker_config``, the trigger flag), so nothing appears behind its back.
-    """
+    """Helpers an Accelerator offers about its processes (attributes set by the Accelerator)."""
 
     state: AcceleratorState
     gradient_state: GradientState

@@ -5,9 +5,7 @@
   ``accelerator.log(...)`` of Accelerate's own ``Accelerator`` to the live plot.
 - :class:`TensorBoardTracker` (``named_trackers``) and the tracker list of notebook_kit's
   ``Accelerator`` (``trackers``: ``log_with="tensorboard"``).
-- ``activation``: what a launch turns on in its processes (the right world size for
-  Accelerate and the Trainer, the callback on every Trainer, weights home for models
-  Accelerate prepared); the launcher registers it as a launch hook.
+- ``activation``: what a launch turns on in its processes (a launch hook).
 
 Runs in every training process. Importing this package imports no framework: each name
 above imports its framework on first use (``pip install notebook_kit[transformers]``).

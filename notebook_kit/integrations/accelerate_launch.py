@@ -3,13 +3,9 @@
 Applied by :mod:`notebook_kit.integrations.activation` once the Accelerate modules are
 imported in a launched process; nothing here imports ``accelerate`` itself.
 
-- Accelerate keeps its process state in class-level dictionaries. A state made in the kernel
-  before the fork (one process) would be inherited by every worker, which would then each
-  train alone; a state that does not match this launch is cleared, so it is set up again
-  here, inside the launch's process group.
-- ``Accelerator.prepare_model`` is wrapped to tell the launch which models were prepared,
-  so rank 0's trained weights come home to the kernel's model objects, as with notebook_kit's
-  own ``Accelerator``.
+Accelerate keeps its process state in class-level dictionaries: a state made in the kernel
+before the fork (one process) would be inherited by every worker, which would each train alone.
+Prepared models are told to the launch so rank 0's weights come home to the kernel's objects.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ function (or the kernel, before the fork) to import the module it adjusts.
   ``cpu=True``/``use_cpu=True``, and each rank would train alone on the whole data set.
 - ``FORK_LAUNCHED=1``: the launcher owns the process group, so Accelerate's
   ``end_training()`` leaves it for the launcher to close.
-- Accelerate's state made outside this launch is cleared; its ``prepare_model`` tells the
-  launch which models go home (:mod:`.accelerate_launch`).
-- Every ``Trainer`` joins the launch and the live view (:mod:`.trainer_launch`).
+- Accelerate's ``Accelerator`` and every ``Trainer`` join the launch (:mod:`.accelerate_launch`,
+  :mod:`.trainer_launch`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``MLflowTracker``: an MLflow run for notebook_kit's ``Accelerator``.
 
-Same name and arguments as Accelerate's tracker: ``log_with="mlflow"`` and
-``init_trackers("my-experiment", config=..., init_kwargs={"mlflow": {...}})`` start a run in
-the experiment of that name (created if missing) on the main process, store ``config`` as the
-run's parameters and log every ``accelerator.log`` call as metrics at its step. The tracking
-server is MLflow's own choice (``MLFLOW_TRACKING_URI``, e.g. ``file:/path/mlruns``; by default
-``./mlruns``). It talks to MLflow through an ``MlflowClient`` of its own, so the user's own
-``mlflow.start_run()`` state is left alone. Needs MLflow (``pip install notebook_kit[mlflow]``,
-which installs ``mlflow-skinny``).
+Same name and arguments as Accelerate's tracker; the experiment is created if missing. The
+tracking server is MLflow's own choice (``MLFLOW_TRACKING_URI``; by default ``./mlruns``). An
+``MlflowClient`` of its own leaves the user's ``mlflow.start_run()`` state alone.
 """
 
 from __future__ import annotations

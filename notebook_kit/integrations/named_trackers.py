@@ -1,13 +1,7 @@
 """The trackers ``log_with`` names, for notebook_kit's ``Accelerator``: TensorBoard and W&B here,
-MLflow in :mod:`~notebook_kit.integrations.mlflow_tracker`; each on :class:`NamedTracker`.
-
-Same names, arguments and layout as Accelerate's trackers. ``log_with="tensorboard"`` writes
-``<logging_dir>/<project_name>/events.out.tfevents.*`` through torch's own ``SummaryWriter``
-(``pip install tensorboard``). ``log_with="wandb"`` and ``init_trackers("my-project",
-config=..., init_kwargs={"wandb": {...}})`` start ``wandb.init(project="my-project",
-**init_kwargs["wandb"])`` on the main process, store ``config`` as the run's config and log
-every ``accelerator.log`` call at its step (``pip install wandb``; ``WANDB_MODE=offline`` keeps
-the run on disk, ``wandb sync`` uploads it later).
+MLflow in :mod:`~notebook_kit.integrations.mlflow_tracker`; each on :class:`NamedTracker`, with
+the names, arguments and file layout of Accelerate's trackers (``wandb sync`` uploads a run
+kept on disk with ``WANDB_MODE=offline``).
 """
 
 from __future__ import annotations

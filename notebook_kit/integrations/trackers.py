@@ -1,12 +1,8 @@
 """The trackers of notebook_kit's ``Accelerator``: ``log_with`` checked, then built.
 
-``log_with`` takes Accelerate's forms: a name (``"tensorboard"``, ``"wandb"``, ``"mlflow"``,
-or ``"all"``), a tracker object, or a list of them. The live plot is always fed as well; a
-tracker is an addition, written by the main process only. Each named tracker needs its package
-(an optional extra: ``notebook_kit[tensorboard]``, ``[wandb]``, ``[mlflow]``), checked when the
-Accelerator is made, before any training. Tracker objects follow Accelerate's
-``GeneralTracker`` interface (``name``, ``start``, ``store_init_configuration``, ``log``,
-``finish``), so Accelerate's own trackers (``WandBTracker(...)``) work here too.
+``log_with`` takes Accelerate's forms: a name, a tracker object with Accelerate's
+``GeneralTracker`` interface (Accelerate's own trackers too), or a list of them. A named
+tracker's package is checked when the Accelerator is made, before any training.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from notebook_kit.integrations.named_trackers import (
 __all__ = ["TRACKER_NAMES", "check_log_with", "make_trackers"]
 
 TRACKER_NAMES = ("all", "tensorboard", "wandb", "mlflow")  # "all": the live plot only
-_NEEDS_DIRECTORY = {"tensorboard"}
 
 
 def check_log_with(log_with: Any, logging_dir: str | os.PathLike[str] | None) -> list[Any]:
@@ -56,8 +51,9 @@ def check_log_with(log_with: Any, logging_dir: str | os.PathLike[str] | None) ->
                 f"{', '.join(map(repr, TRACKER_NAMES))}, or pass a tracker object (such as "
                 f"accelerate.tracking.WandBTracker(...))."
             )
-        _check_installed(name)
-        if name in _NEEDS_DIRECTORY and logging_dir is None:
+        if name in PACKAGES and importlib.util.find_spec(PACKAGES[name][0]) is None:
+            raise ValueError(install_hint(name))
+        if name == TensorBoardTracker.name and logging_dir is None:
             raise ValueError(
                 f'log_with="{name}" writes files: give the Accelerator a project_dir '
                 f"(or ProjectConfiguration(logging_dir=...))."
@@ -96,11 +92,6 @@ def make_trackers(
         if callable(start):
             start()
     return trackers
-
-
-def _check_installed(name: str) -> None:
-    if name in PACKAGES and importlib.util.find_spec(PACKAGES[name][0]) is None:
-        raise ValueError(install_hint(name))
 
 
 def _is_tracker(item: Any) -> bool:

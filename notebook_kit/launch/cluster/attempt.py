@@ -377,8 +377,5 @@ def _batch(event: Any, num_nodes: int) -> tuple[int, list[bytes]]:
 
 
 def nodes_per_host(reports: list[ProbeReport]) -> list[int]:
-    """For each node, how many nodes of the run are on its host (they share its cores).
-
-    A host is the address of its Dask workers, as when choosing one worker per host.
-    """
+    """For each node, how many nodes of the run are on its host (they share its cores)."""
     return [sum(other.host == report.host for other in reports) for report in reports]

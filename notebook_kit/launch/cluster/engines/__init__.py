@@ -25,20 +25,18 @@ class EngineRow:
     forms: str  # the values it takes, for the message naming every accepted form
 
 
-_ENGINES = "notebook_kit.launch.cluster.engines"
-
 # Tried in order: Dask's row, which takes any other object and checks it itself (naming what
 # it accepts, or how to install Dask), comes last.
 ENGINES: tuple[EngineRow, ...] = (
     EngineRow(
         takes=lambda value: isinstance(value, str),
-        engine=f"{_ENGINES}.ray:ray_engine",
+        engine="notebook_kit.launch.cluster.engines.ray:ray_engine",
         link="notebook_kit.node.links.ray:RayNodeLink",
         forms="'ray' or 'ray://host:port' for a Ray cluster",
     ),
     EngineRow(
         takes=lambda value: not isinstance(value, str),
-        engine=f"{_ENGINES}.dask:dask_engine",
+        engine="notebook_kit.launch.cluster.engines.dask:dask_engine",
         link="notebook_kit.node.links.dask:DaskNodeLink",
         forms="a distributed.Client or a cluster object with .get_client() for Dask",
     ),

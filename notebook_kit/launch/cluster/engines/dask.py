@@ -106,11 +106,9 @@ class DaskEngine(Engine):
         return current_workers(self.client)
 
     def ask(self, workers: list[str], function: Callable, *args: Any) -> list[Any]:
-        """Raises ``ClusterSetupError`` naming a busy worker at once, or the silent ones."""
-        client = self.client
-        refuse_busy_workers(client, workers)
+        refuse_busy_workers(self.client, workers)
         futures = [
-            client.submit(
+            self.client.submit(
                 function,
                 *args,
                 workers=[address],
@@ -124,7 +122,7 @@ class DaskEngine(Engine):
 
         try:
             wait(futures, timeout=PROBE_TIMEOUT_SECONDS)
-            return client.gather(futures)
+            return self.client.gather(futures)
         except TimeoutError as error:
             silent = [
                 address
@@ -138,7 +136,7 @@ class DaskEngine(Engine):
                 f"node. Wait for its running tasks to finish, or add workers."
             ) from error
         finally:
-            client.cancel(futures, force=True)
+            self.client.cancel(futures, force=True)
 
     def probe(self, workers: list[str], payload: bytes) -> list[ProbeReport]:
         node0_host = workers[0].split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")

@@ -560,7 +560,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "fp16 scales the loss before backward and unscales before the step",
         (
             Edit(
-                "accelerator/distributed_methods.py", "loss = self.scaler.scale(loss)", "loss = loss"
+                "accelerator/distributed_methods.py",
+                "loss = self.scaler.scale(loss)",
+                "loss = loss",
             ),
         ),
         ("tests/test_accelerator.py::test_fp16_path_uses_a_grad_scaler_and_keeps_the_loss_finite",),

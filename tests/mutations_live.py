@@ -35,10 +35,10 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
             Edit(
                 "launch/cluster/engines/ray.py",
-                "        return {name: {\"host\": place.node_id} for name, place in"
+                '        return {name: {"host": place.node_id} for name, place in'
                 " self._read_places().items()}\n",
                 "        self._read_places()\n"
-                "        return {name: {\"host\": p.node_id} for name, p in self._places.items()}\n",
+                '        return {name: {"host": p.node_id} for name, p in self._places.items()}\n',
             ),
         ),
         ("tests/test_ray_integration.py::test_a_ray_node_that_left_offers_no_places_to_a_restart",),

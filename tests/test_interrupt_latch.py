@@ -78,20 +78,24 @@ def test_the_handler_is_the_kernels_again_after_the_block():
     assert _press()
 
 
-def test_a_press_on_an_instruction_without_a_line_is_raised_a_step_later():
+def test_a_press_on_an_instruction_without_a_line_is_raised_a_step_later(monkeypatch):
     """IPython cannot format a traceback through a frame CPython gives no line: such a press
     is handed on and raised at the next instruction that has one."""
 
     class LineLess:  # a frame stopped on an instruction without a line (a loop's own jump)
         f_lineno = None
 
+    # The press comes back from a timer thread. With the product's 1 ms, on a loaded machine it
+    # can come back before the handler has returned; 0.3 s leaves the handler time to return,
+    # and the wait below is bounded generously (it runs out only if the press never returns).
+    monkeypatch.setattr(interrupts, "_MOVE_SECONDS", 0.3)
     returned = []
     with interrupt_latch():
         handler = signal.getsignal(signal.SIGINT)
         with pytest.raises(KeyboardInterrupt) as caught:
             handler(signal.SIGINT, LineLess())  # type: ignore[operator]
             returned.append(True)  # not raised there
-            for _ in range(100):
+            for _ in range(10_000):
                 time.sleep(0.001)
         latch = interrupts._active
         assert latch is not None and latch.moved == 1

@@ -15,14 +15,26 @@ _NOTEBOOK_RUN = (
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
+        "script-output-writes-lines-in-pieces",
+        "processes sharing one pipe write each line whole, so no other process splits it",
+        (
+            Edit(
+                "cli/script_entry.py",
+                "(self._pending + text).rpartition(",
+                "(text, '', '') or (self._pending + text).rpartition(",
+            ),
+        ),
+        ("tests/test_export.py::test_a_script_process_writes_each_printed_line_in_one_piece",),
+    ),
+    Mutation(
         "export-main-output-left-quiet",
         "An exported script's launched function prints on every rank; the notebook's own "
         "code prints once per node",
         (
             Edit(
                 "cli/script_entry.py",
-                "        if current_launch() is not None:\n",
-                "        if current_launch() is None and False:\n",
+                "        if self._once_per_node and current_launch() is None:\n",
+                "        if True:\n",
             ),
         ),
         (_EXPORT_RUN + "test_the_launched_function_prints_on_every_process",),

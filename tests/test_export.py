@@ -100,6 +100,32 @@ def test_cells_above_the_launch_print_once_per_node(tmp_path, local_rank, shown)
     assert (done.stdout, done.stderr) == (shown, "launched\n")
 
 
+class _Writes:
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.writes.append("<flush>")
+
+
+def test_a_script_process_writes_each_printed_line_in_one_piece():
+    """print() writes its text and then its end: the ranks of a node share one pipe, so each
+    line must reach it in one write, or another rank's line can land inside it."""
+    from notebook_kit.cli.script_entry import _ScriptStdout
+
+    stream = _Writes()
+    out = _ScriptStdout(stream, once_per_node=False)
+    print("between", file=out)
+    print("a", "b", sep="-", end="", file=out)
+    assert stream.writes == ["between\n", "<flush>"]
+    out.flush()
+    assert stream.writes[2:] == ["a-b", "<flush>"]
+
+
 def test_multiline_strings_keep_their_text_inside_main():
     script = _script(
         "from notebook_kit import notebook_launcher",

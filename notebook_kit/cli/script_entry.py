@@ -20,6 +20,7 @@ import os
 import runpy
 import sys
 import tempfile
+import threading
 import traceback
 from typing import Any, NoReturn
 
@@ -50,36 +51,59 @@ def main(argv: list[str] | None = None) -> NoReturn:
     exit_flushed(status)
 
 
-class _OncePerNode:
-    """Standard output of a process that is not its node's first (``LOCAL_RANK`` > 0): what a
-    launched function prints goes through, as every rank's output shows in a notebook launch;
-    the rest of the notebook's output is left to the node's first process, as the kernel
-    shows it once."""
+class _ScriptStdout:
+    """Standard output of a process a launcher started (``LOCAL_RANK`` set) for an exported
+    notebook.
 
-    def __init__(self, stream: Any) -> None:
+    Every process writes whole lines, each in one write followed by a flush: the processes of
+    a node share one pipe, and a line written in pieces (``print`` writes its text and then its
+    end) could otherwise be split by another process's line. A process that is not its node's
+    first (``LOCAL_RANK`` > 0) lets through only what a launched function prints, as every
+    rank's output shows in a notebook launch; the rest of the notebook's output is left to the
+    node's first process, as the kernel shows it once.
+    """
+
+    def __init__(self, stream: Any, once_per_node: bool) -> None:
         self._stream = stream
+        self._once_per_node = once_per_node
+        self._pending = ""
+        self._lock = threading.Lock()  # a training loop's threads print too
 
     def write(self, text: str) -> int:
         from notebook_kit.runtime.context import current_launch
 
-        if current_launch() is not None:
-            return self._stream.write(text)
+        if self._once_per_node and current_launch() is None:
+            return len(text)
+        with self._lock:
+            lines, newline, self._pending = (self._pending + text).rpartition("\n")
+            if newline:
+                self._stream.write(lines + newline)
+                self._stream.flush()
         return len(text)
 
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty: the stream's
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._stream.write(self._pending)
+                self._pending = ""
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, encoding, isatty: the stream's
         return getattr(self._stream, name)
 
 
 def print_once_per_node() -> None:
     """Under torchrun, show the notebook's own output once per node and what its launches
-    print on every process (see :class:`_OncePerNode`). Errors show everywhere.
+    print on every process, each line whole (see :class:`_ScriptStdout`). Errors show
+    everywhere.
 
     Example::
 
         print_once_per_node()  # what an exported script does before its first cell
     """
-    if os.environ.get("LOCAL_RANK", "0") != "0" and not isinstance(sys.stdout, _OncePerNode):
-        sys.stdout = _OncePerNode(sys.stdout)
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and not isinstance(sys.stdout, _ScriptStdout):
+        sys.stdout = _ScriptStdout(sys.stdout, once_per_node=local_rank != "0")
 
 
 def join_job_group() -> None:

@@ -51,6 +51,10 @@ def ray_runtime():
     os.environ.update(quiet)  # the local Ray instance, and so its workers, inherit them
     try:
         ray.init(
+            # A new local instance: with no address, ray.init joins any Ray instance running on
+            # the machine (a head another module started and is still stopping, say), which
+            # then refuses num_cpus.
+            address="local",
             num_cpus=4,  # four places: two nodes, and a restart's two beside them
             include_dashboard=False,
             log_to_driver=False,

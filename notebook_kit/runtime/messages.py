@@ -24,6 +24,9 @@ from notebook_kit.errors import WorkerFailure
 from notebook_kit.runtime import codec
 
 __all__ = [
+    "DebuggerLeft",
+    "DebuggerLine",
+    "DebuggerPrompt",
     "Failure",
     "Finished",
     "MetricsBatch",
@@ -37,7 +40,9 @@ __all__ = [
     "Started",
     "WorkerMessage",
     "decode",
+    "decode_line",
     "encode",
+    "encode_line",
     "plain_values",
     "weights_of",
 ]
@@ -248,14 +253,69 @@ class Stacks:
     threads: tuple[dict[str, Any], ...]
 
 
-WorkerMessage = Started | MetricsBatch | Failure | Finished | Result | PoolAnswer | Stacks
+@dataclass(frozen=True)
+class DebuggerPrompt:
+    """A rank's pdb waits for a command: what it printed since the last one, and its prompt.
+
+    ``location`` is ``file:line`` of the ``breakpoint()`` it stopped at. The kernel answers
+    with a :class:`DebuggerLine` on the rank's answer pipe.
+    """
+
+    rank: int
+    output: str
+    prompt: str
+    location: str
+
+
+@dataclass(frozen=True)
+class DebuggerLeft:
+    """A rank left pdb (``c`` or ``q``): what it printed after its last command."""
+
+    rank: int
+    output: str
+
+
+@dataclass(frozen=True)
+class DebuggerLine:
+    """The kernel's answer to a :class:`DebuggerPrompt` (kernel to worker, the other way).
+
+    ``text`` is the line typed; None when nobody can type (the frontend allows no input), so
+    the rank skips its breakpoint. ``interrupted``: the kernel was interrupted at the prompt.
+    """
+
+    text: str | None
+    interrupted: bool = False
+
+
+WorkerMessage = (
+    Started
+    | MetricsBatch
+    | Failure
+    | Finished
+    | Result
+    | PoolAnswer
+    | Stacks
+    | DebuggerPrompt
+    | DebuggerLeft
+)
 Send = Callable[[WorkerMessage], None]  # a context's way to the kernel
 
 
 # Every class a worker's frame may hold: the kernel rebuilds none but these.
 KINDS = codec.kinds_of(
-    Started, MetricsBatch, Progress, RankSpeed, Failure, Finished, Result, PoolAnswer, Stacks
+    Started,
+    MetricsBatch,
+    Progress,
+    RankSpeed,
+    Failure,
+    Finished,
+    Result,
+    PoolAnswer,
+    Stacks,
+    DebuggerPrompt,
+    DebuggerLeft,
 )
+_LINE_KINDS = codec.kinds_of(DebuggerLine)  # the one kind the kernel sends a worker's pdb
 
 
 def encode(message: WorkerMessage, dumps: codec.Dumps | None = None) -> bytes:
@@ -271,6 +331,21 @@ def encode(message: WorkerMessage, dumps: codec.Dumps | None = None) -> bytes:
 def decode(data: bytes) -> WorkerMessage:
     """The message :func:`encode` made of ``data``; raises ``ProtocolError`` for anything else."""
     return codec.decode(data, KINDS)
+
+
+def encode_line(line: DebuggerLine) -> bytes:
+    """``line`` as the bytes a rank's answer pipe carries."""
+    return codec.encode(line, _LINE_KINDS)
+
+
+def decode_line(data: bytes) -> DebuggerLine:
+    """The line :func:`encode_line` made of ``data``; raises ``ProtocolError`` for anything else.
+
+    Example:
+        >>> decode_line(encode_line(DebuggerLine("p x")))
+        DebuggerLine(text='p x', interrupted=False)
+    """
+    return codec.decode(data, _LINE_KINDS, DebuggerLine)
 
 
 def weights_of(

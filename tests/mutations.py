@@ -3097,13 +3097,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/interrupts.py",
-                "        if frame is not None and frame.f_lineno is None and self.moved < _MOVES:",
+                "        if _unformattable(frame) and self.moved < _MOVES:",
                 "        if False:",
             ),
         ),
         (
             "tests/test_interrupt_latch.py::"
             "test_a_press_on_an_instruction_without_a_line_is_raised_a_step_later",
+        ),
+    ),
+    Mutation(
+        "press-coming-back-inside-the-handler-raised-there",
+        "a handed-on press that comes back while the handler runs is handed on again",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "(frame.f_lineno is None or frame.f_code is _HANDLE_CODE)",
+                "(frame.f_lineno is None)",
+            ),
+        ),
+        (
+            "tests/test_interrupt_latch.py::"
+            "test_a_handed_on_press_that_comes_back_inside_the_handler_is_handed_on_again",
         ),
     ),
     Mutation(

@@ -101,3 +101,25 @@ def test_a_press_on_an_instruction_without_a_line_is_raised_a_step_later(monkeyp
         assert latch is not None and latch.moved == 1
     assert returned == [True]
     assert all(isinstance(entry.lineno, int) for entry in caught.traceback)
+
+
+def test_a_handed_on_press_that_comes_back_inside_the_handler_is_handed_on_again(monkeypatch):
+    """On a loaded machine the handed-on press can come back before the handler returned: its
+    frame is then the handler's own, and it must not be raised there either."""
+
+    class InsideTheHandler:  # the frame a press coming back during the handler stops in
+        f_lineno = 97
+        f_code = interrupts._Latch.handle.__code__
+
+    monkeypatch.setattr(interrupts, "_MOVE_SECONDS", 0.3)
+    returned = []
+    with interrupt_latch():
+        handler = signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            handler(signal.SIGINT, InsideTheHandler())  # type: ignore[operator]
+            returned.append(True)  # not raised there
+            for _ in range(10_000):
+                time.sleep(0.001)
+        latch = interrupts._active
+        assert latch is not None and latch.moved == 1
+    assert returned == [True]

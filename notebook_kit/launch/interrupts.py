@@ -87,16 +87,16 @@ class _Latch:
         if self.holding or _forks_under_way:
             self.pending = True
             return
-        if frame is not None and frame.f_lineno is None and self.moved < _MOVES:
+        if _unformattable(frame) and self.moved < _MOVES:
             # CPython stopped on an instruction it gives no line (a loop's own jump), and
             # IPython cannot format a traceback through such a frame: it shows "Unexpected
             # exception formatting exception" instead. The press comes again a moment later,
             # once this frame has moved on (posted now, it would be raised in this handler,
-            # with that frame still below it).
+            # with that frame still below it). The thread that posts it is started without
+            # waiting for it to run, and a press that comes back while this handler still
+            # runs is handed on again, so none is raised in here.
             self.moved += 1
-            again = threading.Timer(_MOVE_SECONDS, _thread.interrupt_main, (signal.SIGINT,))
-            again.daemon = True
-            again.start()
+            _thread.start_new_thread(_press_again, ())
             return
         self.deliver(frame)
 
@@ -116,6 +116,18 @@ class _Latch:
             self.deliver()
 
 
+def _unformattable(frame: FrameType | None) -> bool:
+    """True for a frame a traceback cannot be shown through: one stopped on an instruction
+    without a line, or the latch's own handler (a press handed on came back inside it)."""
+    return frame is not None and (frame.f_lineno is None or frame.f_code is _HANDLE_CODE)
+
+
+def _press_again() -> None:
+    time.sleep(_MOVE_SECONDS)
+    _thread.interrupt_main(signal.SIGINT)
+
+
+_HANDLE_CODE = _Latch.handle.__code__
 _active: _Latch | None = None
 
 

@@ -13,7 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from notebook_kit.config import arguments
-from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.config.launch_config import LaunchConfig
+from notebook_kit.config.launch_plan import (
+    DEFAULT_RENDEZVOUS_TIMEOUT,
+    DEFAULT_STALL_SECONDS,
+    LaunchPlan,
+)
 from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.pool.backend import PoolBackend
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT
@@ -23,7 +28,7 @@ from notebook_kit.launch.preflight import check_fork_safety
 if TYPE_CHECKING:
     from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
 
-__all__ = ["cluster_plan", "pool_backend", "refuse_launch_only"]
+__all__ = ["cluster_plan", "pool_arguments", "pool_backend", "refuse_launch_only"]
 
 
 def pool_backend(
@@ -77,3 +82,36 @@ def cluster_plan(cluster: Any, options: dict[str, Any], send_limit: int) -> Clus
             "(64 MiB is sent to every node at most)."
         )
     return resolve_cluster_plan(cluster, options)
+
+
+def pool_arguments(
+    self: Any,
+    num_processes: int | None = None,
+    *,
+    mixed_precision: arguments.MixedPrecision | None = None,
+    gradient_accumulation_steps: int | None = None,
+    backend: arguments.Backend | None = None,
+    seed: int | None = None,
+    master_addr: str | None = None,
+    use_port: int | None = None,
+    num_nodes: int | None = None,
+    node_rank: int | None = None,
+    threads_per_process: int | None = None,
+    live: bool | None = None,
+    max_restarts: int | None = None,
+    fsdp: bool | None = None,
+    parallelism_config_dp_replicate_size: int | None = None,
+    parallelism_config_dp_shard_size: int | None = None,
+    parallelism_config_tp_size: int | None = None,
+    parallelism_config_cp_size: int | None = None,
+    storage_timeout: int | None = None,
+    timeout: float | None = None,
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
+    isolate: bool = True,
+    stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+    min_nodes: int | None = None,
+    config: LaunchConfig | None = None,
+    send_limit: int = DEFAULT_SEND_LIMIT,
+    cluster: Any = None,
+) -> None:
+    """The arguments of :class:`WorkerPool`, written out for ``help()`` and type checkers."""

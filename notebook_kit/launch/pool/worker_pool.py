@@ -20,20 +20,15 @@ from typing import Any, Literal
 
 from notebook_kit.config import arguments
 from notebook_kit.config.arguments import takes_arguments_of
-from notebook_kit.config.launch_config import LaunchConfig
-from notebook_kit.config.launch_plan import (
-    DEFAULT_RENDEZVOUS_TIMEOUT,
-    DEFAULT_STALL_SECONDS,
-)
+from notebook_kit.config.launch_config import LaunchConfig  # noqa: F401 (pool_arguments')
 from notebook_kit.config.schema import scoped
 from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launchers.base import prepare_view
 from notebook_kit.launch.pool.backend import PoolBackend, RunOutcome, WorkersStopped
-from notebook_kit.launch.pool.options import pool_backend, refuse_launch_only
+from notebook_kit.launch.pool.options import pool_arguments, pool_backend, refuse_launch_only
 from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
 from notebook_kit.launch.pool.shipping import (
-    DEFAULT_SEND_LIMIT,
     WorkerHoldings,
     code_names,
     hidden_names,
@@ -64,39 +59,6 @@ def _stop_at_exit(live: _LiveProcesses) -> None:
     if os.getpid() == live.pid and live.processes is not None:
         live.processes.kill()
         live.processes = None
-
-
-def _pool_arguments(
-    self: WorkerPool,
-    num_processes: int | None = None,
-    *,
-    mixed_precision: arguments.MixedPrecision | None = None,
-    gradient_accumulation_steps: int | None = None,
-    backend: arguments.Backend | None = None,
-    seed: int | None = None,
-    master_addr: str | None = None,
-    use_port: int | None = None,
-    num_nodes: int | None = None,
-    node_rank: int | None = None,
-    threads_per_process: int | None = None,
-    live: bool | None = None,
-    max_restarts: int | None = None,
-    fsdp: bool | None = None,
-    parallelism_config_dp_replicate_size: int | None = None,
-    parallelism_config_dp_shard_size: int | None = None,
-    parallelism_config_tp_size: int | None = None,
-    parallelism_config_cp_size: int | None = None,
-    storage_timeout: int | None = None,
-    timeout: float | None = None,
-    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
-    isolate: bool = True,
-    stall_seconds: float | None = DEFAULT_STALL_SECONDS,
-    min_nodes: int | None = None,
-    config: LaunchConfig | None = None,
-    send_limit: int = DEFAULT_SEND_LIMIT,
-    cluster: Any = None,
-) -> None:
-    """The arguments of :class:`WorkerPool`, written out for ``help()`` and type checkers."""
 
 
 class WorkerPool:
@@ -131,7 +93,7 @@ class WorkerPool:
         pool.close()
     """
 
-    @takes_arguments_of(_pool_arguments)
+    @takes_arguments_of(pool_arguments)
     def __init__(self, options: dict[str, Any]) -> None:
         send_limit = arguments.check_int("send_limit", options.pop("send_limit"), minimum=1)
         refuse_launch_only(**{name: options.pop(name) for name in scoped("launch")})

@@ -268,8 +268,8 @@ def test_accelerates_own_configuration_objects_are_read_field_by_field(tmp_path)
         ),
         (
             "kwargs_handlers",
-            lambda u: [u.ProfileKwargs()],
-            r"no equivalent of Accelerate's ProfileKwargs",
+            lambda u: [u.TorchDynamoPlugin()],
+            r"no equivalent of Accelerate's TorchDynamoPlugin",
         ),
     ],
 )

@@ -1,7 +1,7 @@
 """The Accelerate-compatible runtime a training function uses: :class:`Accelerator` and its parts.
 
 Process state, data loader sharding, optimizer and scheduler wrappers, mixed precision,
-collective operations and checkpoints. Names and meanings follow Hugging Face Accelerate.
+collective operations, checkpoints and profiles. Names and meanings follow Hugging Face Accelerate.
 
 Runs in every process that trains (a forked worker, the kernel with one process, or under
 torchrun); it never starts or stops processes. May import :mod:`notebook_kit.integrations`
@@ -20,6 +20,7 @@ from notebook_kit.accelerator.configuration import (
 )
 from notebook_kit.accelerator.parallelism_config import ParallelismConfig
 from notebook_kit.accelerator.partial_state import AcceleratorState, DistributedType, PartialState
+from notebook_kit.accelerator.profiling import ProfileKwargs
 from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = [
@@ -35,5 +36,6 @@ __all__ = [
     "InitProcessGroupKwargs",
     "ParallelismConfig",
     "PartialState",
+    "ProfileKwargs",
     "ProjectConfiguration",
 ]

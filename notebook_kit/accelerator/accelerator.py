@@ -100,7 +100,8 @@ class Accelerator(CheckpointMethods, ProcessMethods, DistributedMethods, Paralle
             ``gradient_accumulation_steps``).
         step_scheduler_with_optimizer: Step schedulers only when the optimizer stepped.
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
-            ``InitProcessGroupKwargs``, ``AutocastKwargs`` (one of each at most).
+            ``InitProcessGroupKwargs``, ``AutocastKwargs``, ``ProfileKwargs`` (one of each at
+            most).
         log_with: Trackers that ``log`` also writes to, besides ``logged`` and the notebook's
             live plot (always fed): ``"tensorboard"`` (event files under ``project_dir``), a
             tracker object with Accelerate's ``GeneralTracker`` interface, or a list of them;

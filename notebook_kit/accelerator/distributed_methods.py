@@ -15,9 +15,11 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
 
+from notebook_kit.accelerator.accelerate_objects import adopt
 from notebook_kit.accelerator.delegated import Delegated
 from notebook_kit.accelerator.partial_state import DistributedType
 from notebook_kit.accelerator.precision import MixedPrecision, autocast_context
+from notebook_kit.accelerator.profiling import ProfileKwargs, profile_block
 from notebook_kit.accelerator.sharding import ShardedBatchSampler
 from notebook_kit.runtime.context import current_launch
 from notebook_kit.runtime.metrics import step_clock
@@ -160,6 +162,30 @@ class DistributedMethods:
         handler = autocast_handler or self.handlers.autocast
         options = handler.to_kwargs() if handler is not None else {}
         return autocast_context(self.mixed_precision, self.device, **options)
+
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Any:
+        """Profile the block with ``torch.profiler``; the context manager yields the profiler.
+
+        ``profile_handler`` (ours or Accelerate's ``ProfileKwargs``) overrides the one given to
+        the constructor. With its ``output_trace_dir``, each rank writes
+        ``profile_<process_index>.json`` there when the block ends, then waits for the others.
+
+        Example::
+
+            with accelerator.profile() as prof:
+                for batch in loader:
+                    train_step(batch)
+                    prof.step()
+            accelerator.print(prof.key_averages().table(row_limit=10))
+        """
+        handler = adopt(profile_handler, ProfileKwargs, "profile_handler")
+        if handler is not None and not isinstance(handler, ProfileKwargs):
+            raise TypeError(
+                f"profile_handler must be a ProfileKwargs (notebook_kit's or Accelerate's), "
+                f"got {type(handler).__name__}."
+            )
+        handler = handler or self.handlers.profile or ProfileKwargs()
+        return profile_block(handler, self.process_index, self.state.wait_for_everyone)
 
     def unscale_gradients(self) -> None:
         """Undo fp16 loss scaling on the gradients (once per optimizer step)."""

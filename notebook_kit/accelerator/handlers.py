@@ -2,9 +2,9 @@
 
 One handler of each kind at most, notebook_kit's or Accelerate's own, as in Accelerate:
 ``DistributedDataParallelKwargs`` reaches the DDP wrapper, ``GradScalerKwargs`` the fp16 loss
-scaler, ``AutocastKwargs`` every autocast region, and ``InitProcessGroupKwargs`` the process
-group (its timeout is applied to a group that already exists; what cannot be changed afterwards
-is reported with the launcher option that sets it).
+scaler, ``AutocastKwargs`` every autocast region, ``ProfileKwargs`` ``accelerator.profile()``,
+and ``InitProcessGroupKwargs`` the process group (its timeout is applied to a group that already
+exists; what cannot be changed afterwards is reported with the launcher option that sets it).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from notebook_kit.accelerator.configuration import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
 )
+from notebook_kit.accelerator.profiling import ProfileKwargs
 
 __all__ = ["Handlers", "apply_process_group_options", "register_comm_hook", "sort_handlers"]
 
@@ -33,6 +34,7 @@ _KINDS: dict[type, str] = {
     GradScalerKwargs: "scaler",
     InitProcessGroupKwargs: "init",
     AutocastKwargs: "autocast",
+    ProfileKwargs: "profile",
 }
 
 
@@ -44,6 +46,7 @@ class Handlers:
     scaler: GradScalerKwargs | None = None
     init: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
+    profile: ProfileKwargs | None = None
 
     def ddp_options(self) -> dict[str, Any]:
         """Keyword arguments for ``DistributedDataParallel`` (the changed fields only)."""

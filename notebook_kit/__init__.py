@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.panel import ConfigPanel
     from notebook_kit.launch.pool.worker_pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
+    from notebook_kit.launch.stack_requests import stacks
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import (
         log,
@@ -121,6 +122,7 @@ __all__ = [
     "set_seed",
     "should_stop",
     "skip_first_batches",
+    "stacks",
     "stop_reason",
     "synchronize_rng_states",
 ]
@@ -171,6 +173,7 @@ _LAZY: dict[str, str] = {
     "set_flops_per_sample": "runtime.loop",
     "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",
+    "stacks": "launch.stack_requests",
     "stop_reason": "runtime.loop",
     "synchronize_rng_states": "runtime.seeding",
 }

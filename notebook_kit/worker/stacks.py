@@ -22,11 +22,11 @@ from typing import Any
 from notebook_kit.runtime.messages import Send, Stacks
 from notebook_kit.runtime.waiting import collective_of
 
-__all__ = ["STACKS_SIGNAL", "answer_stack_requests", "current_stacks"]
+__all__ = ["HELPER_THREADS", "STACKS_SIGNAL", "answer_stack_requests", "current_stacks"]
 
 # A real-time signal: nothing a user or a library installs by default (SIGUSR1 is SLURM's).
 STACKS_SIGNAL: int = signal.SIGRTMIN + 6
-_HELPERS = ("notebook_kit-metrics", "notebook_kit-interrupts", "notebook_kit-stacks")
+HELPER_THREADS = ("notebook_kit-metrics", "notebook_kit-interrupts", "notebook_kit-stacks")
 _PACKAGE = PurePath(__file__).parents[1]
 _SHOWN_FRAMES = 8
 
@@ -34,7 +34,7 @@ _SHOWN_FRAMES = 8
 def answer_stack_requests(send: Send) -> None:
     """Block :data:`STACKS_SIGNAL` here (threads started later inherit it) and answer it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})
-    thread = threading.Thread(target=_answer, args=(send,), name=_HELPERS[2], daemon=True)
+    thread = threading.Thread(target=_answer, args=(send,), name=HELPER_THREADS[2], daemon=True)
     thread.start()
 
 
@@ -52,7 +52,7 @@ def current_stacks() -> list[dict[str, Any]]:
     threads = []
     for ident, frame in sys._current_frames().items():
         name = names.get(ident, f"thread {ident}")
-        if name in _HELPERS:
+        if name in HELPER_THREADS:
             continue
         summary = traceback.extract_stack(frame)
         collective = collective_of([(f.filename, f.name) for f in summary])

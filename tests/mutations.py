@@ -2340,8 +2340,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "node/probe.py",
-                '    answer = _in_node_like_process(("rebuild", payload))\n',
-                '    answer = _answer(("rebuild", payload))\n',
+                '    answer = _in_node_like_process(("probe", (payload, count_gpus)))\n',
+                '    answer = __import__("notebook_kit.node.probe_child", fromlist=["answer"])'
+                '.answer(("probe", (payload, count_gpus)))\n',
             ),
         ),
         (

@@ -173,3 +173,35 @@ def test_no_import_circle_between_files() -> None:
     in functions and under TYPE_CHECKING too, so a deferred import does not hide one."""
     circles = _circles(_file_imports())
     assert not circles, f"modules importing each other: {circles}"
+
+
+# The one module under ``node/`` that imports torch: it runs only in a zygote's child, as a node
+# process does, and reaches it by name (the zygote's target), never by an import.
+_NODE_TORCH = "notebook_kit.node.probe_child"
+
+
+def _torch_imports(path: Path) -> list[int]:
+    """Lines of ``path`` that import torch, in functions too."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            lines += [node.lineno for a in node.names if a.name.split(".")[0] == "torch"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_an_engine_worker_never_imports_torch() -> None:
+    """``node/`` runs in a long-lived Dask or Ray worker, where torch costs seconds and hundreds
+    of MiB and may touch the CUDA driver; what needs torch asks a zygote's child."""
+    graph = _file_imports()
+    node = {_module_name(path): path for path in _modules() if _part(_module_name(path)) == "node"}
+    wrong = [
+        f"{name} line {line}"
+        for name, path in node.items()
+        if name != _NODE_TORCH
+        for line in _torch_imports(path)
+    ]
+    assert not wrong, f"node/ imports torch: {wrong}"
+    importers = sorted(name for name, targets in graph.items() if _NODE_TORCH in targets)
+    assert not importers, f"{_NODE_TORCH} runs in a zygote's child only; imported by {importers}"

@@ -3,29 +3,28 @@
 It reports the worker's versions and GPUs, finds the network interface that reaches node 0
 (the route the kernel will give to gloo and NCCL: a host name that resolves to 127.0.0.1, as
 inside a Linux network namespace, does not matter), and unpickles the function to show it
-can be rebuilt there. The rebuilding, and the question which modules a node can import,
-happen in a process started as the node task starts its node process, not in the worker: the
-worker's own ``sys.path`` (a folder it was started with, what ``client.upload_file`` sent it)
-is not the node's, so only such a process gives the node's answer.
+can be rebuilt there. The rebuilding, the question which modules a node can import and the
+count of GPUs happen in a process started as the node task starts its node process
+(``probe_child``), not in the worker: the worker's own ``sys.path`` (a folder it was started
+with, what ``client.upload_file`` sent it) is not the node's, and counting GPUs takes torch,
+which costs a long-lived worker seconds and hundreds of MiB and can touch the CUDA driver. So
+only such a process gives the node's answer, and the worker never imports torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import os
 import pickle
 import select
 import socket
 import sys
-import traceback
 from importlib import metadata
 
 from notebook_kit.node.links.dask_nanny import nanny_presets
 from notebook_kit.node.protocol import ProbeReport
 
 __all__ = [
-    "gpu_count",
     "host_of",
     "interface_for",
     "missing_modules",
@@ -38,13 +37,16 @@ __all__ = [
 _NODE_LIKE_SECONDS = 45.0  # bound on the node-like process, below the kernel's wait
 
 
-def probe_report(worker: str, host: str, payload: bytes, node0_host: str, gpus: int) -> ProbeReport:
+def probe_report(
+    worker: str, host: str, payload: bytes, node0_host: str, gpus: int | None = None
+) -> ProbeReport:
     """Run on any engine's worker: describe this machine and try to rebuild the function.
 
     ``worker`` and ``host`` are the worker's names as the kernel knows them; ``gpus`` what
-    the engine gives a node there.
+    the engine gives a node there, or None: as many as a node process's torch counts.
     """
     interface, local = interface_for(node0_host)
+    rebuild_error, counted = _node_answers(payload, count_gpus=gpus is None)
     return ProbeReport(
         worker=worker,
         host=host,
@@ -52,10 +54,10 @@ def probe_report(worker: str, host: str, payload: bytes, node0_host: str, gpus: 
         python=".".join(map(str, sys.version_info[:3])),
         torch=probe_version("torch"),
         notebook_kit=probe_version("notebook_kit"),
-        gpus=gpus,
+        gpus=counted if gpus is None else gpus,
         interface=interface,
         local_address=local,
-        rebuild_error=_rebuild_error(payload),
+        rebuild_error=rebuild_error,
     )
 
 
@@ -111,16 +113,6 @@ def probe_version(package: str) -> str:
         return "not installed"
 
 
-def gpu_count() -> int:
-    """GPUs torch would see, asked without creating a CUDA context in the Dask worker."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
 def missing_modules(names: list[str]) -> list[str]:
     """Run on a Dask worker: which of these top-level modules a node process cannot import.
 
@@ -160,10 +152,14 @@ def worker_python_path(inherited: str | None = None) -> str:
     return os.pathsep.join(entries)
 
 
-def _rebuild_error(payload: bytes) -> str | None:
-    """Why a node process could not unpickle ``payload`` (None: it can)."""
-    answer = _in_node_like_process(("rebuild", payload))
-    return None if answer is None else str(answer)
+def _node_answers(payload: bytes, count_gpus: bool) -> tuple[str | None, int]:
+    """Why a node process could not unpickle ``payload`` (None: it can) and, if
+    ``count_gpus``, how many GPUs its torch sees: one process answers both."""
+    answer = _in_node_like_process(("probe", (payload, count_gpus)))
+    if isinstance(answer, tuple):
+        error, gpus = answer
+        return error, int(gpus or 0)
+    return str(answer), 0  # it did not start or answer: the probe refuses the worker anyway
 
 
 def _in_node_like_process(request: tuple) -> object:
@@ -179,7 +175,7 @@ def _in_node_like_process(request: tuple) -> object:
     with tempfile.TemporaryFile() as printed:  # what the user's code prints while rebuilt
         try:
             child = ZygoteChild(
-                local_zygote(env).path, "notebook_kit.node.probe:serve", [requests, answer],
+                local_zygote(env).path, "notebook_kit.node.probe_child:serve", [requests, answer],
                 env, name="nk-probe", streams=(printed.fileno(), printed.fileno()),
                 timeout=_NODE_LIKE_SECONDS,
             )  # fmt: skip
@@ -208,38 +204,6 @@ def _in_node_like_process(request: tuple) -> object:
             tail = printed.read().decode(errors="replace").strip().splitlines()[-3:]
             return f"a process started as a node's ended with code {code}: " + " / ".join(tail)
     return pickle.loads(data)
-
-
-def _answer(request: tuple) -> object:
-    """In the node-like process: the answer to one request."""
-    kind, body = request
-    if kind == "missing":
-        return [name for name in body if not _importable(name)]
-    import cloudpickle
-
-    try:
-        cloudpickle.loads(body)
-    except BaseException as error:  # what the node would meet, whatever it is
-        lines = traceback.format_exception_only(type(error), error)
-        return "".join(lines).strip()
-    return None
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def serve(argv: list[str]) -> int:
-    """In a zygote's child: a request on the first pipe, its answer on the second."""
-    with os.fdopen(int(argv[0]), "rb") as requests:
-        request = pickle.loads(requests.read())
-    answer = pickle.dumps(_answer(request))
-    with os.fdopen(int(argv[1]), "wb") as answers:
-        answers.write(answer)
-    return 0
 
 
 def node_environment(interface: str | None) -> dict[str, str]:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from notebook_kit.node.probe import gpu_count, host_of, probe_report
+from notebook_kit.node.probe import host_of, probe_report
 from notebook_kit.node.protocol import (
     Control,
     NodeOrder,
@@ -46,7 +46,7 @@ def probe_worker(payload: bytes, node0_host: str) -> ProbeReport:
     from distributed import get_worker
 
     address = get_worker().address
-    return probe_report(address, host_of(address), payload, node0_host, gpu_count())
+    return probe_report(address, host_of(address), payload, node0_host)
 
 
 class DaskNodeLink:

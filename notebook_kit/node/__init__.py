@@ -9,7 +9,10 @@ engine's side of them is one module of ``links``, the only ones that import that
 messages between the kernel, the task and the node process are the dataclasses of
 ``protocol``, sent as plain data sealed with the run's secret (``runtime.codec``).
 
-Runs in an engine's worker process. Imports no torch (the zygote's node process does; only the
-probe's GPU count asks it). May import :mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`,
-never the launcher: the zygote imports and runs the node process's module by name.
+Runs in an engine's worker process, which never imports torch: the zygote and its children
+do, the node process and ``probe_child``, which answers the probe's questions (which modules a
+node imports, whether the function unpickles, how many GPUs its torch counts) as a node process
+would; it is only the zygote's target, never imported here. May import
+:mod:`notebook_kit.runtime` and :mod:`notebook_kit.config`, never the launcher: the zygote
+imports and runs the node process's module by name.
 """

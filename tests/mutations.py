@@ -3197,6 +3197,8 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_arch_s,
     mutations_events,
     mutations_export,
+    mutations_g53,
+    mutations_k53,
     mutations_live,
     mutations_parallel,
     mutations_pool,
@@ -3217,4 +3219,6 @@ MUTATIONS = (
     + mutations_arch_m.MUTATIONS
     + mutations_arch_l.MUTATIONS
     + mutations_arch_d.MUTATIONS
+    + mutations_g53.MUTATIONS
+    + mutations_k53.MUTATIONS
 )

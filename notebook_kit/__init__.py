@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         DistributedType,
         PartialState,
     )
+    from notebook_kit.accelerator.profiling import ProfileKwargs
     from notebook_kit.accelerator.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
     from notebook_kit.config.launch_config import LaunchConfig
     from notebook_kit.errors import PortInUseError, WorkerError
@@ -99,6 +100,7 @@ __all__ = [
     "ParallelismConfig",
     "PartialState",
     "PortInUseError",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "RunRecord",
     "WorkerError",
@@ -151,6 +153,7 @@ _LAZY: dict[str, str] = {
     "LaunchConfig": "config.launch_config",
     "PartialState": "accelerator.partial_state",
     "PortInUseError": "errors",
+    "ProfileKwargs": "accelerator.profiling",
     "ProjectConfiguration": "accelerator.configuration",
     "RunRecord": "live.record",
     "WorkerError": "errors",

@@ -10,6 +10,15 @@ instead. A default pool that was closed (a fault closes a cluster pool's nodes, 
 node lost between cells) starts new workers at its next cell, in the same place and of the same
 size.
 
+A cell's options (:mod:`~notebook_kit.launch.magic_options`) follow ipyparallel's ``%%px``:
+``--ranks 1,2`` or ``--ranks 0:4:2`` runs it on those ranks only (the others run nothing and
+keep their state), ``--noblock`` returns at once with a handle
+(:class:`~notebook_kit.launch.magic_result.DistributedResult`; ``%distributed wait`` waits for
+the last one), ``--local`` runs it in the kernel too, after the ranks, ``--out NAME`` puts
+every rank's value in the kernel as ``NAME = {rank: value}``, and ``--interleave`` prints the
+workers' lines as they arrive, each after its rank, instead of rank by rank
+(``--group-outputs``, the default).
+
 Example:
     %load_ext notebook_kit
 
@@ -17,6 +26,9 @@ Example:
     import torch.distributed as dist
     rank = dist.get_rank()
     print("hello from", rank)
+
+    %%distributed --ranks 1 --out seen
+    rank * 10                 # runs on rank 1 only; the kernel gets seen == {1: 10}
 
     %distributed close        # ends the default pool (the kernel's end does too)
 
@@ -26,8 +38,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -35,6 +49,14 @@ from notebook_kit.config.launch_config import resolve_launch_config
 from notebook_kit.errors import WorkerError
 from notebook_kit.launch.interrupts import interrupt_latch
 from notebook_kit.launch.launcher import resolve_plan
+from notebook_kit.launch.magic_options import (
+    CellOptions,
+    out_name,
+    parse_ranks,
+    refuse_cell_options,
+    usage_error,
+)
+from notebook_kit.launch.magic_result import DistributedResult, start_in_background
 from notebook_kit.launch.pool.worker_pool import WorkerPool
 
 __all__ = ["DistributedMagics", "load_ipython_extension"]
@@ -49,6 +71,8 @@ class DistributedMagics(Magics):
         self.default_pool: WorkerPool | None = None
         # its Dask client's name in the notebook and its --num-nodes, when on a cluster
         self.default_place: tuple[str | None, int | None] = (None, None)
+        self.last_noblock: tuple[WorkerPool, DistributedResult] | None = None
+        self._cells = itertools.count(1)
 
     @magic_arguments()
     @argument("-n", "--num-processes", type=int, default=None, help="workers of the default pool")
@@ -57,28 +81,92 @@ class DistributedMagics(Magics):
         "--cluster", default=None, help="name of a Dask client or cluster for the default pool"
     )
     @argument("--num-nodes", type=int, default=None, help="with --cluster: Dask workers to use")
-    @argument("action", nargs="?", default=None, help="line form only: 'close' or 'restart'")
+    @argument("--ranks", type=parse_ranks, default=None, help="run on these ranks: 1,2 or 0:4:2")
+    @argument("--noblock", action="store_true", help="return at once with a handle (`_`)")
+    @argument("--local", action="store_true", help="also run the cell here, after the ranks")
+    @argument("--out", type=out_name, default=None, help="set NAME = {rank: value} here")
+    @argument("--group-outputs", action="store_true", help="print lines rank by rank (default)")
+    @argument("--interleave", action="store_true", help="print lines as they come, with rank")
+    @argument("action", nargs="?", default=None, help="line form: 'close', 'restart' or 'wait'")
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None) -> Any:
         """Run the cell on every worker of a pool; without a cell, manage the default pool.
 
         ``%distributed`` shows the pool, ``%distributed -n 4`` (re)starts the default pool
-        with 4 workers, ``%distributed close``/``restart`` ends or restarts it.
+        with 4 workers, ``%distributed close``/``restart`` ends or restarts it,
+        ``%distributed wait`` waits for the last ``--noblock`` cell (and raises its error).
         """
-        options = parse_argstring(self.distributed, line)
+        try:
+            options = parse_argstring(self.distributed, line)
+        except UsageError as error:
+            raise usage_error(error) from None
         if cell is None:
+            refuse_cell_options(options)
             return self._line(options)
         if options.action is not None:
-            raise ValueError(
+            raise UsageError(
                 f"%%distributed takes options only, got {options.action!r}; "
                 "put the code on the lines below it."
             )
+        chosen = CellOptions.from_arguments(options)
+        if not chosen.noblock:
+            self._say_if_waiting(options)
         try:
             with interrupt_latch():  # starting the pool and the cell: Ctrl-C raises once
-                return self._pool(options).run_cell(cell)
+                return self._cell(self._pool(options, chosen.noblock), cell, chosen)
         except WorkerError as error:  # its message holds the worker's traceback: enough
             raise error.with_traceback(None) from None
         except KeyboardInterrupt:  # the pool has said what became of the workers
+            raise KeyboardInterrupt from None
+
+    def _cell(self, pool: WorkerPool, cell: str, chosen: CellOptions) -> Any:
+        """Run the cell as its options say: on which ranks, waiting or not, and after it."""
+        ranks = None if chosen.ranks is None else chosen.ranks.resolve(pool.world_size)
+        every = chosen.out is not None or chosen.noblock
+        compile(cell, "<distributed cell>", "exec")  # a syntax error shows here, nothing runs
+
+        def run() -> Any:
+            return pool.run_cell(cell, ranks, every=every, interleave=chosen.interleave)
+
+        def keep(values: dict[int, Any]) -> None:
+            if chosen.out is not None:
+                self.shell.user_ns[chosen.out] = values
+
+        if chosen.noblock:
+            handle = DistributedResult(f"[{next(self._cells)}]", ranks)
+            start_in_background(handle, run, keep)
+            self.last_noblock = (pool, handle)
+            return handle
+        value = run()
+        if every:
+            keep(value)
+            value = None if cell.rstrip().endswith(";") else value[min(value)]
+        if chosen.local:
+            run_locally(self.shell, cell)
+        return value
+
+    def _say_if_waiting(self, options: Any) -> None:
+        """A cell behind a --noblock one on the same pool says why it does not start yet."""
+        named = self.shell.user_ns.get(options.pool) if options.pool else self.default_pool
+        if named is not None and self._busy(named):
+            assert self.last_noblock is not None
+            label = self.last_noblock[1].label
+            print(f"Waiting for the --noblock cell {label} to end...", flush=True)
+
+    def _wait(self) -> Any:
+        """``%distributed wait``: the last --noblock cell's value, once it ended."""
+        if self.last_noblock is None:
+            return None
+        handle = self.last_noblock[1]
+        try:
+            with interrupt_latch():
+                return handle.result()
+        except KeyboardInterrupt:
+            print(
+                f"Stopped waiting; the --noblock cell {handle.label} goes on running (the "
+                "Stop button of its view asks its ranks to stop).",
+                flush=True,
+            )
             raise KeyboardInterrupt from None
 
     def _line(self, options: Any) -> Any:
@@ -92,14 +180,18 @@ class DistributedMagics(Magics):
             if not started:
                 pool.restart()
             return None
+        if options.action == "wait":
+            return self._wait()
         if options.action is not None:
-            raise ValueError(f"%distributed knows 'close' and 'restart', got {options.action!r}.")
+            raise UsageError(
+                f"%distributed knows 'close', 'restart' and 'wait', got {options.action!r}."
+            )
         return self._pool(options)
 
-    def _pool(self, options: Any) -> WorkerPool:
-        return self._choose(options)[0]
+    def _pool(self, options: Any, noblock: bool = False) -> WorkerPool:
+        return self._choose(options, noblock)[0]
 
-    def _choose(self, options: Any) -> tuple[WorkerPool, bool]:
+    def _choose(self, options: Any, noblock: bool = False) -> tuple[WorkerPool, bool]:
         """The pool the options name, and whether its workers were started just now."""
         if options.pool is not None:
             pool = self.shell.user_ns.get(options.pool)
@@ -122,7 +214,7 @@ class DistributedMagics(Magics):
             options.cluster == named and options.num_nodes in (None, nodes)
         )
         if pool is not None and same_place and wanted in (None, pool.num_processes):
-            if not pool.closed:
+            if not pool.closed and not (noblock and self._busy(pool)):
                 with contextlib.suppress(RuntimeError):  # it closes if a node was lost
                     pool.ensure_workers()
             if not pool.closed:
@@ -155,6 +247,15 @@ class DistributedMagics(Magics):
         )
         return pool, True
 
+    def _busy(self, pool: WorkerPool) -> bool:
+        """A --noblock cell is still running on ``pool``: a check would wait for it, so a
+        second --noblock cell leaves the check to its own turn."""
+        return (
+            self.last_noblock is not None
+            and self.last_noblock[0] is pool
+            and not (self.last_noblock[1].done())
+        )
+
     def _cluster(self, name: str) -> Any:
         """The Dask client (or cluster) named ``name`` in the notebook."""
         client = self.shell.user_ns.get(name)
@@ -176,6 +277,23 @@ def _default_size() -> int | None:
         return None
     plan = resolve_plan({}, "%%distributed")
     return 2 if plan.device == "cpu" and plan.num_processes == 1 else None
+
+
+class LocalRunFailed(Exception):
+    """``--local``: the kernel's run of the cell raised; its traceback is shown above."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def run_locally(shell: Any, cell: str) -> None:
+    """``--local``: run the cell in the kernel as IPython runs a cell, without showing its
+    value (the cell's value is the ranks'); an error shows its traceback and ends the cell."""
+    outcome = shell.run_cell(cell, silent=True)
+    if not outcome.success:
+        raise LocalRunFailed(
+            "--local: the cell ran on the ranks, then failed in the kernel (above)."
+        )
 
 
 def load_ipython_extension(ipython: Any) -> None:

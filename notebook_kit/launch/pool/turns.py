@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import functools
 import os
 import threading
@@ -22,9 +23,22 @@ from typing import Any, TypeVar
 
 from notebook_kit.launch.interrupts import interrupt_latch
 
-__all__ = ["Turns", "one_command_at_a_time"]
+__all__ = ["Turns", "one_command_at_a_time", "tell_when_in_line"]
 
 Method = TypeVar("Method", bound=Callable[..., Any])
+
+_in_line: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "in_line", default=None
+)
+
+
+def tell_when_in_line(event: threading.Event) -> None:
+    """In this context, set ``event`` once a command has its place in a pool's line.
+
+    A command started in the background (a ``--noblock`` cell) waits for it before the cell
+    returns, so that the next cell's command comes after it.
+    """
+    _in_line.set(event)
 
 
 class Turns:
@@ -54,6 +68,9 @@ class Turns:
                 )
             ticket = object()
             self._queue.append(ticket)
+            queued = _in_line.get()
+            if queued is not None:
+                queued.set()
             try:
                 while self._owner is not None or self._queue[0] is not ticket:
                     self._changed.wait()

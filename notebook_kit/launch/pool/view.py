@@ -6,7 +6,8 @@ opened once a run has lasted :data:`LIVE_AFTER` seconds, and is then given every
 arrived before. A run too short for it is still recorded for ``last_run()``.
 
 Worker lines are printed as cell text, grouped by rank under a ``[rank N]`` heading
-(``[rank N · node M]`` on a cluster), for ``%%distributed`` cells (``text=True``); for
+(``[rank N · node M]`` on a cluster), for ``%%distributed`` cells (``text=True``), or each in
+the order it arrived after its ``[rank N]`` label (``interleave=True``); for
 ``pool.run`` they go to the live view's tabs as in a launch, and are printed grouped at the end
 only when no live view was opened.
 """
@@ -30,7 +31,7 @@ from notebook_kit.live.observer import (
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
-__all__ = ["LIVE_AFTER", "GroupedText", "RunForward", "RunView"]
+__all__ = ["LIVE_AFTER", "GroupedText", "InterleavedText", "RunForward", "RunView"]
 
 
 LIVE_AFTER = 0.5  # seconds a run lasts before its live view opens
@@ -112,6 +113,35 @@ class GroupedText:
                 target.flush()
 
 
+class InterleavedText(GroupedText):
+    """Prints worker lines in the order they arrived, each after its ``[rank N]`` label.
+
+    Example:
+        >>> text = InterleavedText(); text.add(1, "stdout", "b"); text.add(0, "stdout", "a")
+        >>> text.flush()
+        [rank 1] b
+        [rank 0] a
+    """
+
+    def __init__(self, streams: tuple[Stream, ...] = ("stdout", "stderr")) -> None:
+        super().__init__(streams)
+        self._arrived: list[tuple[Stream, str]] = []
+
+    def add(self, rank: int, stream: Stream, line: str) -> None:
+        if stream in self.streams:
+            label = rank_label(rank, self.nodes)
+            self._arrived.append((stream, f"[{label}] {last_segment(line)}"))
+
+    def flush(self) -> None:
+        arrived, self._arrived = self._arrived, []
+        for stream in ("stdout", "stderr"):
+            text = [line for kind, line in arrived if kind == stream]
+            if text:
+                target = sys.stdout if stream == "stdout" else sys.stderr
+                target.write("\n".join(text) + "\n")  # one write: one message in a kernel
+                target.flush()
+
+
 class RunView:
     """The observer of one pool run (see the module docstring).
 
@@ -121,11 +151,19 @@ class RunView:
     """
 
     def __init__(
-        self, live: bool | None, text: bool, record: bool = True, live_after: float = LIVE_AFTER
+        self,
+        live: bool | None,
+        text: bool,
+        record: bool = True,
+        live_after: float = LIVE_AFTER,
+        interleave: bool = False,
     ) -> None:
         self.live = live
         self.record = record
-        self.text = GroupedText(("stderr",) if live is False and not text else ("stdout", "stderr"))
+        streams: tuple[Stream, ...] = (
+            ("stderr",) if live is False and not text else ("stdout", "stderr")
+        )
+        self.text = (InterleavedText if interleave else GroupedText)(streams)
         self.text_mode = text
         self.live_after = live_after
         self.info: LaunchInfo | None = None

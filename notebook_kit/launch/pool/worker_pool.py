@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from notebook_kit.config import arguments
@@ -198,11 +198,22 @@ class WorkerPool:
         return values if ranks == "all" else values[0]
 
     @one_command_at_a_time
-    def run_cell(self, source: str) -> Any:
+    def run_cell(
+        self, source: str, ranks: Sequence[int] | None = None, *, every: bool = False,
+        interleave: bool = False,
+    ) -> Any:  # fmt: skip
         """Run ``source`` as a cell on every rank; the value of rank 0's last expression.
 
         What the cell defines stays on the workers for the next cell. A trailing ``;``
         hides the value, as in a notebook. Worker output is printed grouped by rank.
+
+        Args:
+            ranks: Run it on these ranks only; the others run nothing and keep their state
+                (a collective of all ranks in it would wait for them forever). The value is
+                the lowest one's.
+            every: Return the value of every rank it ran on, as ``{rank: value}`` (a value
+                that cannot be rebuilt here is shown by its text).
+            interleave: Print the workers' lines as they arrive, each after its rank.
 
         Example::
 
@@ -212,16 +223,25 @@ class WorkerPool:
         """
         if not isinstance(source, str):
             raise TypeError(f"source must be a str of Python code, got {type(source).__name__}.")
+        on = self._wanted("all") if ranks is None else sorted({self._wanted(r)[0] for r in ranks})
+        if not on:
+            raise ValueError("ranks is empty: name the ranks to run on, or None for all.")
         filename = f"<distributed cell {next(_cells)}>"
         code = compile(source, filename, "exec")  # a syntax error shows here, nothing is sent
         shipped = self._holdings.needed(code_names(code))
         cell = PoolCell(source, filename, self._holdings.dumps(shipped, "This cell"))
+        whole = len(set(on)) == self.world_size  # what only some ranks got is sent again
         try:
-            outcome = self._execute(cell, [0], "cell", text=True, shipped=shipped)
+            outcome = self._execute(
+                cell, on if every else on[:1], "cell", text=True, on=on,
+                shipped=shipped if whole else None, interleave=interleave,
+            )  # fmt: skip
         finally:
             self._holdings.mark_owned(stored_names(code))
-        value = decode_value(outcome.answers[0].value, 0, for_display=True)
-        return None if source.rstrip().endswith(";") else value
+        values = {r: decode_value(outcome.answers[r].value, r, for_display=True) for r in on}
+        if every:
+            return values
+        return None if source.rstrip().endswith(";") else values[on[0]]
 
     @one_command_at_a_time
     def push(self, **values: Any) -> None:
@@ -311,11 +331,16 @@ class WorkerPool:
     def _execute(
         self, command: PoolCommand, wanted: list[int], what: str, *, text: bool,
         shipped: dict[str, Any] | None = None, record: bool = True,
+        on: list[int] | None = None, interleave: bool = False,
     ) -> RunOutcome:  # fmt: skip
-        """Run one command, show it, and raise what went wrong (workers stopped if needed)."""
+        """Run one command on ``on`` (every rank), show it, and raise what went wrong
+        (workers stopped if needed); ``wanted``: the ranks whose value comes back."""
         processes = self._ensure_running()
-        ranks = wanted if isinstance(command, PoolPull) else list(range(processes.world_size))
-        view = RunView(self._plan.live if record else False, text=text, record=record)
+        ranks = on or (
+            wanted if isinstance(command, PoolPull) else list(range(processes.world_size))
+        )
+        live = self._plan.live if record else False
+        view = RunView(live, text=text, record=record, interleave=interleave)
         view.on_start(self._info(what, processes))
         for line in processes.take_held_output():
             view.on_output(line.rank, line.stream, line.text)

@@ -44,6 +44,7 @@ _ON_A_CLUSTER = {
     "parallelism_config_tp_size": ("node", "parallelism_config_tp_size", 2),
     "parallelism_config_cp_size": ("node", "parallelism_config_cp_size", 2),
     "storage_timeout": ("node", "storage_timeout", 5),
+    "memory_history": ("node", "memory_history", True),
 }
 # What a setting needs beside it to be valid: sharding sizes need FSDP, replicas need shards.
 _ALONGSIDE = {
@@ -54,7 +55,10 @@ _ALONGSIDE = {
     "parallelism_config_cp_size": {"fsdp": True},
 }  # fmt: skip
 # What a node on this CPU machine refuses, naming it: its ranks would train on the CPU.
-_REFUSED_ON_CPU = {"parallelism_config_cp_size": "needs CUDA GPUs"}
+_REFUSED_ON_CPU = {
+    "parallelism_config_cp_size": "needs CUDA GPUs",
+    "memory_history": "needs CUDA GPUs",
+}
 _SCHEMA = {**SETTINGS, **CALL_SETTINGS}
 
 

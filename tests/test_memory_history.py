@@ -128,3 +128,24 @@ def test_a_snapshot_that_cannot_be_saved_is_said_and_the_failure_still_goes(tmp_
     (tmp_path / "run").write_text("a file where the folder would go")
     error = _run_out(tmp_path, torch.OutOfMemoryError("CUDA out of memory"))
     assert error.__notes__[0].startswith("memory_history: rank 3 could not save its snapshot (")
+
+
+def test_a_cluster_run_is_refused_before_any_node_starts_when_a_nodes_ranks_are_on_the_cpu():
+    from notebook_kit import LaunchConfig
+    from notebook_kit.launch.cluster.cluster_plan import check_cluster_mesh
+    from notebook_kit.node.protocol import NodeSettings
+    from tests.test_parallelism import _probed
+
+    settings = NodeSettings(LaunchConfig(memory_history=True, num_processes=2), 300.0, None)
+    check_cluster_mesh(settings, [_probed(2), _probed(2)])  # every rank on its own GPU
+    with pytest.raises(ValueError, match=r"memory_history=True needs CUDA GPUs.*leave memory"):
+        check_cluster_mesh(settings, [_probed(2), _probed(1)])  # node 1's ranks: on the CPU
+
+
+def test_notebook_kit_launch_of_a_script_refuses_memory_history_naming_the_option(tmp_path):
+    from notebook_kit.cli.script_launch import LaunchInputError, plan_script_launch
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(LaunchInputError, match=r"^--memory-history: a script records its GPU"):
+        plan_script_launch(str(script), given={"memory_history": True})

@@ -227,6 +227,12 @@ def plan_script_launch(
         parallelism_sizes(config, num_processes)
     except ValueError as error:
         raise LaunchInputError(str(error)) from error
+    if config.memory_history:  # the script's own code owns its processes' CUDA allocator
+        raise LaunchInputError(
+            f"{option_name('memory_history')}: a script records its GPU memory itself "
+            "(torch.cuda.memory._record_memory_history); memory_history is for notebook_launcher "
+            f"and WorkerPool. Leave it out{origins['memory_history']}."
+        )
     threads = config.threads_per_process or _exported_threads() or auto_threads(num_processes)
     return ScriptLaunch(config, num_processes, threads, script, tuple(script_args), placement)
 

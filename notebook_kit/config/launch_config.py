@@ -120,6 +120,7 @@ class LaunchConfig:
     parallelism_config_tp_size: int = 1
     parallelism_config_cp_size: int = 1
     storage_timeout: int = 60
+    memory_history: bool = False
     _more: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -71,6 +71,7 @@ class LaunchPlan:
     cores: int = field(default=0, compare=False)  # usable CPU cores here (0: not known)
     stall_seconds: float | None = DEFAULT_STALL_SECONDS  # None: never show where ranks wait
     storage_timeout: int = 60  # seconds a checkpoint save waits on silent storage
+    memory_history: bool = False  # each GPU rank records its allocations, for an OOM's snapshot
 
     @property
     def parallelism(self) -> dict[str, int]:

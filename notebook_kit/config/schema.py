@@ -232,6 +232,12 @@ SETTINGS: dict[str, Setting] = _declare(
         "Seconds a checkpoint's storage may stay silent before the save fails.",
         int, minimum=1, ceiling=3600, widget="count", scope=("node", "worker"),
     ),
+    # A GPU's allocator only: refused before anything starts when the ranks would be on the CPU.
+    Setting(
+        "memory_history", "bool", False,
+        "Record CUDA allocations; on out-of-memory, save them and name the largest.",
+        bool, widget="choice", switch=True,
+    ),
 )  # fmt: skip
 
 CALL_SETTINGS: dict[str, Setting] = _declare(

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from notebook_kit.runtime.context import (
 from notebook_kit.runtime.messages import MetricsBatch, WorkerMessage
 from notebook_kit.runtime.process_group import init_group_from_environment
 from notebook_kit.runtime.seeding import set_seed
+from notebook_kit.worker.memory_history import recording_memory, run_folder
 
 __all__ = ["KERNEL_PLACE", "run_in_calling_process", "torchrun_place"]
 
@@ -78,7 +80,8 @@ def run_in_calling_process(
     try:
         with _caller_process_group(place, context), active_launch(context):
             try:
-                result = function(*args, **kwargs)
+                with recording_memory(plan.memory_history, place.rank, context.device, _folder()):
+                    result = function(*args, **kwargs)
             finally:
                 context.close()
                 for model in context.prepared_models:  # the kernel's own objects: as they were
@@ -101,6 +104,11 @@ def run_in_calling_process(
             )
         )
         stop_flag.close()
+
+
+def _folder() -> Path:
+    """Where this process's snapshots go, under ``memory_history=True``."""
+    return run_folder(f"process-{os.getpid()}")
 
 
 def _deliver(observer: LaunchObserver, message: WorkerMessage, newest: _NewestValues) -> None:

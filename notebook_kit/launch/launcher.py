@@ -53,6 +53,7 @@ def _launch_arguments(
     parallelism_config_tp_size: int | None = None,
     parallelism_config_cp_size: int | None = None,
     storage_timeout: int | None = None,
+    memory_history: bool | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
@@ -122,6 +123,10 @@ def notebook_launcher(options: dict[str, Any]) -> Any:
             the world size; refused before anything starts otherwise.
         storage_timeout: Seconds (default 60) a checkpoint save to object storage may wait
             for an answer before it fails, on every rank, as ``CheckpointSaveError``.
+        memory_history: Each GPU rank records the CUDA allocator's history; a rank that
+            raises ``torch.OutOfMemoryError`` saves a snapshot (for pytorch.org/memory_viz),
+            and its traceback ends with the largest live allocations, the line that made
+            each, and the snapshot's path. Refused when the ranks would train on the CPU.
         seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.

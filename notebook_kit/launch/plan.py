@@ -23,7 +23,13 @@ from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, check_argument
 from notebook_kit.launch.preflight import check_fork_safety
 
-__all__ = ["Call", "check_explicit_settings", "make_plan", "parallelism_sizes"]
+__all__ = [
+    "Call",
+    "check_explicit_settings",
+    "check_memory_history",
+    "make_plan",
+    "parallelism_sizes",
+]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
 _PLAN_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchPlan))
@@ -81,6 +87,8 @@ def make_plan(
     backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
     device = "cuda" if gpus and (in_kernel or backend == "nccl") else "cpu"
     parallelism_sizes(config, num_processes, device=device)
+    cpu_reason = _cpu_reason(kernel, gpus, num_processes, config.backend)
+    check_memory_history(config, device, cpu_reason)
     port = config.master_port
     if config.num_nodes > 1 and port is None:
         port = DEFAULT_MASTER_PORT
@@ -94,9 +102,7 @@ def make_plan(
         "timeout": timeout,
         "device": device,
         "isolate": isolate,
-        "cpu_reason": _cpu_reason(kernel, gpus, num_processes, config.backend)
-        if device == "cpu"
-        else None,
+        "cpu_reason": cpu_reason if device == "cpu" else None,
         "kernel": kernel,
         "cores": usable_cpu_count(),
         "stall_seconds": stall_seconds,
@@ -145,6 +151,24 @@ def parallelism_sizes(
             "not have. Launch one process per GPU, or set parallelism_config_cp_size=1."
         )
     return tuple(sizes.items())
+
+
+def check_memory_history(config: LaunchConfig, device: str, why: str | None = None) -> None:
+    """Refuse ``memory_history=True`` for ranks that would train on the CPU (``why``: the
+    reason, when GPUs are in sight), before anything starts: only a GPU's allocator has a
+    history to record.
+
+    Example:
+        >>> check_memory_history(LaunchConfig(memory_history=True), "cuda")
+    """
+    if not config.memory_history or device == "cuda":
+        return
+    cause = f" ({why})" if why else " (no GPU is visible)"
+    raise ValueError(
+        f"memory_history=True needs CUDA GPUs, but this launch's ranks run on the CPU{cause}: "
+        "it records the CUDA allocator's history, which CPU processes do not have. Launch "
+        "one process per GPU, or leave memory_history out."
+    )
 
 
 def _refuse_replicas_alone(sizes: Mapping[str, int]) -> None:

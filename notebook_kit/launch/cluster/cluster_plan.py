@@ -27,7 +27,11 @@ from notebook_kit.config.schema import (
     settings_from_environ,
 )
 from notebook_kit.launch.cluster.engine import Engine, engine_for
-from notebook_kit.launch.plan import check_explicit_settings, parallelism_sizes
+from notebook_kit.launch.plan import (
+    check_explicit_settings,
+    check_memory_history,
+    parallelism_sizes,
+)
 from notebook_kit.node.protocol import NodeSettings, ProbeReport
 
 __all__ = [
@@ -74,7 +78,8 @@ def check_cluster_mesh(settings: NodeSettings, reports: list[ProbeReport]) -> No
 
     Only now are the nodes counted and, without ``num_processes``, their ranks (one per GPU
     of node 0): a mesh that needs another world size, a shard group that would span nodes,
-    replicas alone, or context parallel on nodes whose ranks would train on the CPU.
+    replicas alone, or context parallel or ``memory_history`` on nodes whose ranks would train
+    on the CPU.
 
     Raises:
         ValueError: Naming the setting and the fix, as a local launch does.
@@ -84,6 +89,7 @@ def check_cluster_mesh(settings: NodeSettings, reports: list[ProbeReport]) -> No
     gpus = min(report.gpus for report in reports)
     cuda = config.backend != "gloo" and 0 < ranks <= gpus  # as each node's plan decides
     parallelism_sizes(config, ranks, num_nodes=len(reports), device="cuda" if cuda else "cpu")
+    check_memory_history(config, "cuda" if cuda else "cpu")
 
 
 def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]:

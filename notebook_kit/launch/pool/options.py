@@ -105,6 +105,7 @@ def pool_arguments(
     parallelism_config_tp_size: int | None = None,
     parallelism_config_cp_size: int | None = None,
     storage_timeout: int | None = None,
+    memory_history: bool | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = True,

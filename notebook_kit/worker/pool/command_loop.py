@@ -35,6 +35,7 @@ from notebook_kit.runtime.context import LaunchContext, active_launch, current_l
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
 from notebook_kit.runtime.weights_file import gather_and_store
 from notebook_kit.worker.host_pickling import dumps_for_kernel
+from notebook_kit.worker.memory_history import note_out_of_memory
 from notebook_kit.worker.pool import namespace as pool_namespace
 from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
 from notebook_kit.worker.pool.namespace import namespace, run_cell
@@ -164,6 +165,7 @@ class _Loop:
 
     def _answer_run(self, command: int, status: str, value: Any, want_value: bool) -> None:
         if status == "error":
+            note_out_of_memory(value)  # memory_history: its snapshot and note, in the traceback
             failure = Failure.from_exception(value, value.__traceback__, _HIDDEN_FILES, False)
             self._answer(PoolAnswer(command, "error", failure=failure))
             return

@@ -28,7 +28,16 @@ from typing import Any, Protocol
 from notebook_kit.launch.native_stacks import NativeDumps, native_note
 from notebook_kit.worker.stacks import STACKS_SIGNAL
 
-__all__ = ["RankStacks", "StackDesk", "StackRequest", "stacks"]
+__all__ = [
+    "NO_RUN",
+    "RankStacks",
+    "StackDesk",
+    "StackRequest",
+    "ask_stacks",
+    "current_desk",
+    "gather",
+    "stacks",
+]
 
 DEFAULT_TIMEOUT = 2.0
 NO_RUN = (
@@ -102,6 +111,10 @@ class StackRequest:
             rank: _rank_text(rank, asked, self, native.get(rank)) for rank, asked in ranks.items()
         }
 
+    def note(self, native_found: bool) -> str | None:
+        """What the texts leave out, said once."""
+        return native_note(native_found)
+
     def _check_answered(self) -> None:
         if all(a.why_not is not None or a.threads is not None for a in self._ranks.values()):
             self.answered.set()
@@ -147,9 +160,13 @@ class StackDesk:
 
     def submit(self, timeout: float) -> StackRequest:
         """From any thread: a request the loop takes at its next turn."""
-        request = StackRequest(timeout)
+        request = self.new_request(timeout)
         self._pending.append(request)  # deque appends are atomic: no lock with the loop
         return request
+
+    def new_request(self, timeout: float) -> Any:
+        """The kind of request this desk's loop knows how to ask."""
+        return StackRequest(timeout)
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
@@ -160,8 +177,9 @@ class StackDesk:
         finally:
             self.in_turn = False
 
-    def take(self, workers: Sequence[_Worker]) -> None:
-        """On the loop's thread: signal the ranks for each new request; forget finished ones."""
+    def take(self, workers: Any) -> None:
+        """On the loop's thread: ask ``workers`` (the ranks; a cluster run: the attempt) for
+        each new request; forget finished ones."""
         now = time.monotonic()
         self._open = [r for r in self._open if not r.answered.is_set() and r.deadline > now]
         while self._pending:
@@ -169,9 +187,10 @@ class StackDesk:
             request.ask(workers)
             self._open.append(request)
 
-    def on_stacks(self, rank: int, threads: list[dict[str, Any]]) -> None:
+    def on_stacks(self, *answer: Any) -> None:
+        """On the loop's thread: an answer, for every request still open."""
         for request in self._open:
-            request.answer(rank, threads)
+            request.answer(*answer)
 
     def pump_until(self, request: StackRequest) -> None:
         """Called on the loop's own thread (its turn suspended): turn it until answered."""
@@ -222,7 +241,7 @@ def stacks(timeout: float = DEFAULT_TIMEOUT) -> RankStacks:
         RuntimeError: no launch or pool command is running in this kernel.
     """
     seconds = _checked(timeout)
-    return gather(_current_desk(), seconds)
+    return gather(current_desk(), seconds)
 
 
 def ask_stacks(timeout: float = DEFAULT_TIMEOUT) -> Any:
@@ -233,7 +252,7 @@ def ask_stacks(timeout: float = DEFAULT_TIMEOUT) -> Any:
     import concurrent.futures
 
     seconds = _checked(timeout)
-    desk = _current_desk()
+    desk = current_desk()
     future: concurrent.futures.Future[RankStacks] = concurrent.futures.Future()
     request = desk.submit(seconds)
 
@@ -247,9 +266,10 @@ def ask_stacks(timeout: float = DEFAULT_TIMEOUT) -> Any:
     return future
 
 
-def gather(desk: StackDesk, timeout: float) -> RankStacks:
-    """Ask ``desk``'s run for its ranks' stacks and wait for them, at most ``timeout``."""
-    request = desk.submit(timeout)
+def gather(desk: StackDesk, timeout: float, request: Any = None) -> RankStacks:
+    """Ask ``desk``'s run for its ranks' stacks (``request``: submitted already) and wait for
+    them, at most ``timeout``."""
+    request = request if request is not None else desk.submit(timeout)
     if threading.get_ident() == desk.loop_thread:
         desk.pump_until(request)
     return _collect(request)
@@ -261,10 +281,11 @@ def _collect(request: StackRequest) -> RankStacks:
     dumps = NativeDumps.start(request.pids())
     request.answered.wait(max(0.0, request.deadline - time.monotonic()))
     native = dumps.collect(request.deadline) if dumps is not None else {}
-    return RankStacks(request.texts(native), native_note(dumps is not None))
+    return RankStacks(request.texts(native), request.note(dumps is not None))
 
 
-def _current_desk() -> StackDesk:
+def current_desk() -> StackDesk:
+    """The desk of the run in progress here (the latest started)."""
     with _DESKS_LOCK:
         if not _DESKS:
             raise RuntimeError(NO_RUN)

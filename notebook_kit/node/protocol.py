@@ -54,6 +54,7 @@ __all__ = [
     "NodeReady",
     "NodeReport",
     "NodeSettings",
+    "NodeStacks",
     "NodeValue",
     "ProbeReport",
     "ProtocolError",
@@ -61,6 +62,7 @@ __all__ = [
     "RunCommand",
     "RunNames",
     "Seal",
+    "StacksAsk",
     "StopCommand",
     "control_frame",
     "decode",
@@ -109,6 +111,8 @@ class Control:
     lease: int = 0
     stop: bool = False
     abort: str = ""
+    stacks: int = 0  # the latest stacks() request: each node answers a number once
+    stacks_seconds: float = 0.0  # how long a node's ranks get to answer it
 
 
 def control_frame(control: Control) -> bytes:
@@ -135,6 +139,14 @@ class Rendezvous:
 @dataclass(frozen=True)
 class LaunchStop:
     """The Stop button of a launch: the node's ranks stop at their next vote."""
+
+
+@dataclass(frozen=True)
+class StacksAsk:
+    """``notebook_kit.stacks()``: the node's ranks' stacks, gathered within ``seconds``."""
+
+    number: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -212,11 +224,26 @@ class NodeFinished:
     stopped: bool
 
 
+@dataclass(frozen=True)
+class NodeStacks:
+    """A node's answer to :class:`StacksAsk` ``number``: each of its ranks' text, by global
+    rank, and what the texts leave out (no py-spy on the node), if anything."""
+
+    node: int
+    number: int
+    texts: dict[int, str]
+    note: str = ""
+
+
 # A rank's lines and metrics travel as the runtime's own OutputLine and MetricsBatch.
-NodeEvent = OutputLine | MetricsBatch | NodePrint | NodeReady | NodeAnswer | NodeFinished
-NODE_EVENTS = (OutputLine, MetricsBatch, NodePrint, NodeReady, NodeAnswer, NodeFinished)
+NodeEvent = (
+    OutputLine | MetricsBatch | NodePrint | NodeReady | NodeAnswer | NodeFinished | NodeStacks
+)
+NODE_EVENTS = (
+    OutputLine, MetricsBatch, NodePrint, NodeReady, NodeAnswer, NodeFinished, NodeStacks,
+)  # fmt: skip
 # Events the kernel waits for: the task sends them on at once, with every event before them.
-URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished)
+URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished, NodeStacks)
 
 
 @dataclass(frozen=True)
@@ -359,7 +386,8 @@ class NodeReport:
 
 # Every dataclass a frame may hold: :func:`decode` rebuilds none but these.
 _KINDS = codec.kinds_of(
-    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, Rendezvous, NodeOrder, Control,
+    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, StacksAsk, Rendezvous, NodeOrder,
+    Control,
     NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
     *pool_commands.KINDS.values(),
 )  # fmt: skip

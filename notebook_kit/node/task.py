@@ -39,6 +39,7 @@ from notebook_kit.node.protocol import (
     ProtocolError,
     Rendezvous,
     Seal,
+    StacksAsk,
     decode,
     encode,
 )
@@ -111,6 +112,7 @@ class _Control(threading.Thread):
         self._renewed = time.monotonic()
         self.stop_requested = False
         self.abort = ""
+        self.stacks = StacksAsk(0, 0.0)  # the kernel's latest stacks() request
         self.finished = threading.Event()
 
     def run(self) -> None:
@@ -129,6 +131,8 @@ class _Control(threading.Thread):
             self._lease, self._renewed = control.lease, time.monotonic()
         self.stop_requested = self.stop_requested or control.stop
         self.abort = self.abort or control.abort
+        if control.stacks > self.stacks.number:
+            self.stacks = StacksAsk(control.stacks, control.stacks_seconds)
 
     def ending(self) -> str:
         """Why the node must end now ("" while it may go on)."""
@@ -171,6 +175,7 @@ class _Relay:
         self.outcome: bytes | None = None
         self.ended_by = ""
         self.stop_sent = False
+        self.stacks_sent = 0  # the latest stacks() request passed on to the node process
         self.interrupted_at: float | None = None
         self.urgent = False  # an event the kernel waits for is in the batch: send it now
         self.forged = False  # a command that was not the kernel's came (and was dropped)
@@ -299,6 +304,11 @@ class _Relay:
             self.stop_sent = True
             with contextlib.suppress(OSError):
                 orders.send_bytes(encode(LaunchStop(), self.seal))
+        ask = self.control.stacks
+        if ask.number > self.stacks_sent and self.master_sent and not self.order.pool:
+            self.stacks_sent = ask.number  # a pool's node process reads commands only
+            with contextlib.suppress(OSError):
+                orders.send_bytes(encode(ask, self.seal))
         while self.master_sent and self.commands:
             with contextlib.suppress(OSError):
                 orders.send_bytes(self.commands.popleft())

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure
+from notebook_kit.launch.cluster.cluster_stacks import ClusterStackDesk
 from notebook_kit.launch.cluster.engine import Engine, NodeTask
 from notebook_kit.launch.cluster.failures import node_lost, on_kernel_clock
 from notebook_kit.live.observer import LaunchObserver
@@ -50,6 +51,7 @@ from notebook_kit.node.protocol import (
     NodeReady,
     NodeReport,
     NodeSettings,
+    NodeStacks,
     NodeValue,
     ProbeReport,
     ProtocolError,
@@ -117,6 +119,8 @@ class ClusterAttempt:
         self.result = AttemptResult()
         self.abort = ""
         self.failed_nodes: set[int] = set()
+        self.stacks = ClusterStackDesk()  # stacks() asks here (a launch's nodes: not a pool's)
+        self._stacks_asked = (0, 0.0)  # the latest request's number and a node's seconds
         self._lease = 0
         self._lease_done = threading.Event()
         self._lease_thread = threading.Thread(target=self._renew, daemon=True)
@@ -168,6 +172,8 @@ class ClusterAttempt:
             self.tasks.append(self.engine.submit(order, report.worker, self.seal.secret))
         self.heard = [time.monotonic()] * self.num_nodes
         self._lease_thread.start()
+        if not self.pool:
+            self.stacks.open(self.step)
 
     def step(self, timeout: float) -> bool:
         """One turn of the kernel's loop; False once every node has ended.
@@ -175,6 +181,17 @@ class ClusterAttempt:
         It shows every event that has arrived, waiting up to ``timeout`` for the first (0:
         only what is there, as when the launcher's steps have waited on ``wake`` already).
         """
+        with self.stacks.turn():
+            self.stacks.take(self)
+            return self._step(timeout)
+
+    def ask_stacks(self, seconds: float) -> int:
+        """Publish a new stacks() request, ``seconds`` for each node; its number."""
+        self._stacks_asked = (self._stacks_asked[0] + 1, seconds)
+        self._publish()
+        return self._stacks_asked[0]
+
+    def _step(self, timeout: float) -> bool:
         with contextlib.suppress(OSError):
             while self.wake.recv(4096):
                 pass
@@ -257,6 +274,8 @@ class ClusterAttempt:
             self.ready[event.node] = event.pids
         elif isinstance(event, NodeAnswer):
             self.answers[event.node] = event
+        elif isinstance(event, NodeStacks):
+            self.stacks.on_stacks(event)
         elif isinstance(event, NodeFinished):
             # A node asked to stop (SIGTERM: preempted) stops the run as the Stop button does.
             self.result.stopped = self.result.stopped or event.stopped
@@ -338,7 +357,7 @@ class ClusterAttempt:
     # -- control and cleanup --------------------------------------------------------------
 
     def _publish(self) -> None:
-        control = Control(self._lease, self.result.stopped, self.abort)
+        control = Control(self._lease, self.result.stopped, self.abort, *self._stacks_asked)
         self.engine.publish(self.names, control_frame(control))
 
     def _renew(self) -> None:
@@ -352,6 +371,7 @@ class ClusterAttempt:
 
     def _release(self) -> None:
         """Nothing of this attempt stays on the scheduler: tasks, variables, events."""
+        self.stacks.close("the cluster run ended before every node answered")
         self._lease_done.set()
         if self._lease_thread.is_alive():
             self._lease_thread.join(timeout=5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from multiprocessing.connection import Connection
 
+from notebook_kit.launch.node_process.node_stacks import NodeStackAnswers
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.node.protocol import (
     EVENT,
@@ -21,6 +22,7 @@ from notebook_kit.node.protocol import (
     NodeFinished,
     NodePrint,
     Seal,
+    StacksAsk,
     decode,
     encode,
 )
@@ -47,6 +49,7 @@ class RelayObserver:
         self._stop_flag: StopFlag | None = None
         self._preempted = False  # SIGTERM arrived
         self._announced = False  # and the kernel was told
+        self._stacks = NodeStackAnswers(node_rank)
 
     def send(self, event: NodeEvent) -> None:
         tag = URGENT if isinstance(event, URGENT_EVENTS) else EVENT
@@ -77,10 +80,14 @@ class RelayObserver:
         if self._preempted and not self._announced:
             self._announced = True
             self.send(NodePrint(_PREEMPTED.format(node=self.node_rank)))
+        for answer in self._stacks.ready():
+            self.send(answer)
         try:
             while self._orders.poll(0):
-                decode(self._orders.recv_bytes(), LaunchStop, seal=self.seal)
-                if self._stop_flag is not None:
+                order = decode(self._orders.recv_bytes(), LaunchStop, StacksAsk, seal=self.seal)
+                if isinstance(order, StacksAsk):
+                    self._stacks.ask(order)
+                elif self._stop_flag is not None:
                     self._stop_flag.set()
         except (EOFError, OSError):
             return

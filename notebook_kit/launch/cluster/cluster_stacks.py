@@ -1,0 +1,97 @@
+"""``notebook_kit.stacks()`` during a cluster run: the kernel's side.
+
+The kernel cannot signal a rank on another machine. It raises the ``stacks`` number of the
+control value it publishes (with the seconds a node gets); each node task reads the value
+within a quarter second and passes the request to its node process, which asks its own ranks
+as a local run does and sends their texts home as one urgent event
+(:mod:`notebook_kit.launch.node_process.node_stacks`). The request here collects one answer per
+node; a node that does not answer by the deadline gets a line for each of its ranks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+from notebook_kit.launch.stack_requests import StackDesk
+from notebook_kit.node.protocol import NodeStacks
+
+__all__ = ["ClusterStackDesk", "ClusterStackRequest"]
+
+# The share of the time left that a node's ranks get: the rest carries the request out (a
+# control read) and the answer home (an event batch) before the kernel's deadline.
+_NODE_SHARE = 0.5
+
+
+class _Attempt(Protocol):
+    def ask_stacks(self, seconds: float) -> int: ...
+
+    def rank_nodes(self) -> tuple[int, ...]: ...
+
+
+class ClusterStackRequest:
+    """One ``stacks()`` request to every node of a cluster run."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.asked = threading.Event()
+        self.answered = threading.Event()
+        self.ended = ""
+        self._lock = threading.Lock()
+        self._number = -1
+        self._rank_nodes: tuple[int, ...] = ()
+        self._texts: dict[int, str] = {}
+        self._nodes: set[int] = set()
+        self._notes: list[str] = []
+
+    def ask(self, attempt: _Attempt) -> None:
+        """On the kernel's loop: publish the request for every node."""
+        seconds = max(0.05, (self.deadline - time.monotonic()) * _NODE_SHARE)
+        with self._lock:
+            self._rank_nodes = attempt.rank_nodes()
+            self._number = attempt.ask_stacks(seconds)
+        self.asked.set()
+
+    def answer(self, event: NodeStacks) -> None:
+        """On the kernel's loop: one node's texts (an answer to an older request is not ours)."""
+        with self._lock:
+            if event.number != self._number or event.node in self._nodes:
+                return
+            self._nodes.add(event.node)
+            self._texts.update({int(rank): text for rank, text in event.texts.items()})
+            if event.note and event.note not in self._notes:
+                self._notes.append(event.note)
+            if self._nodes >= set(self._rank_nodes):
+                self.answered.set()
+
+    def end(self, why: str) -> None:
+        with self._lock:
+            self.ended = self.ended or why
+        self.asked.set()
+        self.answered.set()
+
+    def pids(self) -> dict[int, int]:
+        """None here: the ranks' processes are on other machines (their node reads them)."""
+        return {}
+
+    def texts(self, native: dict[int, str]) -> dict[int, str]:
+        with self._lock:
+            texts, rank_nodes = dict(self._texts), self._rank_nodes
+        why = self.ended or f"no answer from its node within {self.timeout:g} s"
+        for rank, node in enumerate(rank_nodes):
+            texts.setdefault(rank, f"rank {rank} (node {node}): {why}")
+        return texts
+
+    def note(self, native_found: bool) -> str | None:
+        """What the nodes said their texts leave out (py-spy missing there), once each."""
+        with self._lock:
+            return "\n".join(self._notes) or None
+
+
+class ClusterStackDesk(StackDesk):
+    """The desk of a cluster run: its requests go out through the control value."""
+
+    def new_request(self, timeout: float) -> Any:
+        return ClusterStackRequest(timeout)

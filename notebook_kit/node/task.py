@@ -305,8 +305,8 @@ class _Relay:
             with contextlib.suppress(OSError):
                 orders.send_bytes(encode(LaunchStop(), self.seal))
         ask = self.control.stacks
-        if ask.number > self.stacks_sent and self.master_sent and not self.order.pool:
-            self.stacks_sent = ask.number  # a pool's node process reads commands only
+        if ask.number > self.stacks_sent and self.master_sent:
+            self.stacks_sent = ask.number
             with contextlib.suppress(OSError):
                 orders.send_bytes(encode(ask, self.seal))
         while self.master_sent and self.commands:

@@ -119,7 +119,7 @@ class ClusterAttempt:
         self.result = AttemptResult()
         self.abort = ""
         self.failed_nodes: set[int] = set()
-        self.stacks = ClusterStackDesk()  # stacks() asks here (a launch's nodes: not a pool's)
+        self.stacks = ClusterStackDesk()  # stacks() asks here (a pool: during each command)
         self._stacks_asked = (0, 0.0)  # the latest request's number and a node's seconds
         self._lease = 0
         self._lease_done = threading.Event()

@@ -176,6 +176,7 @@ class ClusterNodes:
             WorkersStopped: a node's ranks had to stop, or a node was lost.
         """
         outcome = RunOutcome()
+        self._attempt.stacks.open(self._attempt.step)  # stacks() asks every node meanwhile
         try:
             self._seq += 1
             self._order(outcome, timeout, RunCommand(self._seq, command, (*ranks,), (*want,)))
@@ -186,6 +187,8 @@ class ClusterNodes:
             ending.outcome = outcome
             self._lost_at_fault = tuple(self._attempt.result.lost_nodes)  # not those ended next
             raise
+        finally:
+            self._attempt.stacks.close("the command ended before every node answered")
         return outcome
 
     def _order(self, outcome: RunOutcome, timeout: float | None, order: RunCommand) -> None:

@@ -36,6 +36,7 @@ from notebook_kit.node.protocol import (
     NodeReady,
     NodeValue,
     RunCommand,
+    StacksAsk,
     StopCommand,
     decode,
 )
@@ -72,6 +73,7 @@ class _NodeView:
                     raise KeyboardInterrupt
             elif order is not None:
                 self.pending.append(order)
+        self.relay.send_stacks()
 
     def next_order(self) -> RunCommand:
         while True:
@@ -84,7 +86,11 @@ class _NodeView:
             return order
 
     def _read(self) -> NodeCommand | None:
-        order = decode(self.orders.recv_bytes(), *NODE_COMMANDS, LaunchStop, seal=self.relay.seal)
+        seal = self.relay.seal
+        order = decode(self.orders.recv_bytes(), *NODE_COMMANDS, LaunchStop, StacksAsk, seal=seal)
+        if isinstance(order, StacksAsk):  # the kernel's stacks() during a command
+            self.relay.ask_stacks(order)
+            return None
         return None if isinstance(order, LaunchStop) else order  # a launch's: not a pool's
 
 

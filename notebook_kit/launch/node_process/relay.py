@@ -80,17 +80,25 @@ class RelayObserver:
         if self._preempted and not self._announced:
             self._announced = True
             self.send(NodePrint(_PREEMPTED.format(node=self.node_rank)))
-        for answer in self._stacks.ready():
-            self.send(answer)
+        self.send_stacks()
         try:
             while self._orders.poll(0):
                 order = decode(self._orders.recv_bytes(), LaunchStop, StacksAsk, seal=self.seal)
                 if isinstance(order, StacksAsk):
-                    self._stacks.ask(order)
+                    self.ask_stacks(order)
                 elif self._stop_flag is not None:
                     self._stop_flag.set()
         except (EOFError, OSError):
             return
+
+    def ask_stacks(self, order: StacksAsk) -> None:
+        """The kernel's stacks(): gathered off the loop, sent by :meth:`send_stacks`."""
+        self._stacks.ask(order)
+        self.send_stacks()  # at once when there is no run to ask
+
+    def send_stacks(self) -> None:
+        for answer in self._stacks.ready():
+            self.send(answer)
 
     def on_finish(self, summary: LaunchSummary) -> None:
         failures = tuple(summary.failures)

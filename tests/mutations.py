@@ -1971,7 +1971,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "route-made-every-launch",
         "the Stop button's subshell is made once per kernel, not in every launch",
-        (Edit("live/stop_button.py", "        route = _KEPT\n", "        route = None\n"),),
+        (Edit("live/kernel_status.py", "        route = _KEPT\n", "        route = None\n"),),
         (
             "tests/test_live_kernel_integration.py::"
             "test_the_launchs_own_requests_never_show_idle_while_the_cell_runs",
@@ -2512,8 +2512,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/notebook_view.py",
-                'summary_bundle(line, summary.outcome, banner, self.recorder.texts("summary"))',
-                "summary_bundle(line, summary.outcome, banner)",
+                "for panel in panels if (text := panel.summary())]",
+                'for panel in panels if (text := panel.summary()) and panel.place != "line"]',
             ),
         ),
         (
@@ -2845,9 +2845,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the final PNG carries the speed lines",
         (
             Edit(
-                "live/notebook_view.py",
-                'footer="\\n".join(text for _, text in self.recorder.texts("summary")),',
-                'footer="",',
+                "live/plot_widget.py",
+                'footer = "\\n".join(line for line in lines if line)',
+                'footer = ""',
             ),
         ),
         (
@@ -3199,7 +3199,9 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_export,
     mutations_g53,
     mutations_k53,
+    mutations_l53,
     mutations_live,
+    mutations_p53,
     mutations_parallel,
     mutations_pool,
     mutations_storage,
@@ -3221,4 +3223,6 @@ MUTATIONS = (
     + mutations_arch_d.MUTATIONS
     + mutations_g53.MUTATIONS
     + mutations_k53.MUTATIONS
+    + mutations_l53.MUTATIONS
+    + mutations_p53.MUTATIONS
 )

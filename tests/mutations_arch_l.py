@@ -40,8 +40,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/headless.py",
-                '        for _, text in self.recorder.texts("headless"):\n',
-                '        for _, text in self.recorder.texts("headless")[:0]:\n',
+                'for _, text in self.recorder.texts("headless"):',
+                'for _, text in self.recorder.texts("headless")[:0]:',
             ),
         ),
         (_HEADLESS,),
@@ -70,7 +70,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/notebook_view.py",
-                "blocks = [block for panel in self.recorder.panels if (block := panel.details())]",
+                "blocks = [block for panel in panels if (block := panel.details())]",
                 "blocks: list[tuple[str, str]] = []",
             ),
         ),

@@ -115,7 +115,7 @@ def test_click_during_an_awaited_launch_without_subshells(kernel: tuple[Any, Any
     _, client = kernel
     clicker = _Clicker(client)
     code = (
-        "import notebook_kit.live.stop_button as stop_button\n"
+        "import notebook_kit.live.kernel_status as stop_button\n"
         "stop_button._self_client = lambda: None  # as on a kernel without subshells\n"
         # An earlier launch's route is kept: close it (dropped unclosed, its client's zmq
         # context would block the kernel when the garbage collector ends it).

@@ -10,16 +10,15 @@ from __future__ import annotations
 import sys
 import time
 
-from notebook_kit.live.metric_names import named_values
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream, rank_label
-from notebook_kit.live.progress import RateClock, format_duration
+from notebook_kit.live.progress import RateClock, progress_line
+from notebook_kit.live.rank_output import last_segment
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch
 
-__all__ = ["ConsolePrinter", "HeadlessObserver", "QuietObserver", "last_segment", "progress_line"]
+__all__ = ["ConsolePrinter", "HeadlessObserver", "QuietObserver"]
 
 _LINE_SECONDS = 10.0  # between two progress lines
-_SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
 
 
 class ConsolePrinter:
@@ -44,49 +43,6 @@ class ConsolePrinter:
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.on_tick()
-
-
-def last_segment(line: str) -> str:
-    """What a terminal would show of a line redrawn with carriage returns (a tqdm bar).
-
-    Example:
-        >>> last_segment(" 10%|#   |\\r 20%|##  |")
-        ' 20%|##  |'
-    """
-    if "\r" not in line:
-        return line
-    segments = [segment for segment in line.split("\r") if segment.strip()]
-    return segments[-1] if segments else ""
-
-
-def progress_line(
-    count: int,
-    total: int | None,
-    elapsed: float,
-    latest: dict[str, float],
-    dropped: int = 0,
-    rate: float | None = None,
-) -> str:
-    """One line of progress: steps, rate, ETA and the newest metric values.
-
-    ``rate`` (steps per second, 0 for unknown) defaults to ``count / elapsed``; the views
-    pass the rate measured from the first step (:class:`~notebook_kit.live.progress.RateClock`).
-
-    Example:
-        >>> progress_line(50, 100, 10.0, {"loss": 0.5})
-        'step 50/100 (50%) · 5.00 steps/s · ETA 00:10 · loss 0.5'
-    """
-    parts = [f"step {count}/{total} ({100 * count // total}%)" if total else f"step {count}"]
-    if rate is None:
-        rate = count / elapsed if count and elapsed > 0 else 0.0
-    if rate > 0:
-        parts.append(f"{rate:.2f} steps/s")
-        if total and total > count:
-            parts.append(f"ETA {format_duration((total - count) / rate)}")
-    parts += named_values(latest, _SHOWN_METRICS, "{:.4g}".format)
-    if dropped:
-        parts.append(f"{dropped} metric records dropped")
-    return " · ".join(parts)
 
 
 class QuietObserver:
@@ -180,10 +136,6 @@ class HeadlessObserver(QuietObserver):
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.recorder.finish(summary)
-        self.clock.observe(self.recorder.progress.count)
-        if self.recorder.metrics.version or self.recorder.progress.count:
-            ending = "stopped" if summary.stopped else "finished"
-            print(f"[{ending}] {self._line(summary.duration)}", flush=True)
-        for _, text in self.recorder.texts("headless"):
+        for _, text in self.recorder.texts("headless"):  # the ending line first
             print(text, flush=True)
         self.console.on_finish(summary)

@@ -1,18 +1,20 @@
-"""The live view of a launch in a notebook: status, Stop and progress, plot, table, output.
+"""The live view of a launch in a notebook: its panels laid out in one fixed-height widget.
 
-While the workers train the cell holds one fixed-height widget, every part sized from the start
-so that nothing below the cell moves. The panels (:mod:`notebook_kit.live.panels`) each get a
-widget at their place when they first have something to say, and the widgets share their layout
-and style models (:mod:`notebook_kit.live.shared_models`). When the run ends the widget is
-replaced in place by plain outputs that need no widget state (:mod:`notebook_kit.live.summary`).
-Everything is drawn from the kernel's main thread at a throttled rate: workers only write to
-pipes, and the Stop button's click handler only sets the flag.
+While the workers train the cell holds one widget, every part sized from the start so that
+nothing below the cell moves. The view names no figure: each panel of the recorder
+(:mod:`notebook_kit.live.panels`) brings widgets of its own or gets a line at its place when it
+first has something to say, and the widgets share their layout and style models
+(:mod:`notebook_kit.live.shared_models`). When the run ends the widget is replaced in place by
+plain outputs that need no widget state: the panels' summary, their outputs (the plot's PNG),
+their details. Everything is drawn from the kernel's main thread at a throttled rate: workers
+only write to pipes, and the controls' handlers (the Stop button's) only note the click.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import html
+import importlib
 import time
 import warnings
 from typing import Any
@@ -20,22 +22,18 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display
 
-from notebook_kit.live.kernel_status import BusyKeeper
+from notebook_kit.live import record
+from notebook_kit.live.kernel_status import BusyKeeper, open_route
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
-from notebook_kit.live.plot import draw_metrics, figure_png, new_figure
-from notebook_kit.live.plot_layout import plan_panels
-from notebook_kit.live.plot_widget import LivePlot, XAxis, check_x_axis
-from notebook_kit.live.rank_output import RankOutput
-from notebook_kit.live.record import RunRecorder
+from notebook_kit.live.panels import PLACES, Panel
+from notebook_kit.live.plot_layout import XAxis, check_x_axis
 from notebook_kit.live.shared_models import SharedModels
-from notebook_kit.live.stop_button import StopButton
-from notebook_kit.live.summary import figure_bundle, summary_bundle, summary_line
 from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["LiveObserver"]
 
 _REFRESH_SECONDS = 0.25  # widgets at most 4 times a second, however often the loop wakes
-# The Stop button's route to a kernel subshell opens once the run has lasted this long, or before
+# The controls' route to a kernel subshell opens once the run has lasted this long, or before
 # the first progress is drawn, whichever comes first: nobody clicks sooner, and a short launch
 # pays nothing for it.
 ROUTE_AFTER = 0.25
@@ -46,11 +44,22 @@ _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _EMPTY = {"text/plain": ""}  # what a restart leaves of the last attempt's plot and details
 
 
+def _load_what_panels_need() -> None:
+    """The panels' widget modules load with the view, not mid-run: a launch imports this
+    module before it forks, and an interrupt is held while the view is built."""
+    for module in sorted({name for panel in record.PANELS for name in panel.needs}):
+        importlib.import_module(module)
+
+
+_load_what_panels_need()
+
+
 class LiveObserver:
     """Shows a launch live in the cell that started it, and records it for ``last_run()``.
 
     ``x_axis="epoch"`` draws the plot (and the final PNG) against the logged ``epoch``
     rather than the step, once one is logged; the view's x-axis switch changes it mid-run.
+    A panel is an attribute by its name (``view.plot``, ``view.progress``).
 
     Example::
 
@@ -59,37 +68,35 @@ class LiveObserver:
 
     def __init__(self, x_axis: XAxis = "step") -> None:
         self.x_axis = check_x_axis(x_axis)
-        self.recorder = RunRecorder()
+        self.recorder = record.RunRecorder()
         self.info: LaunchInfo | None = None
-        self.stop: StopButton | None = None
-        self.output: RankOutput | None = None
         self.box: widgets.VBox | None = None
-        self.header: widgets.Box | None = None
-        self._layouts: dict[str, widgets.Layout] = {}  # a place's own layout, by place
         self.figure: Any = None
         self._handle: Any = None
-        self._extras: list[Any] = []  # the plot's PNG and the details under the summary
-        self._first_shown: float | None = None  # when the launch's first attempt was shown
+        self._extras: list[Any] = []  # the panels' outputs and the details under the summary
         self._keeper: BusyKeeper | None = None
         self._new_view()
 
+    def __getattr__(self, name: str) -> Panel:
+        panels = self.__dict__.get("recorder")
+        for panel in panels.panels if panels is not None else ():
+            if panel.name == name:
+                return panel
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or panel {name!r}")
+
     def _new_view(self) -> None:
-        """Fresh widgets for each attempt (the last one's were closed), shown in the same place;
-        the plot goes on from the earlier attempts' points, with a mark at each restart."""
+        """Fresh widgets for each attempt (the last one's were closed), shown in the same place."""
         self.shared = SharedModels()
-        earlier = getattr(self, "plot", None)
-        self.plot = LivePlot(
-            x_axis=self.x_axis,
-            layout=self.shared.layout,
-            feed=earlier.feed if earlier is not None else None,
-        )
-        if earlier is not None:
-            self.plot.resume(self.recorder.metrics, self.recorder.restarts)
-        self.recorder.plot = self.plot
-        self.lines: dict[str, widgets.HTML] = {}  # each panel's widget, by its name
+        self.lines: dict[str, widgets.HTML] = {}  # each panel's line widget, by its name
+        self._built: dict[str, list[widgets.Widget]] = {place: [] for place in PLACES}
+        for panel in self.recorder.panels:
+            panel.widget = None
+            for place, widget in panel.build(self):
+                self._built[place].append(widget)
         self._last_refresh = 0.0
-        self._stopping_shown = False
         self._broken = False
+        self._route: Any = None
+        self.routed: bool | None = None  # whether the controls' clicks reach a busy kernel
         self._shown_at: float | None = None  # set when the view is displayed; None once routed
 
     def on_start(self, info: LaunchInfo) -> None:
@@ -97,17 +104,17 @@ class LiveObserver:
             self._new_view()
         self.info = info
         self.recorder.start(info)
-        shared = self.shared
-        self.stop = StopButton(info.stop_flag, shared)
-        self.output = RankOutput(info.ranks, info.node_of(), shared)
         header_layout = widgets.Layout(height="36px")
-        self.header = shared.box([self.stop.button], ("nk-header",), header_layout)
+        self.header = self.shared.box(self._built["header"], ("nk-header",), header_layout)
         # A line under the plot, when it appears: two lines high; more (a line per node) scroll.
         status_layout = widgets.Layout(overflow="hidden", height="24px")
         self._layouts = {"status": status_layout, "line": header_layout}
-        parts = [self.header, self.stop.note, *self.plot.widgets, self.output.widget]
+        built = {**self._built, "header": [self.header]}
+        self._places = [place for place in PLACES for _ in built[place]]
+        parts = [widget for place in PLACES for widget in built[place]]
         box_layout = widgets.Layout(height=BOX_HEIGHT)  # before the parts have rendered, too
         self.box = widgets.VBox(parts, layout=box_layout, _dom_classes=("nk-live",))
+        self._leading_tabs = 0
         self._show_panels()  # the status line and the progress: they have their say at once
         fallback = f"{info.banner} (live view; a summary replaces it when the run ends)"
         view = {"version_major": 2, "version_minor": 0, "model_id": self.box.model_id}
@@ -120,8 +127,6 @@ class LiveObserver:
         else:
             self._handle = display(bundle, raw=True, display_id=True)
         self._shown_at = time.monotonic()
-        if self._first_shown is None:
-            self._first_shown = self._shown_at
         self._keeper = BusyKeeper.start()
 
     def _route_due(self, shown_at: float) -> bool:
@@ -129,28 +134,18 @@ class LiveObserver:
         return bool(progress) or time.monotonic() - shown_at >= ROUTE_AFTER
 
     def _route_clicks(self) -> None:
-        """Open the Stop button's route, once; its idles are the busy keeper's to hold."""
+        """Open the controls' route, once; its idles are the busy keeper's to hold."""
         self._shown_at = None
         hold = self._keeper.hold_idles_of if self._keeper is not None else None
-        if self.stop is not None:
-            self.stop.serve_during_run(*self.plot.controls, hold_idles=hold)
+        controls = tuple(widget for panel in self.recorder.panels for widget in panel.controls)
+        self._route = open_route(controls, hold) if controls else None
+        self.routed = self._route is not None
 
     def on_output(self, rank: int, stream: Stream, line: str) -> None:
-        if self.output is not None:
-            self.output.add(rank, stream, line)
+        self.recorder.on_output(rank, stream, line)
 
     def on_metrics(self, batch: MetricsBatch) -> None:
-        resumed = self.recorder.on_metrics(batch)
-        if resumed is not None:  # a restart logs these steps again: they replace the old
-            self.plot.resume(self.recorder.metrics, self.recorder.restarts, drop_from=resumed)
-        self.plot.feed.add_batch(batch)
-
-    @property
-    def progress(self) -> Any:
-        """The progress panel (its ``text`` and ``fraction``); ``.widget``: its bar here."""
-        panel = next(panel for panel in self.recorder.panels if panel.name == "progress")
-        panel.widget = self.lines.get("progress")  # type: ignore[attr-defined]
-        return panel
+        self.recorder.on_metrics(batch)
 
     def on_tick(self) -> None:
         self.recorder.tick()
@@ -158,7 +153,8 @@ class LiveObserver:
             try:
                 self._route_clicks()
             except Exception as error:  # the button then works after the cell, as a hint says
-                warnings.warn(f"Stop button could not be routed: {error!r}", stacklevel=2)
+                self.routed = False
+                warnings.warn(f"The view's buttons could not be routed: {error!r}", stacklevel=2)
         if self._broken or time.monotonic() - self._last_refresh < _REFRESH_SECONDS:
             return
         self._last_refresh = time.monotonic()
@@ -169,54 +165,53 @@ class LiveObserver:
             warnings.warn(f"Live display stopped updating: {error!r}", stacklevel=2)
 
     def _refresh(self) -> None:
-        info, stop = self.info, self.stop
-        stopping = info is not None and info.stop_flag.is_set()
-        if stopping and stop is not None and not self._stopping_shown:
-            self._stopping_shown = True
-            stop.show_stopping()
-        if self.output is not None:
-            self.output.refresh()
-        self.plot.refresh(self.recorder.metrics, self.recorder.progress)
+        for panel in self.recorder.panels:
+            panel.draw()
         self._show_panels()
 
     def _show_panels(self) -> None:
-        """Each panel's widget at its place, made when it first has something to say: a run
+        """Each panel's line at its place, made when it first has something to say: a run
         that counts and logs nothing opens no model for its speed line or its table."""
-        if self.box is None or self.header is None or self.output is None:
+        if self.box is None:
             return
         for panel in self.recorder.panels:
             value, widget = panel.live_html(), self.lines.get(panel.name)
             if widget is None and value:
                 layout = self._layouts.get(panel.place)
                 widget = self.shared.html(value, (f"nk-{panel.name}",), layout)
-                self.lines[panel.name] = widget
+                self.lines[panel.name] = panel.widget = widget
                 self._place(panel.place, panel.name, widget)
             elif value and widget is not None and widget.value != value:
                 widget.value = value
 
-    def _place(self, place: str, name: str, widget: widgets.HTML) -> None:
-        assert self.box is not None and self.header is not None and self.output is not None
-        if place == "tab":  # before the ranks' tabs
-            self.output.add_leading_tab(name, widget)
-        elif place == "header":  # beside the Stop button
+    def _place(self, place: str, name: str, widget: widgets.Widget) -> None:
+        """A line beside the other header widgets, as a tab before the tabs a panel built (the
+        ranks'), or in the box after the widgets of its place and those above it."""
+        assert self.box is not None
+        tabs = next((w for w in self._built["tab"] if isinstance(w, widgets.Tab)), None)
+        if place == "header":
             self.header.children = (*self.header.children, widget)
-        else:  # the status line on top, a line above the tabs
-            parts = list(self.box.children)
-            parts.insert(0 if place == "status" else parts.index(self.output.widget), widget)
-            self.box.children = tuple(parts)
+        elif place == "tab" and tabs is not None:
+            at, self._leading_tabs = self._leading_tabs, self._leading_tabs + 1
+            titles = list(tabs.titles)
+            tabs.children = (*tabs.children[:at], widget, *tabs.children[at:])
+            tabs.titles = (*titles[:at], name, *titles[at:])
+            tabs.selected_index = at
+        else:
+            rank = PLACES.index(place)
+            at = sum(PLACES.index(other) <= rank for other in self._places)
+            self._places.insert(at, place)
+            self.box.children = (*self.box.children[:at], widget, *self.box.children[at:])
 
     def on_finish(self, summary: LaunchSummary) -> None:
-        route_request = None
+        route_request = self._route.last_request if self._route is not None else None
         try:
             if not self._broken:
                 self._refresh()  # the last points and counts, before the widgets make way
-            if self.stop is not None:
-                route_request = self.stop.finish()
-            self.figure = self._final_figure()
         finally:
-            self.recorder.finish(summary, figure=self.figure)
+            self.figure = self.recorder.finish(summary).figure
         try:
-            self._render_static(summary)
+            self._render_static()
         except Exception as error:  # the run's own result or error matters more
             warnings.warn(f"Could not draw the end of the run: {error!r}", stacklevel=2)
         finally:
@@ -226,51 +221,27 @@ class LiveObserver:
                 self._keeper = None
             self._close_widgets()
 
-    def _final_figure(self) -> Any:
-        histories = self.recorder.metrics.histories()
-        if not histories:
-            return None
-        figure = new_figure(len(plan_panels(histories)))
-        draw_metrics(
-            figure,
-            histories,
-            **self.plot.drawing(),
-            marks=self.recorder.restarts,
-            footer="\n".join(text for _, text in self.recorder.texts("summary")),
-        )
-        return figure
-
-    def _render_static(self, summary: LaunchSummary) -> None:
-        metrics, progress = self.recorder.metrics, self.recorder.progress
-        if self.output is not None:
-            self.output.finish(summary.ranks)
-        restarts = len(self.recorder.attempts) - 1
-        if restarts and self._first_shown is not None:  # the launch's time, not the attempt's
-            summary = dataclasses.replace(summary, duration=time.monotonic() - self._first_shown)
-        line = summary_line(
-            summary,
-            progress.count,
-            progress.expected,
-            metrics.latest(),
-            metrics.total_dropped,
-            restarts,
-        )
+    def _render_static(self) -> None:
+        """The panels' summary (and the banner), their outputs, their details."""
+        panels = self.recorder.panels
+        lines = [(panel.summary_html(), text) for panel in panels if (text := panel.summary())]
         banner = self.info.banner if self.info is not None else ""
-        bundle = summary_bundle(line, summary.outcome, banner, self.recorder.texts("summary"))
+        body = "".join(part for part, _ in lines) + (
+            f'<div class="nk-banner" style="color:#666;font-size:11px">{html.escape(banner)}</div>'
+        )
+        text = "\n".join(part for part in (*(t for _, t in lines), banner) if part)
+        bundle = {"text/html": body, "text/plain": text}
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
         else:  # no display ids outside a kernel: just show it
             display(bundle, raw=True)
-        if self.figure is not None:
-            names = list(metrics.histories())
-            png = figure_bundle(figure_png(self.figure), names, self.plot.drawing()["x_label"])
-            self._show_extra(png)
-        blocks = [block for panel in self.recorder.panels if (block := panel.details())]
-        if self.output is not None and self.output.static_html():
-            blocks.append((self.output.static_html(), self.output.text()))
+        for output in (panel.output() for panel in panels):
+            if output:
+                self._show_extra(output)
+        blocks = [block for panel in panels if (block := panel.details())]
         if blocks:  # the evaluation table, each rank's output: plain HTML and text
-            html = f'<div class="nk-details">{"".join(part for part, _ in blocks)}</div>'
-            self._show_extra({"text/html": html, "text/plain": "\n".join(t for _, t in blocks)})
+            body = f'<div class="nk-details">{"".join(part for part, _ in blocks)}</div>'
+            self._show_extra({"text/html": body, "text/plain": "\n".join(t for _, t in blocks)})
 
     def _show_extra(self, bundle: dict[str, Any]) -> None:
         """Show ``bundle`` under the summary; a restart blanks it (its handle is kept)."""
@@ -280,8 +251,8 @@ class LiveObserver:
 
     def _close_widgets(self) -> None:
         """The static outputs replaced them: free the models (and the saved widget state)."""
-        extra = [] if self.stop is None else [self.stop.button, self.stop.note]
-        for widget in (self.box, *self.lines.values(), *self.plot.widgets, *extra):
+        built = [widget for place in PLACES for widget in self._built[place]]
+        for widget in (self.box, *self.lines.values(), *built):
             if widget is not None:
                 close_tree(widget)
 

@@ -1,9 +1,12 @@
-"""The final plot of a run as a matplotlib figure: what stays in the saved notebook as a PNG.
+"""The plot's drawing: two browser widgets while the run goes, a matplotlib figure at the end.
 
-Laid out like the live plot in the browser (:mod:`notebook_kit.live.plot_layout` decides for
-both), with the x axis, smoothing and y scale the user chose while it ran. The figure is built with
-matplotlib's object API on an Agg canvas: no pyplot state, nothing shared with the user's own
-figures, nothing shown twice.
+While it runs the kernel never draws: ``plot_widget.js`` (an anywidget) draws the points it is
+sent on a canvas, and ``plot_controls.js`` holds the user's choices (smoothing, y axis, x axis),
+which the plot reads in the browser; :class:`~notebook_kit.live.plot_widget.LivePlot` makes and
+feeds them. The final plot, what stays in the saved notebook as a PNG, is laid out like the
+live one (:mod:`notebook_kit.live.plot_layout` decides for both), with the x axis, smoothing and
+y scale the user chose while it ran; it is built with matplotlib's object API on an Agg canvas:
+no pyplot state, nothing shared with the user's own figures, nothing shown twice.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import io
 import textwrap
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
+import anywidget
+import ipywidgets as widgets
+import traitlets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -29,7 +36,7 @@ from notebook_kit.live.plot_layout import (
     use_log,
 )
 
-__all__ = ["draw_metrics", "figure_png", "new_figure"]
+__all__ = ["PlotControls", "PlotWidget", "draw_metrics", "figure_png", "new_figure"]
 
 _FOOTER_POINTS = 7.5  # the speed lines under the panels
 
@@ -173,3 +180,72 @@ def figure_png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+_CONTROLS_HEIGHT = 34  # pixels, the row of controls above the plot
+_CSS = """
+.nk-plot-area { display: flex; flex-wrap: wrap; width: 100%; }
+.nk-plot-panel { display: block; cursor: crosshair; }
+"""
+_CONTROLS_CSS = f"""
+.nk-plot-controls {{ height: {_CONTROLS_HEIGHT}px; display: flex; align-items: center;
+  gap: 18px; font-size: var(--jp-widgets-font-size, 13px); }}
+.nk-plot-controls label {{ display: inline-flex; align-items: center; gap: 6px; }}
+.nk-plot-controls input[type=range] {{ width: 140px; }}
+"""
+
+
+class _ClassTraitsWidget(anywidget.AnyWidget):
+    """An anywidget whose script, style and id are traits of its class.
+
+    ``AnyWidget.__init__`` adds them to each instance with ``add_traits``, which makes a new
+    class every time and costs milliseconds per view; declared on the class they cost nothing.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        widgets.DOMWidget.__init__(self, **kwargs)
+
+
+def _script(name: str) -> str:
+    return Path(__file__).with_name(name).read_text(encoding="utf-8")
+
+
+class PlotWidget(_ClassTraitsWidget):
+    """Canvas plot in the browser; new points arrive as ``{"points": {name: [xs, ys]}}``.
+
+    ``controls`` is the model id of the :class:`PlotControls` it reads (smoothing, axes).
+
+    Example:
+        >>> plot = PlotWidget(spec={"panels": [{"label": "loss", "names": ["loss"]}]})
+        >>> plot.send({"points": {"loss": [[0, 1], [1.0, 0.5]]}})
+    """
+
+    _esm = traitlets.Unicode(_script("plot_widget.js")).tag(sync=True)
+    _css = traitlets.Unicode(_CSS).tag(sync=True)
+    _anywidget_id = traitlets.Unicode("notebook_kit.live.plot_widget.PlotWidget").tag(sync=True)
+    spec = traitlets.Dict().tag(sync=True)  # panels, evaluation metrics, x label, height
+    snapshot = traitlets.Dict().tag(sync=True)  # every point, for views opened later
+    controls = traitlets.Unicode("").tag(sync=True)  # the PlotControls' model id
+
+
+class PlotControls(_ClassTraitsWidget):
+    """The plot's controls, drawn in the browser: smoothing, y axis, and the x axis once the
+    plot's spec names a logged epoch (``plot`` is the plot's model id, read in the browser).
+
+    Nothing publishes them from the kernel's main thread once the run is under way: a comm's
+    messages go to the kernel subshell that last published on it, and the main shell is busy
+    with the cell until the run ends.
+
+    Example:
+        >>> controls = PlotControls(x_axis="epoch")
+        >>> controls.smoothing, controls.y_scale, controls.x_axis
+        (0.0, 0, 'epoch')
+    """
+
+    _esm = traitlets.Unicode(_script("plot_controls.js")).tag(sync=True)
+    _css = traitlets.Unicode(_CONTROLS_CSS).tag(sync=True)
+    _anywidget_id = traitlets.Unicode("notebook_kit.live.plot_widget.PlotControls").tag(sync=True)
+    smoothing = traitlets.Float(0.0).tag(sync=True)  # TensorBoard's EMA weight, 0 to 0.99
+    y_scale = traitlets.Int(0).tag(sync=True)  # index into Y_SCALES
+    x_axis = traitlets.Unicode("step").tag(sync=True)  # one of X_AXES
+    plot = traitlets.Unicode("").tag(sync=True)  # the PlotWidget's model id

@@ -1,5 +1,5 @@
 // The live plot's controls: smoothing, y axis and, once an epoch is logged, x axis.
-// A widget of their own (plot_widget.PlotControls): the plot reads their values in the
+// A widget of their own (plot.PlotControls): the plot reads their values in the
 // browser, and the kernel serves their comm on a subshell while the cell runs, so it knows
 // the user's choice for the final PNG. Whether an epoch is logged is in the plot's spec
 // (`x_metric`): the kernel never publishes this widget once the run is under way.

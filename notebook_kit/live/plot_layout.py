@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "X_AXES",
     "PlotPanel",
+    "XAxis",
     "XUnit",
     "axis_limits",
     "axis_metric",
+    "check_x_axis",
     "ema",
     "epoch_positions",
     "eval_metrics",
@@ -38,6 +41,25 @@ __all__ = [
 ]
 
 XUnit = Literal["step", "epoch"]
+X_AXES = ("step", "epoch")  # the x-axis choices: the logged step, or the logged epoch
+XAxis = Literal["step", "epoch"]
+
+
+def check_x_axis(x_axis: str) -> XAxis:
+    """``x_axis`` if it is one of :data:`X_AXES`, else a ValueError naming the choices.
+
+    Example:
+        >>> check_x_axis("epoch")
+        'epoch'
+    """
+    if x_axis not in X_AXES:
+        raise ValueError(
+            f"x_axis must be 'step' or 'epoch', got {x_axis!r}: 'epoch' draws the plot "
+            "against the logged epoch (once one is logged), 'step' against the logged step."
+        )
+    return x_axis  # type: ignore[return-value]
+
+
 YScale = Literal["auto", "linear", "log"]
 _AUTO_LOG_SPAN = 1000.0
 

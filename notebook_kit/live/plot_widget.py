@@ -1,12 +1,12 @@
-"""The live plot: a small browser widget fed with only the new points, and its controls.
+"""The live plot: a small browser widget fed with only the new points, its controls, the PNG.
 
 The kernel's share of drawing is folding metrics into means (:class:`PointFeed`) and sending
 the steps that changed a few times a second; the browser draws them on a canvas
-(``plot_widget.js``, an anywidget). The controls (smoothing, y axis, and the x axis once an
-``epoch`` is logged) are a second small widget (``plot_controls.js``): the plot reads them in
-the browser, so moving one redraws without a round trip, and their own comm is the one a
-kernel subshell serves while the cell runs, so the kernel knows the user's choice for the
-final PNG (:meth:`LivePlot.drawing`).
+(:mod:`notebook_kit.live.plot`). The controls (smoothing, y axis, and the x axis once an
+``epoch`` is logged) are a second small widget: the plot reads them in the browser, so moving
+one redraws without a round trip, and their own comm is the one a kernel subshell serves while
+the cell runs, so the kernel knows the user's choice for the final PNG (:meth:`LivePlot.drawing`).
+The widgets and matplotlib load with the notebook view only (``LivePlot.needs``).
 """
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import anywidget
-import ipywidgets as widgets
-import traitlets
-
-from notebook_kit.live.metric_names import short_name
-from notebook_kit.live.metrics import MetricsAggregator
+from notebook_kit.live.metric_names import joined, short_name
+from notebook_kit.live.panels import Panel
 from notebook_kit.live.plot_layout import (
     PlotPanel,
     XUnit,
@@ -32,32 +27,19 @@ from notebook_kit.live.plot_layout import (
     plan_panels,
     thinned,
 )
-from notebook_kit.live.progress import ProgressState
-from notebook_kit.runtime.messages import MetricsBatch
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine, WorkerMessage
 
-__all__ = ["X_AXES", "Y_SCALES", "LivePlot", "PlotControls", "PlotWidget", "PointFeed", "Points"]
+__all__ = ["Y_SCALES", "LivePlot", "PointFeed", "Points"]
 
 Y_SCALES = ("auto", "linear", "log")  # the y-axis choices, in the order the browser knows
-X_AXES = ("step", "epoch")  # the x-axis choices: the logged step, or the logged epoch
-XAxis = Literal["step", "epoch"]
 
 Points = dict[str, tuple[list[float], list[float]]]  # name -> (steps, means)
 _KEPT_STEPS = 1024  # per metric: the steps whose sums are kept for late-arriving ranks
 PLOT_HEIGHT = 250  # pixels, fixed for the whole run
-CONTROLS_HEIGHT = 34  # pixels, the row of controls above the plot
 _SNAPSHOT_SECONDS = 15.0  # full data for views opened mid-run, this often
 _SNAPSHOT_POINTS = 2000  # per metric in a snapshot
+_NAMED = 3  # metrics named in the PNG's text fallback
 _WAITING = "The plot starts with the first accelerator.log(...)"
-_CSS = """
-.nk-plot-area { display: flex; flex-wrap: wrap; width: 100%; }
-.nk-plot-panel { display: block; cursor: crosshair; }
-"""
-_CONTROLS_CSS = f"""
-.nk-plot-controls {{ height: {CONTROLS_HEIGHT}px; display: flex; align-items: center;
-  gap: 18px; font-size: var(--jp-widgets-font-size, 13px); }}
-.nk-plot-controls label {{ display: inline-flex; align-items: center; gap: 6px; }}
-.nk-plot-controls input[type=range] {{ width: 140px; }}
-"""
 
 
 class PointFeed:
@@ -139,120 +121,64 @@ class PointFeed:
         return self._sums.keys()
 
 
-class _ClassTraitsWidget(anywidget.AnyWidget):
-    """An anywidget whose script, style and id are traits of its class.
+class LivePlot(Panel):
+    """The plot row of the live view (controls above a fixed-height plot), and the final PNG,
+    kept as ``last_run().figure``.
 
-    ``AnyWidget.__init__`` adds them to each instance with ``add_traits``, which makes a new
-    class every time and costs milliseconds per view; declared on the class they cost nothing.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        widgets.DOMWidget.__init__(self, **kwargs)
-
-
-def _script(name: str) -> str:
-    return Path(__file__).with_name(name).read_text(encoding="utf-8")
-
-
-class PlotWidget(_ClassTraitsWidget):
-    """Canvas plot in the browser; new points arrive as ``{"points": {name: [xs, ys]}}``.
-
-    ``controls`` is the model id of the :class:`PlotControls` it reads (smoothing, axes).
-
-    Example:
-        >>> plot = PlotWidget(spec={"panels": [{"label": "loss", "names": ["loss"]}]})
-        >>> plot.send({"points": {"loss": [[0, 1], [1.0, 0.5]]}})
-    """
-
-    _esm = traitlets.Unicode(_script("plot_widget.js")).tag(sync=True)
-    _css = traitlets.Unicode(_CSS).tag(sync=True)
-    _anywidget_id = traitlets.Unicode(f"{__name__}.PlotWidget").tag(sync=True)
-    spec = traitlets.Dict().tag(sync=True)  # panels, evaluation metrics, x label, height
-    snapshot = traitlets.Dict().tag(sync=True)  # every point, for views opened later
-    controls = traitlets.Unicode("").tag(sync=True)  # the PlotControls' model id
-
-
-class PlotControls(_ClassTraitsWidget):
-    """The plot's controls, drawn in the browser: smoothing, y axis, and the x axis once the
-    plot's spec names a logged epoch (``plot`` is the plot's model id, read in the browser).
-
-    Nothing publishes them from the kernel's main thread once the run is under way: a comm's
-    messages go to the kernel subshell that last published on it, and the main shell is busy
-    with the cell until the run ends.
-
-    Example:
-        >>> controls = PlotControls(x_axis="epoch")
-        >>> controls.smoothing, controls.y_scale, controls.x_axis
-        (0.0, 0, 'epoch')
-    """
-
-    _esm = traitlets.Unicode(_script("plot_controls.js")).tag(sync=True)
-    _css = traitlets.Unicode(_CONTROLS_CSS).tag(sync=True)
-    _anywidget_id = traitlets.Unicode(f"{__name__}.PlotControls").tag(sync=True)
-    smoothing = traitlets.Float(0.0).tag(sync=True)  # TensorBoard's EMA weight, 0 to 0.99
-    y_scale = traitlets.Int(0).tag(sync=True)  # index into Y_SCALES
-    x_axis = traitlets.Unicode("step").tag(sync=True)  # one of X_AXES
-    plot = traitlets.Unicode("").tag(sync=True)  # the PlotWidget's model id
-
-
-def check_x_axis(x_axis: str) -> XAxis:
-    """``x_axis`` if it is one of :data:`X_AXES`, else a ValueError naming the choices.
-
-    Example:
-        >>> check_x_axis("epoch")
-        'epoch'
-    """
-    if x_axis not in X_AXES:
-        raise ValueError(
-            f"x_axis must be 'step' or 'epoch', got {x_axis!r}: 'epoch' draws the plot "
-            "against the logged epoch (once one is logged), 'step' against the logged step."
-        )
-    return x_axis  # type: ignore[return-value]
-
-
-class LivePlot:
-    """The plot row of the live view: controls above a fixed-height plot.
-
-    ``x_axis="epoch"`` draws against the logged ``epoch`` from the start (the user can switch
-    back in the view); ``layout`` is a layout model the controls may share with other widgets.
+    The view's ``x_axis`` (``"epoch"``) draws against the logged ``epoch`` from the start; the
+    user can switch back in the view. Each attempt's view goes on from the earlier points,
+    with a mark where each restart resumed.
 
     Example::
 
-        plot = LivePlot(); plot.feed.add_batch(MetricsBatch(0, ((0, 0, {"loss": 1.0}),)))
-        plot.refresh(metrics, progress)
+        plot = LivePlot(); plot.run = recorder; plot.build(view)
+        plot.take(MetricsBatch(0, ((0, 0, {"loss": 1.0}),))); plot.draw()
     """
 
-    def __init__(
-        self,
-        height: int = PLOT_HEIGHT,
-        x_axis: XAxis = "step",
-        layout: widgets.Layout | None = None,
-        feed: PointFeed | None = None,
-    ) -> None:
-        self.feed = feed if feed is not None else PointFeed()  # an earlier attempt's goes on
+    name = "plot"
+    place = "body"
+    needs = ("notebook_kit.live.plot",)
+
+    def __init__(self, height: int = PLOT_HEIGHT) -> None:
+        self.feed = PointFeed()
         self.marks: list[list[Any]] = []  # [step, label] where each restart resumed
         self.x_unit: XUnit = "step"
+        self.plot: Any = None  # the canvas (and the controls), once a view is built
+        self.controls_widget: Any = None
+        self.widgets: list[Any] = []
+        self.figure: Any = None  # the final figure, once the run ended
+        self._height = height
+        self._shown_spec: dict[str, Any] = {}
+        self._snapshot_at = 0.0
+        self._marked = 0  # restarts marked so far
+
+    def build(self, view: Any) -> list[tuple[str, Any]]:
+        import ipywidgets as widgets
+
+        from notebook_kit.live.plot import PlotControls, PlotWidget
+
+        earlier, self.x_unit = self.plot is not None, "step"
         self.controls_widget = PlotControls(
-            x_axis=check_x_axis(x_axis),
-            layout=layout if layout is not None else widgets.Layout(),
-            _dom_classes=("nk-plot-controls",),
+            x_axis=view.x_axis, layout=view.shared.layout, _dom_classes=("nk-plot-controls",)
         )
         self.plot = PlotWidget(
-            spec=_spec([], [], "step", height, None),
+            spec=_spec([], [], "step", self._height, None),
             controls=self.controls_widget.model_id,
-            layout=widgets.Layout(height=f"{height}px"),  # before the browser has the script
+            layout=widgets.Layout(height=f"{self._height}px"),  # before the script arrives
             _dom_classes=("nk-plot",),
         )
         self.controls_widget.plot = self.plot.model_id  # before any route: from here, never
-        self.widgets: list[widgets.Widget] = [self.controls_widget, self.plot]
-        self._height = height
-        self._shown_spec = self.plot.spec
-        self._snapshot_at = time.monotonic()
+        self.widgets = [self.controls_widget, self.plot]
+        self._shown_spec, self._snapshot_at = self.plot.spec, time.monotonic()
+        self.run.plot = self  # the evaluation table asks which metrics are evaluations
+        if earlier:  # a restart's view: every point so far, and the marks
+            self.resume()
+        return [(self.place, widget) for widget in self.widgets]
 
     @property
-    def controls(self) -> list[widgets.Widget]:
+    def controls(self) -> list[Any]:  # type: ignore[override]
         """The widgets whose values the user changes during the run."""
-        return [self.controls_widget]
+        return [self.controls_widget] if self.controls_widget is not None else []
 
     @property
     def x_metric(self) -> str | None:
@@ -272,23 +198,30 @@ class LivePlot:
             "x_metric": self.x_metric if epoch else None,
         }
 
-    def resume(
-        self,
-        metrics: MetricsAggregator,
-        restarts: list[tuple[int, str]],
-        drop_from: int | None = None,
-    ) -> None:
+    def take(self, message: WorkerMessage | OutputLine) -> None:
+        if self.plot is None or not isinstance(message, MetricsBatch):
+            return
+        restarts = self.run.restarts
+        if len(restarts) > self._marked:  # a restart logs these steps again: they replace the old
+            self.resume(drop_from=restarts[-1][0])
+        self.feed.add_batch(message)
+
+    def resume(self, drop_from: int | None = None) -> None:
         """Go on from earlier attempts: every point so far, and a mark at each restart; the points
         from ``drop_from`` on are dropped here and in the browser (a restart logs them again)."""
         if drop_from is not None:
             self.feed.drop_from(drop_from)
-        self.marks = [[step, label] for step, label in restarts]
+        self._marked = len(self.run.restarts)
+        self.marks = [[step, label] for step, label in self.run.restarts]
         self._shown_spec = {}  # the next refresh sends the spec, with the marks
-        self.plot.snapshot = snapshot(metrics.histories())
+        self.plot.snapshot = snapshot(self.run.metrics.histories())
         self._snapshot_at = time.monotonic()
 
-    def refresh(self, metrics: MetricsAggregator, progress: ProgressState) -> None:
+    def draw(self) -> None:
         """Send the points that changed, and a new layout when metrics or the unit changed."""
+        if self.plot is None:
+            return
+        progress = self.run.progress
         unit = infer_x_unit(self.feed.last_step, progress.steps, progress.epoch_length)
         if unit == "epoch" or progress.steps >= (progress.epoch_length or 0) * 2:
             self.x_unit = unit  # settled once a unit shows or two epochs passed
@@ -304,11 +237,39 @@ class LivePlot:
             self.plot.send({"points": _json_points(points)})
         if time.monotonic() - self._snapshot_at > _SNAPSHOT_SECONDS:
             self._snapshot_at = time.monotonic()
-            self.plot.snapshot = snapshot(metrics.histories())
+            self.plot.snapshot = snapshot(self.run.metrics.histories())
 
     @property
     def evals(self) -> list[str]:
         return eval_metrics(self.feed.counts)
+
+    def record(self) -> Any:
+        """The final figure, drawn as the user last saw the plot, with the lines that were
+        under it (every panel has finished: their lines are final). None without a view."""
+        self.figure = self._final_figure() if self.plot is not None else None
+        return self.figure
+
+    def _final_figure(self) -> Any:
+        from notebook_kit.live.plot import draw_metrics, new_figure
+
+        histories = self.run.metrics.histories()
+        if not histories:
+            return None
+        figure = new_figure(len(plan_panels(histories)))
+        lines = [panel.summary() for panel in self.run.panels if panel.place == "line"]
+        footer = "\n".join(line for line in lines if line)
+        draw_metrics(figure, histories, **self.drawing(), marks=self.run.restarts, footer=footer)
+        return figure
+
+    def output(self) -> dict[str, Any] | None:
+        """The final PNG, with a one-line text fallback."""
+        if self.figure is None:
+            return None
+        from notebook_kit.live.plot import figure_png
+
+        names = joined(list(self.run.metrics.histories()), _NAMED)
+        unit = self.drawing()["x_label"]
+        return {"image/png": figure_png(self.figure), "text/plain": f"<plot of {names} by {unit}>"}
 
 
 def _spec(

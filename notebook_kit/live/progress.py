@@ -11,9 +11,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from notebook_kit.live.metric_names import named_values
 from notebook_kit.runtime.messages import MetricsBatch, Progress
 
-__all__ = ["ProgressState", "RateClock", "format_duration", "format_rate", "progress_text"]
+__all__ = [
+    "ProgressState",
+    "RateClock",
+    "format_duration",
+    "format_rate",
+    "progress_line",
+    "progress_text",
+]
 
 
 @dataclass
@@ -178,4 +186,37 @@ def progress_text(count: int, total: int | None, clock: RateClock, now: float | 
     parts.append(f"{elapsed}<{format_duration(eta)}" if eta is not None else elapsed)
     if rate is not None:
         parts.append(format_rate(rate))
+    return " · ".join(parts)
+
+
+_SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
+
+
+def progress_line(
+    count: int,
+    total: int | None,
+    elapsed: float,
+    latest: dict[str, float],
+    dropped: int = 0,
+    rate: float | None = None,
+) -> str:
+    """One line of progress: steps, rate, ETA and the newest metric values.
+
+    ``rate`` (steps per second, 0 for unknown) defaults to ``count / elapsed``; the views
+    pass the rate measured from the first step (:class:`~notebook_kit.live.progress.RateClock`).
+
+    Example:
+        >>> progress_line(50, 100, 10.0, {"loss": 0.5})
+        'step 50/100 (50%) · 5.00 steps/s · ETA 00:10 · loss 0.5'
+    """
+    parts = [f"step {count}/{total} ({100 * count // total}%)" if total else f"step {count}"]
+    if rate is None:
+        rate = count / elapsed if count and elapsed > 0 else 0.0
+    if rate > 0:
+        parts.append(f"{rate:.2f} steps/s")
+        if total and total > count:
+            parts.append(f"ETA {format_duration((total - count) / rate)}")
+    parts += named_values(latest, _SHOWN_METRICS, "{:.4g}".format)
+    if dropped:
+        parts.append(f"{dropped} metric records dropped")
     return " · ".join(parts)

@@ -4,7 +4,8 @@ Lines are buffered as they arrive and the widgets are refreshed on the launcher'
 chatty worker costs one widget update per tick, not one per line. Each tab keeps the newest
 lines only; the full text is what the worker printed, not what is kept here. The tabs have a
 fixed height from the start (the cell does not grow while lines arrive); after the run the
-same lines are rendered as static HTML and text, readable without widgets.
+same lines are rendered as static HTML and text, readable without widgets. Panels the view shows
+as tabs come before the ranks' tabs.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from __future__ import annotations
 import collections
 import collections.abc
 import html
+from typing import Any
 
-import ipywidgets as widgets
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary, Stream, rank_label
+from notebook_kit.live.panels import Panel
+from notebook_kit.runtime.messages import OutputLine, WorkerMessage
 
-from notebook_kit.live.headless import last_segment
-from notebook_kit.live.observer import RankSummary, Stream, rank_label
-from notebook_kit.live.shared_models import SharedModels
-
-__all__ = ["RankOutput"]
+__all__ = ["RankOutput", "RankOutputPanel", "last_segment"]
 
 _KEPT_LINES = 400  # per rank; older lines scroll away
 ERROR_COLOUR = "#b00020"
@@ -30,6 +30,19 @@ _PRE_STYLE = "margin:0;font-size:12px;line-height:1.3;white-space:pre-wrap"
 _NOTHING = '<span style="color:#888">nothing printed yet</span>'
 
 
+def last_segment(line: str) -> str:
+    """What a terminal would show of a line redrawn with carriage returns (a tqdm bar).
+
+    Example:
+        >>> last_segment(" 10%|#   |\\r 20%|##  |")
+        ' 20%|##  |'
+    """
+    if "\r" not in line:
+        return line
+    segments = [segment for segment in line.split("\r") if segment.strip()]
+    return segments[-1] if segments else ""
+
+
 class RankOutput:
     """Tabs of worker output, one per rank, after any leading tabs (the evaluation table).
 
@@ -38,36 +51,34 @@ class RankOutput:
     """
 
     def __init__(
-        self,
-        ranks: tuple[int, ...],
-        nodes: dict[int, int] | None = None,
-        shared: SharedModels | None = None,
+        self, ranks: tuple[int, ...] = (), nodes: dict[int, int] | None = None, shared: Any = None
     ) -> None:
-        shared = shared if shared is not None else SharedModels()
+        import ipywidgets as widgets  # with the notebook view only
+
+        from notebook_kit.live.shared_models import SharedModels
+
+        self._shared = shared if shared is not None else SharedModels()
+        self.widget = widgets.Tab(
+            layout=widgets.Layout(height=TABS_HEIGHT),  # the tab bar and a pane, before render
+            _dom_classes=("nk-rank-output",),
+        )
+        self.set_ranks(ranks, nodes)
+
+    def set_ranks(self, ranks: tuple[int, ...], nodes: dict[int, int] | None = None) -> None:
+        """A tab for each of ``ranks`` (``nodes``: rank -> node, shown in the titles of a
+        multi-node run), empty."""
         self.ranks = ranks
-        self._nodes = nodes or {}  # rank -> node, shown in the titles of a multi-node run
+        self._nodes = nodes or {}
         self._lines = {rank: collections.deque(maxlen=_KEPT_LINES) for rank in ranks}
         self._raw = {rank: collections.deque(maxlen=_KEPT_LINES) for rank in ranks}
         self._counts = dict.fromkeys(ranks, 0)
         self._has_error = dict.fromkeys(ranks, False)
         self._failed: set[int] = set()
         self._dirty: set[int] = set()
-        self._panes = {rank: shared.html(_as_html(())) for rank in ranks}
-        self._leading: list[tuple[str, widgets.Widget]] = []
+        self._panes = {rank: self._shared.html(_as_html(())) for rank in ranks}
         self._titles = tuple(self._rank_titles())
-        self.widget = widgets.Tab(
-            children=[self._panes[rank] for rank in ranks],
-            titles=self._titles,
-            layout=widgets.Layout(height=TABS_HEIGHT),  # the tab bar and a pane, before render
-            _dom_classes=("nk-rank-output",),
-        )
-
-    def add_leading_tab(self, title: str, pane: widgets.Widget) -> None:
-        """Put ``pane`` before the rank tabs and select it."""
-        self._leading.append((title, pane))
-        self.widget.children = [p for _, p in self._leading] + [self._panes[r] for r in self.ranks]
-        self._set_titles()
-        self.widget.selected_index = len(self._leading) - 1
+        self.widget.children = [self._panes[rank] for rank in ranks]
+        self.widget.titles = self._titles
 
     def add(self, rank: int, stream: Stream, line: str) -> None:
         if rank not in self._lines:
@@ -99,7 +110,8 @@ class RankOutput:
         return titles
 
     def _set_titles(self) -> None:
-        titles = (*(title for title, _ in self._leading), *self._rank_titles())
+        leading = self.widget.titles[: len(self.widget.children) - len(self.ranks)]
+        titles = (*leading, *self._rank_titles())
         if titles != self._titles:
             self._titles = self.widget.titles = titles
 
@@ -150,3 +162,38 @@ def _as_html(rows: collections.abc.Iterable[str]) -> str:
         f'<div style="height:{PANE_HEIGHT};overflow:auto;display:flex;'
         f'flex-direction:column-reverse"><pre style="{_PRE_STYLE}">{body}</pre></div>'
     )
+
+
+class RankOutputPanel(Panel):
+    """Each rank's output: a tab per rank in the view, their lines under the summary at the end
+    (a run without a notebook prints each line as it comes instead)."""
+
+    name = "output"
+    place = "tab"
+
+    def __init__(self) -> None:
+        self.tabs: RankOutput | None = None  # in a notebook view
+
+    def build(self, view: Any) -> list[tuple[str, Any]]:
+        self.tabs = RankOutput(shared=view.shared)
+        return [(self.place, self.tabs.widget)]
+
+    def start(self, info: LaunchInfo) -> None:
+        if self.tabs is not None:
+            self.tabs.set_ranks(info.ranks, info.node_of())
+
+    def take(self, message: WorkerMessage | OutputLine) -> None:
+        if self.tabs is not None and isinstance(message, OutputLine):
+            self.tabs.add(message.rank, message.stream, message.text)
+
+    def draw(self) -> None:
+        if self.tabs is not None:
+            self.tabs.refresh()
+
+    def finish(self, summary: LaunchSummary) -> None:
+        if self.tabs is not None:
+            self.tabs.finish(summary.ranks)
+
+    def details(self) -> tuple[str, str] | None:
+        shown = self.tabs.static_html() if self.tabs is not None else ""
+        return (shown, self.tabs.text()) if self.tabs is not None and shown else None

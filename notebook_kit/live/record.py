@@ -13,17 +13,30 @@ from typing import Any
 from notebook_kit.errors import choose_root_cause
 from notebook_kit.live.eval_table import EvalTablePanel
 from notebook_kit.live.metrics import MetricsAggregator
-from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary, Stream
 from notebook_kit.live.panels import Panel
+from notebook_kit.live.plot_widget import LivePlot
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.progress_bar import ProgressPanel, StatusPanel
+from notebook_kit.live.rank_output import RankOutputPanel
 from notebook_kit.live.speed import Speed, SpeedPanel
-from notebook_kit.runtime.messages import MetricsBatch
+from notebook_kit.live.stop_button import StopPanel
+from notebook_kit.live.summary import SummaryPanel
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
 __all__ = ["PANELS", "Attempt", "RunRecord", "RunRecorder", "last_run"]
 
 # Every figure of the view, in the order the displays show them (live/panels.py says how).
-PANELS: tuple[type[Panel], ...] = (StatusPanel, ProgressPanel, SpeedPanel, EvalTablePanel)
+PANELS: tuple[type[Panel], ...] = (
+    SummaryPanel,
+    StatusPanel,
+    StopPanel,
+    ProgressPanel,
+    LivePlot,
+    SpeedPanel,
+    EvalTablePanel,
+    RankOutputPanel,
+)
 
 
 @dataclass(frozen=True)
@@ -65,9 +78,9 @@ class RunRecord:
         succeeded: Every rank finished without error, timeout or interrupt.
         steps: Training steps counted by the progress bar.
         dropped: Metric records the workers could not send (the kernel was too slow).
-        figure: The final live plot (a matplotlib Figure), or None when none was drawn.
         attempts: Every attempt, in order (one unless the launch restarted).
-        panels: What each figure of the view kept, by its name (``speed`` below).
+        panels: What each figure of the view kept, by its name (``speed`` and ``figure``
+            below).
 
     Example::
 
@@ -82,7 +95,6 @@ class RunRecord:
     succeeded: bool
     steps: int = 0
     dropped: int = 0
-    figure: Any = field(default=None, repr=False, compare=False)
     attempts: tuple[Attempt, ...] = ()
     panels: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -90,6 +102,11 @@ class RunRecord:
     def speed(self) -> Speed | None:
         """The run's :class:`~notebook_kit.live.speed.Speed`, None if no rank counted or logged."""
         return self.panels.get("speed")
+
+    @property
+    def figure(self) -> Any:
+        """The final live plot (a matplotlib Figure), or None when none was drawn."""
+        return self.panels.get("plot")
 
     @property
     def exit_codes(self) -> dict[int, int | None]:
@@ -174,6 +191,12 @@ class RunRecorder:
             panel.take(batch)
         return resumed
 
+    def on_output(self, rank: int, stream: Stream, line: str) -> None:
+        """A line a worker printed (the notebook view shows them; the text views print them)."""
+        message = OutputLine(rank, stream, line)
+        for panel in self.panels:
+            panel.take(message)
+
     def tick(self) -> None:
         for panel in self.panels:
             panel.tick()
@@ -184,7 +207,7 @@ class RunRecorder:
         texts = [(panel.name, getattr(panel, place)()) for panel in self.panels]
         return [(name, text) for name, text in texts if text]
 
-    def finish(self, summary: LaunchSummary, figure: Any = None) -> RunRecord:
+    def finish(self, summary: LaunchSummary) -> RunRecord:
         global _last
         info = self._info
         for panel in self.panels:
@@ -212,7 +235,6 @@ class RunRecorder:
             succeeded=summary.succeeded,
             steps=self.progress.count,
             dropped=self.metrics.total_dropped,
-            figure=figure,
             attempts=tuple(self.attempts),
             panels={panel.name: panel.record() for panel in self.panels},
         )

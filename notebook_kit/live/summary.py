@@ -1,22 +1,25 @@
-"""What a finished run leaves in the cell: a one-line summary and the final PNG, as plain
-outputs (HTML and text) that read without widget state; the panels' details go below them.
+"""The line that sums a finished run up: how it ended, how long, steps, newest values, restarts.
 
-GitHub, nbconvert, ``notebook-kit execute`` and a notebook reopened without its kernel show
-these; the widgets of the live view are closed once they are in place.
+It heads what a finished run leaves in the cell (plain HTML and text that read without widget
+state: GitHub, nbconvert, ``notebook-kit execute`` and a notebook reopened without its kernel
+show them), coloured by the outcome; a run without a notebook prints it as its last
+progress line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
-from collections.abc import Sequence
-from typing import Any
+import time
 
 from notebook_kit.errors import WorkerFailure, choose_root_cause
 from notebook_kit.live.eval_table import short_number
-from notebook_kit.live.metric_names import joined, named_values
-from notebook_kit.live.observer import LaunchSummary
+from notebook_kit.live.metric_names import named_values
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary
+from notebook_kit.live.panels import Panel
+from notebook_kit.live.progress import RateClock, progress_line
 
-__all__ = ["figure_bundle", "summary_bundle", "summary_line"]
+__all__ = ["SummaryPanel", "summary_line"]
 
 _SHOWN_METRICS = 3  # newest values in the summary line
 _COLOURS = {"success": "#2e7d32", "stopped": "#b26a00", "failed": "#b00020"}
@@ -88,34 +91,61 @@ def _cause(failure: WorkerFailure) -> str:
     return "exited"
 
 
-def summary_bundle(
-    line: str, outcome: str, banner: str, panels: Sequence[tuple[str, str]] = ()
-) -> dict[str, str]:
-    """The summary as HTML (coloured by outcome, each panel's ``(name, text)`` and the launch
-    banner below) and as text (the same lines)."""
-    colour = _COLOURS.get(outcome, "inherit")
-    icon = _ICONS.get(outcome, "")
-    head, _, rest = line.partition(" · ")
-    tail = f" · {html.escape(rest)}" if rest else ""
-    body = (
-        f'<div class="nk-summary" style="font-size:13px;padding:2px 0">'
-        f'<span style="color:{colour}">{icon} <b>{html.escape(head)}</b></span>{tail}</div>'
-        f"{''.join(_panel_html(name, text) for name, text in panels)}"
-        f'<div class="nk-banner" style="color:#666;font-size:11px">{html.escape(banner)}</div>'
-    )
-    texts = [text for _, text in panels]
-    text = "\n".join(part for part in (line, *texts, banner) if part)
-    return {"text/html": body, "text/plain": text}
+class SummaryPanel(Panel):
+    """The summary line, coloured by the outcome, heads the end of the run (a restarted
+    launch's time is the whole launch's); ``[finished] …`` or ``[stopped] …`` with the rate
+    without a notebook."""
 
+    name = "summary"
+    place = "status"
 
-def _panel_html(name: str, text: str) -> str:
-    """A panel's lines (the speed line) as the saved notebook shows them."""
-    return (
-        f'<div class="nk-{name}" style="font-size:12px;color:#444;white-space:pre-line">'
-        f"{html.escape(text)}</div>"
-    )
+    def __init__(self) -> None:
+        self.clock = RateClock()  # the rate from the first step, as the progress lines have it
+        self.ended: LaunchSummary | None = None
+        self._first_start: float | None = None
 
+    def start(self, info: LaunchInfo) -> None:
+        if self._first_start is None:
+            self._first_start = time.monotonic()
 
-def figure_bundle(png: bytes, names: list[str], unit: str) -> dict[str, Any]:
-    """The final plot: the PNG, with a one-line text fallback."""
-    return {"image/png": png, "text/plain": f"<plot of {joined(names, _SHOWN_METRICS)} by {unit}>"}
+    def tick(self) -> None:
+        self.clock.observe(self.run.progress.count)
+
+    def finish(self, summary: LaunchSummary) -> None:
+        self.tick()
+        self.ended = summary
+
+    def summary(self) -> str:
+        if self.ended is None:
+            return ""
+        ended, restarts = self.ended, len(self.run.attempts) - 1
+        if restarts and self._first_start is not None:  # the launch's time, not the attempt's
+            ended = dataclasses.replace(ended, duration=time.monotonic() - self._first_start)
+        progress, metrics = self.run.progress, self.run.metrics
+        latest, dropped = metrics.latest(), metrics.total_dropped
+        return summary_line(ended, progress.count, progress.expected, latest, dropped, restarts)
+
+    def summary_html(self) -> str:
+        outcome = self.ended.outcome if self.ended is not None else ""
+        colour, icon = _COLOURS.get(outcome, "inherit"), _ICONS.get(outcome, "")
+        head, _, rest = self.summary().partition(" · ")
+        tail = f" · {html.escape(rest)}" if rest else ""
+        return (
+            f'<div class="nk-summary" style="font-size:13px;padding:2px 0">'
+            f'<span style="color:{colour}">{icon} <b>{html.escape(head)}</b></span>{tail}</div>'
+        )
+
+    def headless(self) -> str:
+        progress, metrics = self.run.progress, self.run.metrics
+        if self.ended is None or not (metrics.version or progress.count):
+            return ""
+        ending = "stopped" if self.ended.stopped else "finished"
+        line = progress_line(
+            progress.count,
+            progress.expected,
+            self.ended.duration,
+            metrics.latest(),
+            metrics.total_dropped,
+            rate=self.clock.rate or 0.0,
+        )
+        return f"[{ending}] {line}"

@@ -22,6 +22,7 @@ from typing import Any
 from notebook_kit.errors import WorkerFailure, describe_exit
 from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.line_reader import LineReader
+from notebook_kit.launch.stack_requests import StackDesk
 from notebook_kit.launch.stall_watch import StallWatch
 from notebook_kit.live.observer import LaunchObserver, RankSummary
 from notebook_kit.runtime.codec import ProtocolError
@@ -107,10 +108,27 @@ class Supervisor:
         self._stopping = False  # exits from here on are ours, not failures
         self._guardian_deadline = 0.0
         self.stall = StallWatch()  # started with the clock (a pool: for each command)
+        self.stacks = StackDesk()  # notebook_kit.stacks() asks here while the run is in progress
 
     def start_clock(self, timeout: float | None, stall_seconds: float | None = None) -> None:
         self._deadline = None if timeout is None else time.monotonic() + timeout
+        self.watch(stall_seconds)
+
+    def watch(self, stall_seconds: float | None) -> None:
+        """A run (a pool: a command) is in progress: watch for stalls, take stack requests."""
         self.stall.start(stall_seconds)
+        self.stacks.open(self._pump)
+
+    def unwatch(self, why: str = "the run ended before every rank answered") -> None:
+        self.stall.stop()
+        self.stacks.close(why)
+
+    def _pump(self, limit: float) -> bool:
+        """One turn of the loop for a caller on its thread (its own turn suspended)."""
+        if self.wait_limit() is None:
+            return False
+        self.serve(wait(self.waitables(), limit))
+        return True
 
     def wait_limit(self) -> float | None:
         """How long the next wait may block; None once the launch is over."""
@@ -148,9 +166,11 @@ class Supervisor:
 
     def serve(self, ready: list[Any]) -> None:
         """Handle what a wait returned, then let the observer refresh."""
-        self._serve(ready)
-        self.stall.check(self.workers)
-        self.observer.on_tick()
+        with self.stacks.turn():
+            self._serve(ready)
+            self.stacks.take(self.workers)
+            self.stall.check(self.workers)
+            self.observer.on_tick()
 
     def rank_summaries(self) -> tuple[RankSummary, ...]:
         return tuple(
@@ -167,7 +187,7 @@ class Supervisor:
     def shutdown(self) -> None:
         """Have the guardian stop every worker and all they started, then close the pipes."""
         self._stopping = True
-        self.stall.stop()
+        self.unwatch()
         if self.guardian is not None:
             self._stop_guardian(self.guardian)
         for worker in self.workers:
@@ -249,8 +269,9 @@ class Supervisor:
         worker.messages.close()  # the worker is gone; its exit status tells the rest
 
     def _handle_message(self, worker: WorkerProcess, message: WorkerMessage) -> None:
-        if isinstance(message, Stacks):  # asked for by the stall watch: not progress
+        if isinstance(message, Stacks):  # asked for (stall watch, stacks()): not progress
             self.stall.on_stacks(worker.rank, list(message.threads))
+            self.stacks.on_stacks(worker.rank, list(message.threads))
             return
         self.stall.progress()
         if isinstance(message, (Result, Finished)):

@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 from notebook_kit.worker.descendants import descendants
 from notebook_kit.worker.entry import run_worker
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
+from notebook_kit.worker.stacks import STACKS_SIGNAL
 
 __all__ = [
     "EXITED",
@@ -132,6 +133,9 @@ def _fork_on_fresh_thread(
     guardian_pid = os.getpid()
 
     def fork_all() -> None:
+        # A child starts with its forking thread's mask: a request for stacks that comes before
+        # the worker's answering thread is there waits for it, instead of killing the worker.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})
         try:
             for start in starts:
                 pid = _fork_worker(call, start, stop_flag, status, guardian_pid)

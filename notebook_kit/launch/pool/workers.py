@@ -207,7 +207,7 @@ class PoolProcesses:
             self._send(rank, pool_commands.PoolRequest(number, rank in want, command))
         outcome = RunOutcome()
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.supervisor.stall.start(self.plan.stall_seconds)
+        self.supervisor.watch(self.plan.stall_seconds)
         try:
             self._collect(number, set(ranks), outcome, deadline)
             whole = len(ranks) == self.plan.num_processes
@@ -217,7 +217,7 @@ class PoolProcesses:
             ending.outcome = outcome
             raise
         finally:
-            self.supervisor.stall.stop()
+            self.supervisor.unwatch("the command ended before every rank answered")
         return outcome
 
     def _collect(

@@ -1,0 +1,88 @@
+"""``notebook_kit.stacks()`` during a cluster run: the request travels to each node.
+
+A Dask ``LocalCluster`` of two worker processes, one rank on each: rank 0 (node 0) sleeps in
+C, rank 1 (node 1) waits in ``dist.all_reduce`` for it. The kernel cannot signal them: its
+request goes out in the control value, each node task passes it to its node process, which
+asks its own rank and sends the text home. Then the run is interrupted and nothing is left.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+import notebook_kit
+from notebook_kit import WorkerPool, notebook_launcher
+from notebook_kit.launch.stack_requests import RankStacks
+from tests.optional import needs
+from tests.test_cluster_integration import assert_nothing_left, local_cluster
+from tests.test_stacks_integration import SLACK, TIMEOUT, _both_in_place, _sleep_or_reduce
+
+pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_cluster() as client:
+        yield client
+
+
+def _asker(found: list[tuple[RankStacks, float]]) -> threading.Thread:
+    """Ask from another thread until both ranks are in place, then Ctrl-C the main thread."""
+
+    def ask_then_interrupt() -> None:
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                try:
+                    answer = notebook_kit.stacks(TIMEOUT)
+                except RuntimeError:  # the nodes have not started yet
+                    time.sleep(0.1)
+                    continue
+                found.append((answer, time.monotonic() - started))
+                if _both_in_place(answer):
+                    return
+                time.sleep(0.2)
+        finally:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    thread = threading.Thread(target=ask_then_interrupt, daemon=True)
+    thread.start()
+    return thread
+
+
+def _check(found: list[tuple[RankStacks, float]]) -> None:
+    assert found, "stacks() never answered"
+    answer = found[-1][0]
+    assert _both_in_place(answer), str(answer)
+    assert sorted(answer) == [0, 1]
+    assert "waiting in dist.all_reduce" in answer[1] and "in _sleep_or_reduce" in answer[0]
+    assert all(seconds < TIMEOUT + SLACK for _, seconds in found), [s for _, s in found]
+
+
+def test_stacks_of_a_cluster_run_come_from_every_node_within_the_timeout(client) -> None:
+    found: list[tuple[RankStacks, float]] = []
+    thread = _asker(found)
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(
+            _sleep_or_reduce, num_processes=1, num_nodes=2, cluster=client, timeout=120
+        )
+    thread.join(5)
+    _check(found)
+    assert_nothing_left(client)
+
+
+def test_stacks_during_a_cluster_pool_command_come_from_every_node(client) -> None:
+    found: list[tuple[RankStacks, float]] = []
+    with WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False) as pool:
+        pool.run(lambda: 1)  # the nodes are up: the next command is the one asked
+        thread = _asker(found)
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(_sleep_or_reduce)
+        thread.join(5)
+    _check(found)
+    assert_nothing_left(client)

@@ -269,7 +269,8 @@ class DebuggerPrompt:
 
 @dataclass(frozen=True)
 class DebuggerLeft:
-    """A rank left pdb (``c`` or ``q``): what it printed after its last command."""
+    """A rank left pdb (``c`` or ``q``) or skipped its ``breakpoint()``: the lines it had
+    printed since its last prompt, or the one line that says which breakpoint it skipped."""
 
     rank: int
     output: str

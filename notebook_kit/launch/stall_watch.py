@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from notebook_kit.runtime.waiting import STOP_VOTE
@@ -51,6 +51,7 @@ class StallWatch:
         self._asked: set[int] = set()
         self._answers: dict[int, list[dict[str, Any]]] = {}
         self._reported = False
+        self.in_debugger: set[int] = set()  # ranks at a pdb prompt: waiting for you, not stuck
 
     def start(self, seconds: float | None) -> None:
         """Watch from now on (``seconds=None``: never report)."""
@@ -82,7 +83,8 @@ class StallWatch:
             return
         if self._asked <= set(self._answers) or now - self._asked_at >= _ANSWER_SECONDS:
             stalled_for = self._asked_at - self._last
-            print(describe_stall(stalled_for, self._asked, self._answers), flush=True)
+            report = describe_stall(stalled_for, self._asked, self._answers, self.in_debugger)
+            print(report, flush=True)
             self._asked_at, self._reported = None, True
 
     def _ask(self, workers: Sequence[_Worker], now: float) -> None:
@@ -95,7 +97,10 @@ class StallWatch:
 
 
 def describe_stall(
-    seconds: float, ranks: set[int], answers: dict[int, list[dict[str, Any]]]
+    seconds: float,
+    ranks: set[int],
+    answers: dict[int, list[dict[str, Any]]],
+    in_debugger: Collection[int] = (),
 ) -> str:
     """The report: how long nothing moved, then each rank's collective and stack.
 
@@ -111,6 +116,9 @@ def describe_stall(
     ]
     collectives: dict[int, str | None] = {}
     for rank in sorted(ranks):
+        if rank in in_debugger:
+            lines.append(f"  rank {rank} is in the debugger (pdb), waiting for a command")
+            continue
         threads = answers.get(rank)
         if threads is None:
             lines.append(f"  rank {rank}: no answer (busy in native code that holds the GIL?)")

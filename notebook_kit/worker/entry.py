@@ -31,6 +31,7 @@ from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.messages import Failure, Finished, Result, Send, WorkerMessage, weights_of
 from notebook_kit.runtime.seeding import set_seed
 from notebook_kit.runtime.weights_file import gather_and_store, store_home_weights
+from notebook_kit.worker.debugger import install_debugger
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
@@ -55,6 +56,8 @@ def run_worker(
         signal.signal(signal.SIGTERM, _sigterm_handler(stop_flag))
         send = _message_sender(pipes.messages)
         answer_stack_requests(send)  # where this rank waits, if the run ever stalls
+        if pipes.answers is not None:  # breakpoint() opens pdb in the kernel's cell
+            install_debugger(spec.rank, send, pipes.answers)
         exit_code = _run(function, args, kwargs, spec, send, stop_flag)
     except BaseException:
         with contextlib.suppress(BaseException):

@@ -40,3 +40,4 @@ class WorkerPipes:
     stderr_fd: int
     messages: Connection
     inherited_fds: tuple[int, ...]  # descriptors of the guardian and other workers: closed
+    answers: Connection | None = None  # read end: the lines typed at this rank's pdb prompt

@@ -84,6 +84,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_FROM_A_THREAD,),
     ),
     Mutation(
+        "stacks-native-frames-in-terminal-colours",
+        "native frames read in a kernel whose environment forces colours are plain text",
+        (
+            Edit(
+                "launch/native_stacks.py",
+                '                env={**os.environ, "NO_COLOR": "1", "CLICOLOR_FORCE": "0", '
+                '"FORCE_COLOR": "0"},\n',
+                "",
+            ),
+            Edit("launch/native_stacks.py", '_ESCAPES.sub("", dump)', "dump"),
+        ),
+        (
+            "tests/test_stacks_kernel_integration.py::"
+            "test_stacks_from_a_second_cell_thread_while_a_blocking_launch_runs",
+        ),
+    ),
+    Mutation(
         "stacks-timeout-unchecked",
         "stacks(timeout <= 0) is refused naming timeout",
         (

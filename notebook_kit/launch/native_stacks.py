@@ -12,6 +12,7 @@ are shown.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,9 @@ __all__ = ["NativeDumps", "native_note", "py_spy"]
 
 _WORKER_ENTRY = "(notebook_kit/worker/"  # py-spy's path of a frame in the worker's own code
 _WIDTH = 160
+# A kernel's environment often forces colours (FORCE_COLOR, CLICOLOR_FORCE): py-spy then writes
+# terminal escapes, which the cell would show as text.
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 MISSING = (
     "Python frames only: py-spy is not installed here "
@@ -62,6 +66,7 @@ class NativeDumps:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 text=True,
+                env={**os.environ, "NO_COLOR": "1", "CLICOLOR_FORCE": "0", "FORCE_COLOR": "0"},
             )
             for rank, pid in pids.items()
         }
@@ -100,7 +105,7 @@ def _threads_only(dump: str) -> str:
     """
     kept: list[str] = []
     skipping = False
-    for line in dump.splitlines():
+    for line in _ESCAPES.sub("", dump).splitlines():
         if line.startswith("Thread "):
             skipping = any(f'"{helper}"' in line for helper in HELPER_THREADS)
             if not skipping:

@@ -103,7 +103,7 @@ def fork_workers(
         write_ends.append(ends)
     listener_fd = listener.fileno() if listener is not None else None
     starts = []
-    for local_rank, (stdout_fd, stderr_fd, messages) in enumerate(write_ends):
+    for local_rank, (stdout_fd, stderr_fd, messages, answers) in enumerate(write_ends):
         serves_store = listener_fd is not None and local_rank == 0
         spec = WorkerSpec(
             plan=plan,
@@ -120,14 +120,17 @@ def fork_workers(
         closes = [control_read, status_write]
         closes += [listener_fd] if listener_fd is not None and not serves_store else []
         closes += [fd for later in write_ends[local_rank + 1 :] for fd in _fds(later)]
-        starts.append(WorkerStart(spec, WorkerPipes(stdout_fd, stderr_fd, messages, tuple(closes))))
+        pipes = WorkerPipes(stdout_fd, stderr_fd, messages, tuple(closes), answers)
+        starts.append(WorkerStart(spec, pipes))
     kernel_fds = [control_write, status_read]
     kernel_fds += [fd for worker in workers for fd in (worker.stdout.fd, worker.stderr.fd)]
     pipes = GuardianPipes(
         control=control_read,
         status=status_write,
         kernel_fds=tuple(kernel_fds),
-        kernel_connections=tuple(worker.messages for worker in workers),
+        kernel_connections=tuple(
+            end for worker in workers for end in (worker.messages, worker.answers) if end
+        ),
         listener=listener_fd,
     )
     pid = _fork_guardian(call, starts, stop_flag, pipes, (control_write, status_read))
@@ -142,13 +145,15 @@ def _store_prefix(plan: LaunchPlan) -> str:
     return "notebook_kit/"
 
 
-WriteEnds = tuple[int, int, Connection]  # stdout, stderr, messages: the worker's side
+# stdout, stderr, messages, and the read end of the lines typed at its pdb: the worker's side
+WriteEnds = tuple[int, int, Connection, Connection]
 
 
 def _worker_pipes(rank: int) -> tuple[WorkerProcess, WriteEnds]:
     stdout_read, stdout_write = os.pipe()
     stderr_read, stderr_write = os.pipe()
     messages_read, messages_write = multiprocessing.Pipe(duplex=False)
+    answers_read, answers_write = multiprocessing.Pipe(duplex=False)
     for fd in (stdout_read, stderr_read):
         os.set_blocking(fd, False)
     handle = WorkerProcess(
@@ -157,12 +162,13 @@ def _worker_pipes(rank: int) -> tuple[WorkerProcess, WriteEnds]:
         stdout=LineReader(stdout_read, rank, "stdout"),
         stderr=LineReader(stderr_read, rank, "stderr"),
         messages=messages_read,
+        answers=answers_write,
     )
-    return handle, (stdout_write, stderr_write, messages_write)
+    return handle, (stdout_write, stderr_write, messages_write, answers_read)
 
 
-def _fds(ends: WriteEnds) -> tuple[int, int, int]:
-    return ends[0], ends[1], ends[2].fileno()
+def _fds(ends: WriteEnds) -> tuple[int, int, int, int]:
+    return ends[0], ends[1], ends[2].fileno(), ends[3].fileno()
 
 
 @contextlib.contextmanager
@@ -211,6 +217,8 @@ def _fork_guardian(
             os.close(start.pipes.stdout_fd)
             os.close(start.pipes.stderr_fd)
             start.pipes.messages.close()
+            if start.pipes.answers is not None:
+                start.pipes.answers.close()
     with contextlib.suppress(OSError):  # the guardian does it too; whichever comes first
         os.setpgid(pid, pid)
     return pid

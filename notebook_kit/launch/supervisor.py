@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from notebook_kit.errors import WorkerFailure, describe_exit
+from notebook_kit.launch.debugger_desk import DebuggerDesk
 from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.line_reader import LineReader
 from notebook_kit.launch.stack_requests import StackDesk
@@ -27,6 +28,9 @@ from notebook_kit.launch.stall_watch import StallWatch
 from notebook_kit.live.observer import LaunchObserver, RankSummary
 from notebook_kit.runtime.codec import ProtocolError
 from notebook_kit.runtime.messages import (
+    DebuggerLeft,
+    DebuggerLine,
+    DebuggerPrompt,
     Failure,
     Finished,
     MetricsBatch,
@@ -34,6 +38,7 @@ from notebook_kit.runtime.messages import (
     Stacks,
     WorkerMessage,
     decode,
+    encode_line,
 )
 from notebook_kit.runtime.waiting import STOP_VOTE, collective_of, frames_in_traceback
 from notebook_kit.worker.guardian import EXITED, NOT_STARTED, STARTED, TERMINATE_GRACE_SECONDS
@@ -66,6 +71,7 @@ class WorkerProcess:
     reported: bool = False  # sent its result (rank 0) or that it finished
     finished: tuple[str, float] | None = None  # how and when its function ended
     error: Failure | None = None
+    answers: Connection | None = None  # write end: the lines typed at this rank's pdb prompt
 
     @property
     def alive(self) -> bool:
@@ -109,6 +115,7 @@ class Supervisor:
         self._guardian_deadline = 0.0
         self.stall = StallWatch()  # started with the clock (a pool: for each command)
         self.stacks = StackDesk()  # notebook_kit.stacks() asks here while the run is in progress
+        self.debugger = DebuggerDesk()  # the prompts of ranks at a breakpoint()
 
     def start_clock(self, timeout: float | None, stall_seconds: float | None = None) -> None:
         self._deadline = None if timeout is None else time.monotonic() + timeout
@@ -164,13 +171,36 @@ class Supervisor:
             objects.append(self.guardian.status_fd)
         return objects
 
-    def serve(self, ready: list[Any]) -> None:
-        """Handle what a wait returned, then let the observer refresh."""
+    def serve(self, ready: list[Any], prompts: bool = True) -> None:
+        """Handle what a wait returned, then let the observer refresh.
+
+        ``prompts``: then ask a rank's pdb prompt in the cell (:meth:`answer_debugger`).
+        """
         with self.stacks.turn():
             self._serve(ready)
             self.stacks.take(self.workers)
             self.stall.check(self.workers)
             self.observer.on_tick()
+        if prompts:
+            self.answer_debugger()
+
+    def answer_debugger(self) -> None:
+        """Ask the next pdb prompt of a rank in the cell (Ctrl-C there ends the wait).
+
+        The time spent at the prompt is nobody's stall, and not the launch's ``timeout``.
+        """
+        spent = self.debugger.turn(self._answer)
+        self.stall.in_debugger = self.debugger.ranks()
+        if spent:
+            self.stall.progress()
+            if self._deadline is not None:
+                self._deadline += spent
+
+    def _answer(self, rank: int, line: DebuggerLine) -> None:
+        worker = next(w for w in self.workers if w.rank == rank)
+        if worker.answers is not None and worker.alive:
+            with contextlib.suppress(OSError):  # it died meanwhile: its exit tells the rest
+                worker.answers.send_bytes(encode_line(line))
 
     def rank_summaries(self) -> tuple[RankSummary, ...]:
         return tuple(
@@ -284,6 +314,9 @@ class Supervisor:
             self.failures.append(message.on_rank(worker.rank))
         elif isinstance(message, MetricsBatch):
             self.observer.on_metrics(message)
+        elif isinstance(message, (DebuggerPrompt, DebuggerLeft)):
+            self.debugger.receive(message)
+            self.stall.in_debugger = self.debugger.ranks()
         elif self.on_other is not None:
             self.on_other(worker.rank, message)
 
@@ -292,6 +325,9 @@ class Supervisor:
         worker.ended = when
         worker.exit_code = exit_code
         self._drain(worker)
+        self.debugger.forget(worker.rank)
+        if worker.answers is not None:
+            worker.answers.close()
         unexplained = worker.error is None and not (worker.exit_code == 0 and worker.reported)
         stopped_by_us = self._stopping and worker.exit_code in _STOP_EXIT_CODES
         if unexplained and not stopped_by_us:

@@ -167,6 +167,8 @@ def _fork_worker(
     os.close(pipes.stdout_fd)
     os.close(pipes.stderr_fd)
     pipes.messages.close()
+    if pipes.answers is not None:
+        pipes.answers.close()
     return pid
 
 

@@ -308,7 +308,8 @@ class PoolProcesses:
 
     def serve(self, ready: list[Any]) -> None:
         with interrupts_deferred():  # a message is read whole, or not at all
-            self.supervisor.serve(ready)
+            self.supervisor.serve(ready, prompts=False)
+        self.supervisor.answer_debugger()  # a rank's pdb prompt: Ctrl-C there must get through
 
     def _poll(self) -> None:
         self.serve(wait(self.supervisor.waitables(), 0))

@@ -212,3 +212,24 @@ def test_a_pool_command_opens_pdb_on_rank_1_and_q_leaves_the_pool_usable():
         assert again.error is None and "again 5" in again.text, again
         _run(client, "pool.close()")
         _no_children(manager)
+
+
+def test_a_distributed_cell_opens_pdb_on_rank_1_in_the_cell():
+    cell = (
+        "%%distributed -n 2\n"
+        "import torch.distributed as dist\n"
+        "rank = dist.get_rank()\n"
+        "if rank == 1:\n"
+        "    seen = 'on one'\n"
+        "    breakpoint()\n"
+        "dist.barrier()\n"
+        "rank + 10"
+    )
+    with real_kernel() as (manager, client):
+        assert _run(client, "%load_ext notebook_kit").error is None
+        shown = _run(client, cell, lambda p, c: "p seen" if len(c.prompts) == 1 else "c")
+        assert shown.error is None, shown
+        assert shown.prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "]
+        assert "'on one'" in shown.text, shown.text
+        _run(client, "%distributed close")
+        _no_children(manager)

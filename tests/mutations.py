@@ -3195,6 +3195,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_arch_m,
     mutations_arch_p,
     mutations_arch_s,
+    mutations_b53,
     mutations_events,
     mutations_export,
     mutations_g53,
@@ -3225,4 +3226,5 @@ MUTATIONS = (
     + mutations_k53.MUTATIONS
     + mutations_l53.MUTATIONS
     + mutations_p53.MUTATIONS
+    + mutations_b53.MUTATIONS
 )

@@ -180,7 +180,7 @@ def test_nobody_to_type_skips_without_holding_and_ctrl_c_tells_the_rank():
     assert desk.desk.ranks() == set()
 
 
-def test_the_stall_report_says_a_rank_at_the_prompt_is_in_the_debugger_not_that_it_hangs():
+def test_the_stall_report_says_a_rank_at_the_prompt_is_in_the_debugger():
     answers = {0: [{"collective": "dist.all_reduce", "stack": "  File x\n"}]}
     report = describe_stall(60, {0, 1}, answers, in_debugger={1})
     assert "rank 1 is in the debugger" in report

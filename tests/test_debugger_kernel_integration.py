@@ -99,14 +99,16 @@ def _no_children(manager: Any) -> None:
 
 def test_p_prints_rank_1s_variable_while_rank_0_waits_in_all_reduce_and_c_ends_normally():
     lines = iter(["p secret", "p x", "c"])
+
+    def slowly(prompt: str, cell: Cell) -> str:
+        time.sleep(3.0)  # 9 s at the prompt in all: past stall_seconds and the timeout
+        return next(lines)
+
+    options = ", stall_seconds=1, timeout=8"
     with real_kernel() as (manager, client):
-        cell = _run(
-            client,
-            LAUNCH.format(stop=RANK_1, options=", stall_seconds=1"),
-            lambda prompt, cell: (time.sleep(1.5), next(lines))[1],
-        )
+        cell = _run(client, LAUNCH.format(stop=RANK_1, options=options), slowly)
         _no_children(manager)
-    assert cell.error is None, cell.error
+    assert cell.error is None, cell.error  # time at the prompt is not the launch's timeout
     assert cell.prompts == ["(Pdb rank 1) "] * 3
     assert "\n41\n" in cell.text, cell.text  # rank 1's own variable
     assert "tensor([11.])" in cell.text, cell.text
@@ -163,6 +165,7 @@ def test_without_stdin_each_rank_says_which_breakpoint_it_skipped_and_the_run_go
     for rank in (0, 1):
         assert f"breakpoint() on rank {rank} at " in cell.text, cell.text
     assert cell.text.count("skipped: this frontend allows no input") == 2, cell.text
+    assert "train()" not in cell.text  # pdb's listing is not shown for a skipped stop
     assert "(Pdb" not in cell.text and "result 21.0" in cell.text
 
 

@@ -123,6 +123,38 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{_MEMORY_RUNS}test_memory_history_on_the_cpu_is_refused_before_anything_starts",),
     ),
     Mutation(
+        "forked-rank-not-recording",
+        "a forked rank (a launch's, a pool's) records its allocator under memory_history=True",
+        (
+            Edit(
+                "worker/entry.py",
+                "                with _memory_recorded(spec):\n",
+                "                with contextlib.nullcontext():\n",
+            ),
+        ),
+        (
+            f"{_MEMORY_RUNS}test_a_launched_rank_out_of_memory_shows_its_allocations_under_its"
+            "_traceback",
+            f"{_MEMORY_RUNS}test_a_pool_commands_out_of_memory_shows_its_allocations_and_the"
+            "_pool_goes_on",
+        ),
+    ),
+    Mutation(
+        "kernel-run-not-recording",
+        "a run in the kernel itself records its allocator under memory_history=True",
+        (
+            Edit(
+                "launch/calling_process.py",
+                "with recording_memory(plan.memory_history, ",
+                "with recording_memory(False, ",
+            ),
+        ),
+        (
+            f"{_MEMORY_RUNS}test_a_run_in_the_kernel_raises_the_error_itself_with_its_allocations"
+            "_noted",
+        ),
+    ),
+    Mutation(
         "pool-oom-not-noted",
         "a pool command's out-of-memory error names its largest allocations too",
         (

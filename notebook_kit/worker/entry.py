@@ -33,6 +33,7 @@ from notebook_kit.runtime.seeding import set_seed
 from notebook_kit.runtime.weights_file import gather_and_store, store_home_weights
 from notebook_kit.worker.debugger import install_debugger
 from notebook_kit.worker.host_pickling import dumps_for_kernel
+from notebook_kit.worker.memory_history import recording_memory, run_folder
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 from notebook_kit.worker.stacks import answer_stack_requests
@@ -207,7 +208,8 @@ def _run(
             try:
                 # On this process's main thread (the guardian forked it from a fresh one),
                 # so the function may install signal handlers.
-                value = function(*args, **kwargs)
+                with _memory_recorded(spec):
+                    value = function(*args, **kwargs)
                 # Every rank forked here writes to (or joins) the kernel's file; across nodes
                 # each node's ranks gather through the strategy's gatherer, so the
                 # collectives of every node match.
@@ -231,6 +233,13 @@ def _run(
     except BaseException:
         return _report_exception(send, spec.rank)
     return 0
+
+
+def _memory_recorded(spec: WorkerSpec) -> contextlib.AbstractContextManager[None]:
+    """``memory_history=True``: this GPU rank records its allocator while the function runs
+    (a pool's commands included), its snapshots in a folder of the launch's guardian."""
+    folder = run_folder(f"launch-{os.getppid()}")
+    return recording_memory(spec.plan.memory_history, spec.rank, spec.plan.device, folder)
 
 
 def _set_environment(spec: WorkerSpec) -> None:

@@ -101,6 +101,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "stacks-signal-kills-a-worker-not-yet-answering",
+        "a stacks() request that reaches a worker before its answering thread waits for it",
+        (
+            Edit(
+                "worker/guardian.py",
+                "        signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})\n",
+                "        pass\n",
+            ),
+        ),
+        (_STACKS + "test_a_request_before_a_worker_can_answer_waits_for_it_and_kills_nothing",),
+    ),
+    Mutation(
+        "stacks-cluster-request-never-relayed",
+        "a node task passes the kernel's stacks() request on to its node process",
+        (
+            Edit(
+                "node/task.py",
+                "                orders.send_bytes(encode(ask, self.seal))\n",
+                "                pass\n",
+            ),
+        ),
+        (
+            "tests/test_stacks_cluster_integration.py::"
+            "test_stacks_of_a_cluster_run_come_from_every_node_within_the_timeout",
+        ),
+    ),
+    Mutation(
         "stacks-timeout-unchecked",
         "stacks(timeout <= 0) is refused naming timeout",
         (

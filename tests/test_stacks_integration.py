@@ -185,6 +185,46 @@ def test_without_py_spy_the_text_says_once_that_only_python_frames_are_shown(
     assert str(answer).count("Python frames only") == 1 and "py-spy dump" not in str(answer)
 
 
+def _nap(seconds: float) -> int:
+    time.sleep(seconds)  # each rank naps here
+    return dist.get_rank()
+
+
+@pytest.mark.integration
+def test_a_request_before_a_worker_can_answer_waits_for_it_and_kills_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The signal can reach a worker before its answering thread exists: it must wait there."""
+    from notebook_kit.worker import entry
+
+    answer_later = entry.answer_stack_requests
+
+    def late(send: Any) -> None:  # inherited by the forked workers
+        time.sleep(1.0)
+        answer_later(send)
+
+    monkeypatch.setattr(entry, "answer_stack_requests", late)
+    found: list[RankStacks] = []
+
+    def ask_at_once() -> None:
+        """Until a request reached both ranks: right after their fork, well within the 1 s."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RuntimeError):  # the run has not started yet
+                found.append(notebook_kit.stacks(5.0))
+                if "not started yet" not in str(found[-1]):
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=ask_at_once, daemon=True)
+    thread.start()
+    assert notebook_launcher(_nap, args=(3.0,), num_processes=2, live=False) == 0
+    thread.join(10)
+    assert found and sorted(found[-1]) == [0, 1], found
+    # answered once its thread was there, from wherever the rank had got to by then
+    assert all("main thread, not in a collective" in text for text in found[-1].values()), found
+
+
 def test_without_a_run_or_with_a_bad_timeout_the_error_says_what_to_do() -> None:
     with pytest.raises(RuntimeError) as raised:
         notebook_kit.stacks()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import inspect
+import os
 import sys
 import threading
 import time
@@ -62,8 +63,8 @@ def _can_type() -> bool:
         shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
         kernel = getattr(shell, "kernel", None)
         return bool(getattr(kernel, "_allow_stdin", True))
-    with contextlib.suppress(Exception):
-        return bool(sys.stdin.isatty())
+    with contextlib.suppress(Exception):  # a terminal's foreground job: a background one
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()  # would be stopped reading
     return False
 
 

@@ -77,6 +77,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_KERNEL + "test_distributed_wait_raises_the_noblock_error_and_out_lands_later",),
     ),
     Mutation(
+        "noblock-interrupt-ignored",
+        "a --noblock cell's interrupt() (and Ctrl-C in %distributed wait) interrupts its ranks",
+        (
+            Edit(
+                "launch/pool/view.py",
+                "        if self._interrupt is not None and self._interrupt.is_set():",
+                "        if False:",
+            ),
+        ),
+        (_KERNEL + "test_a_noblock_cell_is_interrupted_by_its_handle_or_ctrl_c_in_wait",),
+    ),
+    Mutation(
         "out-never-set",
         "--out NAME puts every rank's value in the kernel as NAME",
         (

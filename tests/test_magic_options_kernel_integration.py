@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,6 +53,16 @@ LOCAL_FAILS = (
     "%%distributed --local\nimport torch.distributed as dist\n"
     "if not dist.is_initialized():\n    raise KeyError('kernel only')"
 )
+SPIN = """\
+%%distributed --noblock
+stopped_by, spins = None, 0
+try:
+    while True:
+        spins += 1
+        time.sleep(0.01)
+except KeyboardInterrupt:
+    stopped_by = 'interrupt'
+    raise"""
 PRINTS = (
     "import time\nfor line in range(3):\n    print(f'line {line}', flush=True)\n    time.sleep(0.4)"
 )
@@ -60,7 +71,8 @@ PRINTS = (
 class Kernel:
     """A kernel and every iopub message it sent, in order, with the request each answered."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, manager: Any, client: Any) -> None:
+        self.manager = manager
         self.client = client
         self.seen: list[Message] = []
         self.replies: dict[str, dict[str, Any]] = {}  # request id -> its execute_reply
@@ -101,8 +113,8 @@ def _error(messages: list[Message]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
-    with real_kernel() as (_, client):
-        runner = Kernel(client)
+    with real_kernel() as (manager, client):
+        runner = Kernel(manager, client)
         marks = tmp_path_factory.mktemp("local") / "marks"
         runner.run(f"%load_ext notebook_kit\nimport time\nMARK = {str(marks)!r}")
         _, started = runner.run(START)
@@ -159,6 +171,26 @@ def test_distributed_wait_raises_the_noblock_error_and_out_lands_later(kernel: K
     assert _value(waited) == "3"
     _, shown = kernel.run("later")
     assert ast.literal_eval(_value(shown)) == {1: 3, 2: 6}
+
+
+def test_a_noblock_cell_is_interrupted_by_its_handle_or_ctrl_c_in_wait(kernel: Kernel) -> None:
+    _, pids = kernel.run("pool = %distributed\npool.pids")
+    kernel.run(SPIN)
+    _, stopped = kernel.run("h = _\ntime.sleep(1)\nh.interrupt()\nh.wait(30), h.result(timeout=0)")
+    assert _error(stopped)["ename"] == "KeyboardInterrupt"
+    _, after = kernel.run("%%distributed\n(stopped_by, spins > 0)")
+    assert _value(after) == "('interrupt', True)"
+    _, same = kernel.run("pool.pids")
+    assert _value(same) == _value(pids)  # the workers kept running, with their names
+    kernel.run(SPIN)
+    msg_id = kernel.client.execute("%distributed wait")
+    time.sleep(1.5)
+    kernel.manager.interrupt_kernel()  # as Jupyter's interrupt button does
+    kernel.run("1")  # the wait's messages come first
+    wait_messages = [m for m in kernel.seen if _parent(m) == msg_id]
+    assert _error(wait_messages)["ename"] == "KeyboardInterrupt"
+    _, after = kernel.run("%%distributed\n(stopped_by, spins > 0)")
+    assert _value(after) == "('interrupt', True)"
 
 
 def test_local_runs_the_cell_in_the_kernel_after_the_ranks(kernel: Kernel) -> None:

@@ -94,7 +94,8 @@ class DistributedMagics(Magics):
 
         ``%distributed`` shows the pool, ``%distributed -n 4`` (re)starts the default pool
         with 4 workers, ``%distributed close``/``restart`` ends or restarts it,
-        ``%distributed wait`` waits for the last ``--noblock`` cell (and raises its error).
+        ``%distributed wait`` waits for the last ``--noblock`` cell (and raises its error;
+        Ctrl-C there interrupts that cell).
         """
         try:
             options = parse_argstring(self.distributed, line)
@@ -158,16 +159,13 @@ class DistributedMagics(Magics):
         if self.last_noblock is None:
             return None
         handle = self.last_noblock[1]
-        try:
-            with interrupt_latch():
-                return handle.result()
-        except KeyboardInterrupt:
-            print(
-                f"Stopped waiting; the --noblock cell {handle.label} goes on running (the "
-                "Stop button of its view asks its ranks to stop).",
-                flush=True,
-            )
-            raise KeyboardInterrupt from None
+        with interrupt_latch():  # Ctrl-C here interrupts the cell, once, however often pressed
+            try:
+                handle.wait()
+            except KeyboardInterrupt:
+                handle.interrupt()
+                handle.wait()  # its ranks settle as a blocking cell's do: bounded
+            return handle.result()
 
     def _line(self, options: Any) -> Any:
         if options.action == "close":

@@ -7,7 +7,8 @@ lasts, keep appearing under the cell that started it while later cells run. The 
 its place in the pool's line before the cell returns, so the next cell's command waits for it,
 as every command of a pool waits its turn. The handle is ipyparallel's ``AsyncResult`` in small:
 :meth:`~DistributedResult.done`, :meth:`~DistributedResult.result`,
-:meth:`~DistributedResult.results`, :meth:`~DistributedResult.wait`.
+:meth:`~DistributedResult.results`, :meth:`~DistributedResult.wait`, and
+:meth:`~DistributedResult.interrupt` in place of the Ctrl-C a background command never gets.
 
 Runs in the kernel.
 """
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_kit.launch.pool.turns import tell_when_in_line
+from notebook_kit.launch.pool.view import interrupt_with
 
 __all__ = ["DistributedResult", "start_in_background"]
 
@@ -34,6 +36,7 @@ class DistributedResult:
 
         handle = _
         handle.done()          # False while it runs
+        handle.interrupt()     # as Ctrl-C does a blocking cell
         handle.result()        # waits; rank 0's value of the last expression, or its error
         handle.results()       # {rank: value} of every rank it ran on
     """
@@ -42,12 +45,20 @@ class DistributedResult:
         self.label = label
         self.ranks = ranks  # None: every rank of the pool
         self._finished = threading.Event()
+        self._interrupt = threading.Event()
         self._values: dict[int, Any] = {}
         self._error: BaseException | None = None
 
     def done(self) -> bool:
         """True once the cell has ended on every rank it runs on (with a value or an error)."""
         return self._finished.is_set()
+
+    def interrupt(self) -> None:
+        """Interrupt the cell on every rank it runs on, as Ctrl-C does a blocking cell: a
+        ``KeyboardInterrupt`` in the ranks' code, and the workers stopped if one cannot
+        take it within a second; :meth:`result` then raises ``KeyboardInterrupt``."""
+        if not self.done():
+            self._interrupt.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the cell has ended (at most ``timeout`` seconds); whether it has."""
@@ -103,11 +114,14 @@ def start_in_background(
 
     def body() -> None:
         tell_when_in_line(in_line)
+        interrupt_with(handle._interrupt)
         values: dict[int, Any] = {}
         error: BaseException | None = None
         try:
             values = run()
             when_done(values)
+        except KeyboardInterrupt as raised:  # the pool has said what became of the workers
+            error = raised
         except BaseException as raised:  # kept for .result(); the thread itself ends quietly
             error = raised
             first = (str(raised).splitlines() or [""])[0]

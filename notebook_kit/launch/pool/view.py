@@ -14,7 +14,9 @@ only when no live view was opened.
 
 from __future__ import annotations
 
+import contextvars
 import sys
+import threading
 import time
 import warnings
 
@@ -31,11 +33,32 @@ from notebook_kit.live.observer import (
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
 
-__all__ = ["LIVE_AFTER", "GroupedText", "InterleavedText", "RunForward", "RunView"]
+__all__ = [
+    "LIVE_AFTER",
+    "GroupedText",
+    "InterleavedText",
+    "RunForward",
+    "RunView",
+    "interrupt_with",
+]
 
 
 LIVE_AFTER = 0.5  # seconds a run lasts before its live view opens
 _TEXT_SECONDS = 0.25  # between two printings of worker lines during a run
+
+_interrupt_request: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "interrupt_request", default=None
+)
+
+
+def interrupt_with(request: threading.Event) -> None:
+    """In this context, a run's view ends the run as Ctrl-C would once ``request`` is set.
+
+    A command on a thread of its own (a ``--noblock`` cell) cannot get the kernel's Ctrl-C;
+    its view raises the KeyboardInterrupt instead, at its next tick, where the backends take
+    one from drawing: the ranks are interrupted and settle as after a press.
+    """
+    _interrupt_request.set(request)
 
 
 class RunForward:
@@ -173,6 +196,7 @@ class RunView:
         self._lines: list[OutputLine] = []
         self._printed = time.monotonic()
         self._batches: list[MetricsBatch] = []
+        self._interrupt = _interrupt_request.get()
 
     def on_start(self, info: LaunchInfo) -> None:
         self.info = info
@@ -194,6 +218,9 @@ class RunView:
             self._batches.append(batch)
 
     def on_tick(self) -> None:
+        if self._interrupt is not None and self._interrupt.is_set():
+            self._interrupt.clear()  # once: the backend settles the run from here
+            raise KeyboardInterrupt
         late = time.monotonic() - self._started >= self.live_after
         if self.inner is None and self.record and late and not self._tried:
             self._open_live_view()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -92,3 +93,12 @@ def test_accelerates_object_with_a_bad_activity_is_refused_before_the_block():
 def test_profile_handler_of_another_kind_is_refused_naming_the_argument():
     with pytest.raises(TypeError, match="profile_handler must be a ProfileKwargs"):
         Accelerator().profile({"activities": ["cpu"]})
+
+
+def test_the_fields_and_defaults_are_accelerates():
+    accelerate = pytest.importorskip("accelerate.utils")
+
+    def fields(cls: type) -> list[tuple[str, object]]:
+        return [(field.name, field.default) for field in dataclasses.fields(cls)]
+
+    assert fields(ProfileKwargs) == fields(accelerate.ProfileKwargs)

@@ -2,7 +2,8 @@
 
 The rate and the ETA are measured from the first training step the kernel sees, not from the
 launch: forking, imports and the rendezvous would otherwise make the first seconds look slow.
-The notebook's bar is :mod:`notebook_kit.live.progress_bar`; the headless view prints lines.
+The notebook's bar is :mod:`notebook_kit.live.progress_bar`; without a notebook, progress is a
+line of text (:func:`progress_line`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ __all__ = [
     "progress_line",
     "progress_text",
 ]
+
+_SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
 
 
 @dataclass
@@ -187,9 +190,6 @@ def progress_text(count: int, total: int | None, clock: RateClock, now: float | 
     if rate is not None:
         parts.append(format_rate(rate))
     return " · ".join(parts)
-
-
-_SHOWN_METRICS = 5  # newest values in a progress line; the others are counted
 
 
 def progress_line(

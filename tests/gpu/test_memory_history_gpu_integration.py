@@ -47,13 +47,13 @@ def _names_the_allocations(result: dict) -> None:
 
 
 def test_a_run_in_the_kernel_that_runs_out_ends_with_its_allocations_under_the_traceback():
-    result = _ran_out("{}")
+    result = _ran_out("{'num_processes': 1}")
     assert result["kind"] == "OutOfMemoryError"
     _names_the_allocations(result)
 
 
 def test_a_forked_rank_that_runs_out_shows_its_allocations_in_the_worker_error():
-    result = _ran_out("{'isolate': True}")
+    result = _ran_out("{'num_processes': 1, 'isolate': True}")
     assert result["kind"] == "WorkerError"
     assert result["text"].index("Traceback of rank 0:") < result["text"].index("Largest live")
     _names_the_allocations(result)

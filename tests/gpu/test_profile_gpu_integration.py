@@ -21,7 +21,7 @@ def profiled():
         (x @ x).sum().item()
     return str(accelerator.device)
 
-device = notebook_launcher(profiled, isolate=True, live=False)
+device = notebook_launcher(profiled, num_processes=1, isolate=True, live=False)
 print(json.dumps({{"device": device, "files": sorted(os.listdir({str(tmp_path)!r}))}}))
 """
     )

@@ -3206,6 +3206,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_parallel,
     mutations_pool,
     mutations_storage,
+    mutations_w54,
 )
 
 MUTATIONS = (
@@ -3227,4 +3228,5 @@ MUTATIONS = (
     + mutations_l53.MUTATIONS
     + mutations_p53.MUTATIONS
     + mutations_b53.MUTATIONS
+    + mutations_w54.MUTATIONS
 )

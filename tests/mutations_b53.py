@@ -149,6 +149,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_UNIT + "test_the_stall_report_says_a_rank_at_the_prompt_is_in_the_debugger",),
     ),
     Mutation(
+        "rank-at-the-prompt-counted-late",
+        "the rank hosting the store waits past rendezvous_timeout for a rank at its pdb prompt",
+        (
+            Edit(
+                "worker/rendezvous.py",
+                "            if not any(_debugging(rank) for rank in range(spec.plan.world_size)):",
+                "            if True:",
+            ),
+        ),
+        (
+            _KERNEL + "test_a_rank_at_the_prompt_after_the_others_finished_is_waited_for_past_"
+            "the_rendezvous_timeout",
+        ),
+    ),
+    Mutation(
         "prompt-time-counts-against-timeout",
         "time spent at a rank's pdb prompt does not count against the launch's timeout",
         (

@@ -238,3 +238,27 @@ def test_a_distributed_cell_opens_pdb_on_rank_1_in_the_cell():
         assert "'on one'" in shown.text, shown.text
         _run(client, "%distributed close")
         _no_children(manager)
+
+
+def test_a_rank_at_the_prompt_after_the_others_finished_is_waited_for_past_the_rendezvous_timeout():
+    code = """\
+from notebook_kit import notebook_launcher
+import torch.distributed as dist
+
+def train():
+    if dist.get_rank() == 1:
+        breakpoint()
+    return dist.get_rank()
+
+print("result", notebook_launcher(train, num_processes=2, rendezvous_timeout=2))
+"""
+
+    def slowly(prompt: str, cell: Cell) -> str:
+        time.sleep(5.0)  # rank 0, which hosts the store, has long finished
+        return "c"
+
+    with real_kernel() as (manager, client):
+        cell = _run(client, code, slowly)
+        _no_children(manager)
+    assert cell.error is None, cell.error
+    assert "result 0" in cell.text, cell.text

@@ -31,6 +31,7 @@ from notebook_kit.runtime.messages import (
     Send,
     decode_line,
 )
+from notebook_kit.worker.rendezvous import mark_debugging
 
 __all__ = ["BREAK_RANKS", "DebuggerQuit", "break_ranks", "install_debugger"]
 
@@ -117,6 +118,7 @@ class _Channel:
         self.prompt = f"(Pdb rank {session.rank}) "
         self.output: list[str] = []
         self.skipped = False  # the frontend allows no input
+        self.marked = False  # said on the group's store that this rank is in pdb
         self.interrupted = False  # the kernel was interrupted at the prompt
 
     def write(self, text: str) -> int:
@@ -134,6 +136,7 @@ class _Channel:
         """Send pdb's output and prompt; the kernel's line back ('' when it is gone: EOF)."""
         output = self.take_output().removesuffix(self.prompt)
         session = self.session
+        self.mark(True)
         with session.lock:
             session.send(DebuggerPrompt(session.rank, output, self.prompt, self.location))
             try:
@@ -145,8 +148,15 @@ class _Channel:
             return "quit\n"
         if line.text is None:
             self.skipped = True
+            self.mark(False)
             return "continue\n"
         return line.text + "\n"
+
+    def mark(self, debugging: bool) -> None:
+        """While this rank is in pdb, the rank hosting the store waits for it at the end."""
+        if self.marked != debugging:
+            self.marked = debugging
+            mark_debugging(self.session.rank, debugging)
 
 
 class _RankPdb(pdb.Pdb):
@@ -173,6 +183,7 @@ class _RankPdb(pdb.Pdb):
         if not (self.continuing or self.quitting):
             return  # a step: the next prompt comes from the next line
         session = channel.session
+        channel.mark(False)
         session.send(DebuggerLeft(session.rank, channel.take_output()))
         if channel.interrupted:
             raise KeyboardInterrupt

@@ -23,6 +23,7 @@ __all__ = [
     "RendezvousTimeout",
     "join_process_group",
     "leave_process_group",
+    "mark_debugging",
 ]
 
 
@@ -67,8 +68,37 @@ def leave_process_group(store: dist.Store, spec: WorkerSpec) -> None:
     shutdown would add about 20 ms to every launch for nothing.
     """
     store.set(f"finished/{spec.rank}", "1")
-    if spec.listen_fd is not None:
-        _wait_for_everyone(store, spec, "finished", _not_finished, checked_in=True)
+    while spec.listen_fd is not None:
+        try:
+            _wait_for_everyone(store, spec, "finished", _not_finished, checked_in=True)
+            return
+        except RendezvousTimeout:  # a rank at its pdb prompt is not late: wait again
+            if not any(_debugging(rank) for rank in range(spec.plan.world_size)):
+                raise
+
+
+def mark_debugging(rank: int, debugging: bool) -> None:
+    """Say on the group's store that ``rank`` is at a pdb prompt (or no longer is).
+
+    The rank that hosts the store waits for that rank beyond ``rendezvous_timeout`` when the
+    others have finished: the time a user spends at the prompt is not a late rank.
+    """
+    store = _group_store()
+    if store is not None:
+        store.set(f"debugging/{rank}", "1" if debugging else "0")
+
+
+def _debugging(rank: int) -> bool:
+    store = _group_store()
+    key = f"debugging/{rank}"
+    return store is not None and _has(store, key) and store.get(key) == b"1"
+
+
+def _group_store() -> dist.Store | None:
+    """The default group's store, shared by every rank; None outside a group."""
+    if not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_store()
 
 
 def _wait_for_everyone(

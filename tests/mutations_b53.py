@@ -164,6 +164,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "bad-break-ranks-found-only-at-the-breakpoint",
+        "a bad NOTEBOOK_KIT_BREAK_RANKS is refused, naming it and the fix, before anything starts",
+        (
+            Edit(
+                "launch/forking.py",
+                "    break_ranks()  # each rank reads",
+                "    # each rank reads",
+            ),
+        ),
+        (_UNIT + "test_a_bad_break_ranks_value_is_refused_before_any_process_starts",),
+    ),
+    Mutation(
         "prompt-time-counts-against-timeout",
         "time spent at a rank's pdb prompt does not count against the launch's timeout",
         (

@@ -185,3 +185,16 @@ def test_the_stall_report_says_a_rank_at_the_prompt_is_in_the_debugger():
     report = describe_stall(60, {0, 1}, answers, in_debugger={1})
     assert "rank 1 is in the debugger" in report
     assert "never joined" not in report  # rank 0 waits for a rank at the prompt: expected
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_a_bad_break_ranks_value_is_refused_before_any_process_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    from notebook_kit import notebook_launcher
+
+    monkeypatch.setenv("NOTEBOOK_KIT_BREAK_RANKS", "one")
+    with pytest.raises(ValueError, match=r"NOTEBOOK_KIT_BREAK_RANKS='one' is not a list of ranks"):
+        notebook_launcher(lambda: 1, num_processes=2)
+    assert "Launching" not in capsys.readouterr().out

@@ -32,6 +32,7 @@ from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import open_rendezvous_socket
 from notebook_kit.launch.supervisor import WorkerProcess
 from notebook_kit.runtime.context import StopFlag
+from notebook_kit.worker.debugger import break_ranks
 from notebook_kit.worker.guardian import GuardianPipes, WorkerStart, run_guardian
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 
@@ -90,6 +91,7 @@ def fork_workers(
     appended to ``workers`` first, so the caller can close every pipe if forking fails.
     ``weights_fd`` is the kernel's weights file, where rank 0 writes the trained weights.
     """
+    break_ranks()  # each rank reads NOTEBOOK_KIT_BREAK_RANKS: a bad value is refused here, first
     # Without a listener this node joins another's store: a multi-node plan always has a port.
     port = listener.getsockname()[1] if listener else plan.port
     assert port is not None

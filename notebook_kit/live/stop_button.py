@@ -54,7 +54,6 @@ class StopButton:
         self.button.on_click(self._clicked)
         # Shown only for the hint of an old kernel: a layout of its own.
         self.note = shared.html("", ("nk-stop-note",), widgets.Layout(display="none"))
-        self._route: Any = None
 
     def _clicked(self, _: Any) -> None:
         # Runs on a subshell thread during the run: set the flag only, draw nothing.
@@ -67,10 +66,10 @@ class StopButton:
     ) -> bool:
         """Route its clicks (and ``others``' events) to a kernel subshell; False (and the
         hint) where that is impossible."""
-        self._route = open_route((self.button, *others), hold_idles)
-        if self._route is None:
+        routed = open_route((self.button, *others), hold_idles) is not None
+        if not routed:
             self.show_hint()
-        return self._route is not None
+        return routed
 
     def show_hint(self) -> None:
         """Clicks wait for the cell's end here: say how to stop mid-run."""
@@ -85,15 +84,9 @@ class StopButton:
             self.button.tooltip = "Training ends at the next step boundary, on every rank"
             self.button.disabled = True
 
-    def finish(self) -> str | None:
-        """The run is over: clicks do nothing; a route stays for the next launch.
-
-        Returns:
-            The id of its route's last request (its ``idle`` is held back), or None.
-        """
+    def finish(self) -> None:
+        """The run is over: clicks do nothing (a route stays for the next launch)."""
         self._finished = True
-        route, self._route = self._route, None
-        return route.last_request if route is not None else None
 
 
 class StopPanel(Panel):

@@ -144,6 +144,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_BAD,),
     ),
     Mutation(
+        "ranks-checked-after-the-pool-starts",
+        "--ranks beyond -n N is refused before the default pool is replaced or started",
+        (
+            Edit(
+                "launch/magic.py",
+                "        if chosen.ranks is not None and known is not None:",
+                "        if False:",
+            ),
+        ),
+        (_BAD,),
+    ),
+    Mutation(
         "opposite-layouts-accepted",
         "--group-outputs with --interleave is a usage error",
         (

@@ -212,10 +212,12 @@ def test_interleave_prefixes_lines_in_arrival_order(kernel: Kernel) -> None:
     assert _text(grouped) == "[rank 0]\na\nb\n[rank 1]\na\nb\n[rank 2]\na\nb\n"
 
 
+POOL_PIDS = "pool = %distributed\npool.pids"
 BAD = [
     ("%%distributed --bogus\nmark = 'changed'", "unrecognized arguments: --bogus"),
     ("%%distributed --ranks 5\nmark = 'changed'", "--ranks 5: the pool has 3 ranks"),
     ("%%distributed --ranks 7:9\nmark = 'changed'", "--ranks 7:9 selects none"),
+    ("%%distributed -n 2 --ranks 2\nmark = 'changed'", "the pool has 2 ranks (0 to 1)"),
     ("%%distributed --ranks\nmark = 'changed'", "argument --ranks: expected one argument"),
     ("%%distributed --ranks 1-2\nmark = 'changed'", "argument --ranks: '1-2' is not a set"),
     ("%%distributed --ranks ''\nmark = 'changed'", "argument --ranks: no ranks given"),
@@ -230,11 +232,14 @@ BAD = [
 def test_a_bad_option_is_a_usage_error_before_anything_runs(
     kernel: Kernel, code: str, words: str
 ) -> None:
+    pids = _value(kernel.run(POOL_PIDS)[1])
     msg_id, messages = kernel.run(code)
     reply = kernel.replies[msg_id]  # IPython prints a usage error alone, without a traceback
     assert reply["status"] == "error" and reply["ename"] == "UsageError", reply
     shown = _text(messages)
     assert shown.startswith("UsageError: ") and words in shown, shown
-    kernel.run("%%distributed --out marks\nmark")
+    assert _value(kernel.run(POOL_PIDS)[1]) == pids  # the same pool: none started or closed
+    _, marks = kernel.run("%%distributed --out marks\nmark")
+    assert not [m for m in marks if m["msg_type"] == "error"], _text(marks)
     _, shown = kernel.run("set(marks.values()) & {'changed'}")
     assert _value(shown) == "set()"

@@ -110,6 +110,9 @@ class DistributedMagics(Magics):
                 "put the code on the lines below it."
             )
         chosen = CellOptions.from_arguments(options)
+        known = self._known_size(options)
+        if chosen.ranks is not None and known is not None:
+            chosen.ranks.resolve(known)  # before a pool starts for a cell that cannot run
         if not chosen.noblock:
             self._say_if_waiting(options)
         try:
@@ -145,6 +148,18 @@ class DistributedMagics(Magics):
         if chosen.local:
             run_locally(self.shell, cell)
         return value
+
+    def _known_size(self, options: Any) -> int | None:
+        """The world size the cell's pool will have, when it is known without starting it."""
+        if options.pool is not None:
+            named = self.shell.user_ns.get(options.pool)
+            return named.world_size if isinstance(named, WorkerPool) else None
+        if options.cluster is not None:
+            return None  # the nodes decide; checked once they have
+        if options.num_processes is not None:
+            return int(options.num_processes)
+        pool = self.default_pool
+        return pool.world_size if pool is not None and self.default_place[0] is None else None
 
     def _say_if_waiting(self, options: Any) -> None:
         """A cell behind a --noblock one on the same pool says why it does not start yet."""

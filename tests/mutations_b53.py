@@ -134,7 +134,11 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "",
             ),
         ),
-        (_UNIT + "test_nobody_to_type_skips_without_holding_and_ctrl_c_tells_the_rank",),
+        (
+            _UNIT + "test_nobody_to_type_skips_without_holding_and_ctrl_c_tells_the_rank",
+            _KERNEL + "test_an_interrupt_at_a_pool_ranks_prompt_interrupts_that_rank_and_the_"
+            "pool_keeps_its_workers",
+        ),
     ),
     Mutation(
         "stall-report-calls-the-debugged-rank-stuck",

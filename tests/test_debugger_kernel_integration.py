@@ -195,6 +195,12 @@ def step():
         breakpoint()
     dist.all_reduce(x)
     return float(x)
+
+def alone():
+    import torch.distributed as dist
+    if dist.get_rank() == 1:
+        breakpoint()
+    return dist.get_rank()
 """
 
 
@@ -262,3 +268,18 @@ print("result", notebook_launcher(train, num_processes=2, rendezvous_timeout=2))
         _no_children(manager)
     assert cell.error is None, cell.error
     assert "result 0" in cell.text, cell.text
+
+
+def test_an_interrupt_at_a_pool_ranks_prompt_interrupts_that_rank_and_the_pool_keeps_its_workers():
+    with real_kernel() as (manager, client):
+        assert _run(client, POOL).error is None
+
+        def interrupt(prompt: str, cell: Cell) -> None:
+            manager.interrupt_kernel()  # SIGINT to the kernel's process group, as Jupyter does
+
+        cell = _run(client, "pool.run(alone)", interrupt)  # rank 0 waits in no collective
+        assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt", cell
+        again = _run(client, "print('again', pool.run(lambda: 5), pool.restarts)")
+        assert again.error is None and "again 5 0" in again.text, again  # the same workers
+        _run(client, "pool.close()")
+        _no_children(manager)

@@ -283,3 +283,17 @@ def test_an_interrupt_at_a_pool_ranks_prompt_interrupts_that_rank_and_the_pool_k
         assert again.error is None and "again 5 0" in again.text, again  # the same workers
         _run(client, "pool.close()")
         _no_children(manager)
+
+
+def test_an_awaited_launch_opens_pdb_in_its_cell_too():
+    code = LAUNCH.format(stop=RANK_1, options="").replace(
+        'print("result", notebook_launcher(train, num_processes=2))',
+        "from notebook_kit import notebook_launcher_async\n"
+        'print("result", await notebook_launcher_async(train, num_processes=2))',
+    )
+    with real_kernel() as (manager, client):
+        cell = _run(client, code, lambda p, c: "p secret" if len(c.prompts) == 1 else "c")
+        _no_children(manager)
+    assert cell.error is None, cell.error
+    assert cell.prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "]
+    assert "\n41\n" in cell.text and "result 21.0" in cell.text, cell.text

@@ -128,6 +128,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "stacks-waits-inside-the-runs-own-loop",
+        "stacks() from inside the run's loop (a view's callback) is refused for ask_stacks()",
+        (Edit("launch/stack_requests.py", "        if self.in_turn:\n", "        if False:\n"),),
+        (_STACKS + "test_a_view_inside_the_runs_loop_asks_without_waiting_and_reads_a_future",),
+    ),
+    Mutation(
         "stacks-timeout-unchecked",
         "stacks(timeout <= 0) is refused naming timeout",
         (

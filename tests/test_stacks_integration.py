@@ -25,6 +25,7 @@ import notebook_kit
 from notebook_kit import WorkerPool, notebook_launcher, notebook_launcher_async
 from notebook_kit.launch import native_stacks
 from notebook_kit.launch.stack_requests import NO_RUN, RankStacks, ask_stacks, process_state
+from notebook_kit.live.observer import LaunchObserver
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -223,6 +224,37 @@ def test_a_request_before_a_worker_can_answer_waits_for_it_and_kills_nothing(
     assert found and sorted(found[-1]) == [0, 1], found
     # answered once its thread was there, from wherever the rank had got to by then
     assert all("main thread, not in a collective" in text for text in found[-1].values()), found
+
+
+class _StacksButton(LaunchObserver):
+    """A view whose button asks for the stacks from inside the run's loop, as a click handler
+    would: the blocking call is refused there, and ``ask_stacks`` gives a future instead."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.refused = ""
+        self.future: Any = None
+
+    def on_start(self, info: Any) -> None:
+        self.started = time.monotonic()
+
+    def on_tick(self) -> None:
+        if self.future is None and self.started and time.monotonic() - self.started > 1.5:
+            try:
+                notebook_kit.stacks()
+            except RuntimeError as error:
+                self.refused = str(error)
+            self.future = ask_stacks(TIMEOUT)
+
+
+@pytest.mark.integration
+def test_a_view_inside_the_runs_loop_asks_without_waiting_and_reads_a_future() -> None:
+    view = _StacksButton()
+    assert notebook_launcher(_nap, args=(4.0,), num_processes=2, observer=view) == 0
+    assert "call ask_stacks() there" in view.refused, view.refused
+    answer = view.future.result(timeout=0)  # answered while the loop went on turning
+    assert sorted(answer) == [0, 1]
+    assert all("time.sleep(seconds)  # each rank naps here" in t for t in answer.values()), answer
 
 
 def test_without_a_run_or_with_a_bad_timeout_the_error_says_what_to_do() -> None:

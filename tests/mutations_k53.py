@@ -134,6 +134,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_STACKS + "test_a_view_inside_the_runs_loop_asks_without_waiting_and_reads_a_future",),
     ),
     Mutation(
+        "stacks-of-a-run-in-the-kernel-not-taken",
+        "stacks() during a one-process run in the kernel shows the thread that runs it",
+        (
+            Edit(
+                "launch/launchers/kernel_and_torchrun.py",
+                "        with stacks_here(KERNEL_PLACE.rank):\n",
+                "        with contextlib.nullcontext():\n",
+            ),
+            Edit(
+                "launch/launchers/kernel_and_torchrun.py",
+                "from __future__ import annotations\n",
+                "from __future__ import annotations\n\nimport contextlib\n",
+            ),
+        ),
+        (_STACKS + "test_one_process_in_the_kernel_answers_from_its_own_thread_without_a_signal",),
+    ),
+    Mutation(
         "stacks-timeout-unchecked",
         "stacks(timeout <= 0) is refused naming timeout",
         (

@@ -226,6 +226,31 @@ def test_a_request_before_a_worker_can_answer_waits_for_it_and_kills_nothing(
     assert all("main thread, not in a collective" in text for text in found[-1].values()), found
 
 
+@pytest.mark.integration
+def test_one_process_in_the_kernel_answers_from_its_own_thread_without_a_signal() -> None:
+    """``num_processes=1`` runs in this process: its stack is read here (a signal would kill)."""
+    found: list[RankStacks] = []
+
+    def ask() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RuntimeError):  # not started yet
+                answer = notebook_kit.stacks(TIMEOUT)
+                if "naps here" in answer.get(0, ""):
+                    found.append(answer)
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    assert notebook_launcher(_nap, args=(3.0,), num_processes=1, live=False) == 0
+    thread.join(5)
+    assert found and list(found[0]) == [0], found
+    assert f"rank 0 (pid {os.getpid()}):" in found[0][0]
+    assert "time.sleep(seconds)  # each rank naps here" in found[0][0]
+    assert "py-spy dump" not in found[0][0]  # never run on the kernel itself
+
+
 class _StacksButton(LaunchObserver):
     """A view whose button asks for the stacks from inside the run's loop, as a click handler
     would: the blocking call is refused there, and ``ask_stacks`` gives a future instead."""

@@ -91,6 +91,13 @@ class StackRequest:
                 asked.threads = threads
                 self._check_answered()
 
+    def answer_here(self, rank: int, threads: list[dict[str, Any]]) -> None:
+        """The run executes in this process: ``rank``'s threads, read here, are the answer."""
+        with self._lock:
+            self._ranks[rank] = _Asked(os.getpid(), threads=threads)
+        self.asked.set()
+        self.answered.set()
+
     def end(self, why: str) -> None:
         """The run's loop will not turn again: nothing more will be answered."""
         with self._lock:
@@ -99,9 +106,10 @@ class StackRequest:
         self.answered.set()
 
     def pids(self) -> dict[int, int]:
-        """The signalled ranks' process ids."""
+        """The signalled ranks' process ids (not this process: py-spy would stop it)."""
+        here = os.getpid()
         with self._lock:
-            return {rank: a.pid for rank, a in self._ranks.items() if a.why_not is None}
+            return {r: a.pid for r, a in self._ranks.items() if a.why_not is None and a.pid != here}
 
     def texts(self, native: dict[int, str]) -> dict[int, str]:
         """Each rank's text: its threads' stacks, or why there are none; ``native`` added."""

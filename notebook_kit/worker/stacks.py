@@ -45,14 +45,15 @@ def _answer(send: Send) -> None:
             send(Stacks(tuple(current_stacks())))
 
 
-def current_stacks() -> list[dict[str, Any]]:
-    """Every thread that runs user code: its name, its stack as text, its collective."""
+def current_stacks(only: int | None = None) -> list[dict[str, Any]]:
+    """Every thread that runs user code (``only``: that thread): its name, its stack as text,
+    its collective."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     main = threading.main_thread().ident
     threads = []
     for ident, frame in sys._current_frames().items():
         name = names.get(ident, f"thread {ident}")
-        if name in HELPER_THREADS:
+        if name in HELPER_THREADS or only not in (None, ident):
             continue
         summary = traceback.extract_stack(frame)
         collective = collective_of([(f.filename, f.name) for f in summary])

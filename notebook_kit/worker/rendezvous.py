@@ -9,6 +9,7 @@ instead of hanging for torch's 30-minute default. Every wait here is bounded by
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -85,7 +86,8 @@ def mark_debugging(rank: int, debugging: bool) -> None:
     """
     store = _group_store()
     if store is not None:
-        store.set(f"debugging/{rank}", "1" if debugging else "0")
+        with contextlib.suppress(dist.DistError, RuntimeError):  # the host is gone: no one waits
+            store.set(f"debugging/{rank}", "1" if debugging else "0")
 
 
 def _debugging(rank: int) -> bool:

@@ -151,6 +151,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_STACKS + "test_one_process_in_the_kernel_answers_from_its_own_thread_without_a_signal",),
     ),
     Mutation(
+        "stacks-request-left-at-an-ended-run-waits",
+        "a request left at a run that just ended ends at once, with the error",
+        (
+            Edit(
+                "launch/stack_requests.py",
+                "        if self.closed:  # the run ended just now: nobody will take it\n",
+                "        if False:\n",
+            ),
+        ),
+        (_STACKS + "test_a_request_left_at_a_run_that_just_ended_ends_at_once_with_the_error",),
+    ),
+    Mutation(
         "stacks-timeout-unchecked",
         "stacks(timeout <= 0) is refused naming timeout",
         (

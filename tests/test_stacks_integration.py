@@ -24,7 +24,14 @@ import torch.distributed as dist
 import notebook_kit
 from notebook_kit import WorkerPool, notebook_launcher, notebook_launcher_async
 from notebook_kit.launch import native_stacks
-from notebook_kit.launch.stack_requests import NO_RUN, RankStacks, ask_stacks, process_state
+from notebook_kit.launch.stack_requests import (
+    NO_RUN,
+    RankStacks,
+    StackDesk,
+    ask_stacks,
+    gather,
+    process_state,
+)
 from notebook_kit.live.observer import LaunchObserver
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes")]
@@ -296,6 +303,15 @@ def test_without_a_run_or_with_a_bad_timeout_the_error_says_what_to_do() -> None
     for wrong in (None, "2", True):
         with pytest.raises(TypeError, match="timeout must be a number of seconds"):
             notebook_kit.stacks(wrong)  # type: ignore[arg-type]
+
+
+def test_a_request_left_at_a_run_that_just_ended_ends_at_once_with_the_error() -> None:
+    """The caller found the run's desk, which closed before taking the request."""
+    desk = StackDesk()
+    desk.open(lambda limit: False)
+    desk.close("the run ended")
+    with pytest.raises(RuntimeError, match="ended while its stacks were being asked"):
+        gather(desk, 20.0)  # not a wait until this deadline: an answer with no rank
 
 
 def test_a_process_state_is_read_from_the_operating_system() -> None:

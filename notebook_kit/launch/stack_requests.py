@@ -145,12 +145,14 @@ class StackDesk:
         self._open: list[StackRequest] = []
         self._pump: Callable[[float], bool] | None = None
         self.loop_thread: int | None = None
+        self.closed = False
         self.in_turn = False  # the loop is turning now (a view's callback runs inside it)
 
     def open(self, pump: Callable[[float], bool]) -> None:
         """From now on requests are taken; ``pump(limit)`` turns the loop once (False: over)."""
         self._pump = pump
         self.loop_thread = threading.get_ident()
+        self.closed = False
         with _DESKS_LOCK:
             if self not in _DESKS:
                 _DESKS.append(self)
@@ -159,6 +161,7 @@ class StackDesk:
         """No more turns: every request still waiting ends with ``why``."""
         with _DESKS_LOCK, contextlib.suppress(ValueError):
             _DESKS.remove(self)
+        self.closed = True  # set before the drain: a request submitted meanwhile sees one
         while self._pending:
             self._pending.popleft().end(why)
         for request in self._open:
@@ -170,6 +173,8 @@ class StackDesk:
         """From any thread: a request the loop takes at its next turn."""
         request = self.new_request(timeout)
         self._pending.append(request)  # deque appends are atomic: no lock with the loop
+        if self.closed:  # the run ended just now: nobody will take it
+            request.end("the run ended")
         return request
 
     def new_request(self, timeout: float) -> Any:
@@ -289,7 +294,10 @@ def _collect(request: StackRequest) -> RankStacks:
     dumps = NativeDumps.start(request.pids())
     request.answered.wait(max(0.0, request.deadline - time.monotonic()))
     native = dumps.collect(request.deadline) if dumps is not None else {}
-    return RankStacks(request.texts(native), request.note(dumps is not None))
+    texts = request.texts(native)
+    if not texts and request.ended:  # it ended before a rank was asked
+        raise RuntimeError(f"{NO_RUN} (The run ended while its stacks were being asked.)")
+    return RankStacks(texts, request.note(dumps is not None))
 
 
 def current_desk() -> StackDesk:

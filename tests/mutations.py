@@ -1999,8 +1999,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "live/kernel_status.py",
-                "            keeper._publish_busy()  # an idle published before",
-                "            pass  # an idle published before",
+                "        keeper._publish_busy()  # an idle published before",
+                "        pass  # an idle published before",
             ),
         ),
         (_FRONT_END_IDLE,),

@@ -18,31 +18,25 @@ button's route on a kernel subshell, its clicks, the comm subshell JupyterLab cr
 first widget is shown), each ending with ``idle``: the indicator would say Idle mid-run, so the
 keeper starts by publishing the cell's ``busy``. A thread listening to IOPub answered an
 ``idle`` with ``busy`` 5-10 ms late, and a client polling ``/api/kernels`` caught Idle in most
-launches. So where the kernel publishes through ``Kernel._publish_status`` (ipykernel 6 and 7),
-that method is wrapped on the kernel instance from the launch until the cell's own ``idle``:
+launches. So the kernel's ``Kernel._publish_status`` (ipykernel 6 and 7, the versions the
+package supports) is wrapped on the kernel instance from the launch until the cell's own
+``idle``:
 
 - the ``idle`` of a request the launch sent itself (the route's, recognised by its client's
   session) is held back and published just before the cell's own ``idle``;
 - any other ``idle`` (a click, a control moved: ipywidgets waits for it) is published at once,
   and the ``busy`` right behind it by the same thread, the next message on IOPub.
-
-Elsewhere a thread subscribed to the kernel's status messages answers them, never the main one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["BusyKeeper", "open_route"]
-
-_POLL_MS = 200  # a wait of the listening thread's poll; a stop request wakes it at once
-_HANDSHAKE_SECONDS = 1.0  # wait at most this long for the subscription to be live
 
 
 class BusyKeeper:
@@ -56,11 +50,9 @@ class BusyKeeper:
         keeper.stop()
     """
 
-    def __init__(self, kernel: Any, parent: dict[str, Any], socket: Any = None) -> None:
+    def __init__(self, kernel: Any, parent: dict[str, Any]) -> None:
         self.kernel = kernel
         self.parent = parent
-        self.socket = socket  # None when the kernel's own status publishing is wrapped
-        self.answered = 0  # foreign idles answered or held back
         self._own = parent["header"].get("msg_id")
         self._held_sessions: set[str] = set()
         self._held: list[tuple[str, dict[str, Any]]] = []  # (channel, parent) of held idles
@@ -69,11 +61,8 @@ class BusyKeeper:
         self._seen = threading.Condition()
         self._stopping = threading.Event()
         # A stop and an answer are exclusive: no ``busy`` goes out on the cell's behalf once
-        # ``stop`` has returned. The listening thread's ``stop`` writes to a pipe it polls, so
-        # the launch's end never waits out a poll interval.
+        # ``stop`` has returned.
         self._publishing = threading.Lock()
-        self._wake: tuple[int, int] | None = None
-        self._thread = threading.Thread(target=self._run, name="notebook_kit-busy", daemon=True)
 
     @classmethod
     def start(cls) -> BusyKeeper | None:
@@ -89,19 +78,14 @@ class BusyKeeper:
                 return None
         except Exception:
             return None
-        if callable(getattr(type(kernel), "_publish_status", None)):
-            keeper = cls(kernel, parent)
-            keeper._wrap_publishing()
-            keeper._publish_busy()  # an idle published before the keeper started is undone
-            return keeper
-        return cls._start_listening(kernel, parent)
+        keeper = cls(kernel, parent)
+        keeper._wrap_publishing()
+        keeper._publish_busy()  # an idle published before the keeper started is undone
+        return keeper
 
     def hold_idles_of(self, session: str) -> None:
         """Requests of client ``session`` are the launch's own: hold their ``idle`` back."""
-        if self.socket is None:
-            self._held_sessions.add(session)
-
-    # -- the wrapped publishing ----------------------------------------------------------
+        self._held_sessions.add(session)
 
     def _wrap_publishing(self) -> None:
         """Shadow the kernel's ``_publish_status`` until the cell's own ``idle``."""
@@ -125,7 +109,7 @@ class BusyKeeper:
             elif parent.get("header", {}).get("session") in self._held_sessions:
                 with self._lock:
                     self._held.append((channel, parent))
-                self._note_idle_of(request, answered=True)
+                self._note_idle_of(request)
             else:
                 original(status, channel, parent)
                 self._answer(request)
@@ -141,63 +125,6 @@ class BusyKeeper:
         if held:
             self._publish_busy()
 
-    # -- the listening thread, where the kernel has no ``_publish_status`` ----------------
-
-    @classmethod
-    def _start_listening(cls, kernel: Any, parent: dict[str, Any]) -> BusyKeeper | None:
-        try:
-            import zmq
-            from ipykernel.connect import get_connection_info
-
-            info: Any = get_connection_info(unpack=True)
-            if info.get("transport", "tcp") != "tcp":
-                return None
-            socket = zmq.Context.instance().socket(zmq.SUB)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.SUBSCRIBE, f"kernel.{kernel.ident}.status".encode())
-            socket.connect(f"tcp://{info['ip']}:{info['iopub_port']}")
-        except Exception:
-            return None
-        keeper = cls(kernel, parent, socket)
-        keeper._wake = os.pipe()
-        keeper._handshake()
-        keeper._thread.start()
-        return keeper
-
-    def _handshake(self) -> None:
-        """Publish the cell's ``busy`` until it comes back: from then on nothing is missed."""
-        import zmq
-
-        deadline = time.monotonic() + _HANDSHAKE_SECONDS
-        while time.monotonic() < deadline:
-            self._publish_busy()
-            if self.socket.poll(20, zmq.POLLIN):
-                with contextlib.suppress(Exception):
-                    while self.socket.poll(0, zmq.POLLIN):
-                        self.socket.recv_multipart()
-                return
-
-    def _run(self) -> None:
-        import zmq
-
-        assert self._wake is not None
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
-        poller.register(self._wake[0], zmq.POLLIN)
-        while not self._stopping.is_set():
-            try:
-                if self.socket not in dict(poller.poll(_POLL_MS)):
-                    continue
-                parts = self.socket.recv_multipart()
-                _, body = self.kernel.session.feed_identities(parts)
-                message = self.kernel.session.deserialize(body)
-            except Exception:
-                continue
-            if message["content"].get("execution_state") == "idle":
-                self._answer(message["parent_header"].get("msg_id"))
-
-    # -- both ------------------------------------------------------------------------------
-
     def _publish_busy(self) -> None:
         self.kernel.session.send(
             self.kernel.iopub_socket,
@@ -210,13 +137,11 @@ class BusyKeeper:
     def _answer(self, request: str | None) -> None:
         """An ``idle`` of ``request`` went out: ``busy`` behind it, unless cell or launch ended."""
         with self._publishing:
-            answered = request != self._own and not self._stopping.is_set()
-            if answered:
+            if request != self._own and not self._stopping.is_set():
                 self._publish_busy()
-        self._note_idle_of(request, answered)
+        self._note_idle_of(request)
 
-    def _note_idle_of(self, request: str | None, answered: bool) -> None:
-        self.answered += answered
+    def _note_idle_of(self, request: str | None) -> None:
         with self._seen:
             self._seen_idle_of.add(str(request))
             self._seen.notify_all()
@@ -233,14 +158,6 @@ class BusyKeeper:
         ``idle``, which publishes what was held back before it."""
         with self._publishing:
             self._stopping.set()
-        if self.socket is None or self._wake is None:
-            return
-        os.write(self._wake[1], b"x")
-        self._thread.join(timeout=2 * _POLL_MS / 1000)
-        with contextlib.suppress(Exception):
-            self.socket.close(linger=0)
-        for fd in self._wake:
-            os.close(fd)
 
 
 _REPLY_TIMEOUT = 2.0  # seconds to wait for the kernel's control thread and the subshell

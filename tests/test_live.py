@@ -12,6 +12,7 @@ import notebook_kit.live.notebook_view as notebook_view
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.live.display import default_observer, notebook_front_end
 from notebook_kit.live.headless import HeadlessObserver, QuietObserver, last_segment
+from notebook_kit.live.kernel_status import open_route
 from notebook_kit.live.notebook_view import LiveObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.rank_output import RankOutput
@@ -68,7 +69,8 @@ def test_last_segment_keeps_what_a_terminal_shows() -> None:
 def test_stop_button_only_sets_the_flag_and_not_after_the_run() -> None:
     flag = StopFlag()
     button = StopButton(flag)
-    assert not button.serve_during_run()  # no kernel here: the hint tells what to do
+    assert open_route((button.button,)) is None  # no kernel here: the hint tells what to do
+    button.show_hint()
     assert "notebook_launcher_async" in button.note.value and button.note.layout.display is None
     button.button.click()
     assert flag.is_set()

@@ -8,10 +8,8 @@ says how to stop mid-run instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
-from notebook_kit.live.kernel_status import open_route
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary
 from notebook_kit.live.panels import Panel
 from notebook_kit.runtime.context import StopFlag
@@ -29,9 +27,8 @@ class StopButton:
 
     Example::
 
-        button = StopButton(info.stop_flag); display(button.button)
-        button.serve_during_run()  # shown on its own: it routes its own clicks
-        ...  # the run
+        button = StopButton(info.stop_flag); display(button.button, button.note)
+        ...  # the run (its clicks routed by the view: StopPanel)
         button.finish()
     """
 
@@ -60,16 +57,6 @@ class StopButton:
         if not self._finished and self.flag is not None:
             with contextlib.suppress(ValueError):  # the flag's memory is gone after the run
                 self.flag.set()
-
-    def serve_during_run(
-        self, *others: Any, hold_idles: Callable[[str], None] | None = None
-    ) -> bool:
-        """Route its clicks (and ``others``' events) to a kernel subshell; False (and the
-        hint) where that is impossible."""
-        routed = open_route((self.button, *others), hold_idles) is not None
-        if not routed:
-            self.show_hint()
-        return routed
 
     def show_hint(self) -> None:
         """Clicks wait for the cell's end here: say how to stop mid-run."""

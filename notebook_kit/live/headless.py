@@ -11,9 +11,9 @@ import sys
 import time
 
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream, rank_label
-from notebook_kit.live.progress import RateClock, progress_line
 from notebook_kit.live.rank_output import last_segment
 from notebook_kit.live.record import RunRecorder
+from notebook_kit.live.summary import SummaryPanel
 from notebook_kit.runtime.messages import MetricsBatch
 
 __all__ = ["ConsolePrinter", "HeadlessObserver", "QuietObserver"]
@@ -98,7 +98,8 @@ class HeadlessObserver(QuietObserver):
         self._started = time.monotonic()
         self._last_line = 0.0
         self._printed_version = -1
-        self.clock = RateClock()
+        # Its rate clock ticks with the recorder's: the progress lines share the end's rate.
+        self._summary_panel = next(p for p in self.recorder.panels if isinstance(p, SummaryPanel))
 
     def on_start(self, info: LaunchInfo) -> None:
         self.recorder.start(info)
@@ -110,7 +111,6 @@ class HeadlessObserver(QuietObserver):
 
     def on_tick(self) -> None:
         self.recorder.tick()
-        self.clock.observe(self.recorder.progress.count)
         if time.monotonic() - self._last_line >= self.interval:
             self._print_progress()
         self.console.on_tick()
@@ -121,18 +121,8 @@ class HeadlessObserver(QuietObserver):
         if metrics.version == self._printed_version and not self.recorder.progress.count:
             return
         self._printed_version = metrics.version
-        print(f"[progress] {self._line(time.monotonic() - self._started)}", flush=True)
-
-    def _line(self, elapsed: float) -> str:
-        state, metrics = self.recorder.progress, self.recorder.metrics
-        return progress_line(
-            state.count,
-            state.expected,
-            elapsed,
-            metrics.latest(),
-            metrics.total_dropped,
-            rate=self.clock.rate or 0.0,
-        )
+        line = self._summary_panel.progress_line(time.monotonic() - self._started)
+        print(f"[progress] {line}", flush=True)
 
     def on_finish(self, summary: LaunchSummary) -> None:
         self.recorder.finish(summary)

@@ -140,12 +140,11 @@ class SummaryPanel(Panel):
         if self.ended is None or not (metrics.version or progress.count):
             return ""
         ending = "stopped" if self.ended.stopped else "finished"
-        line = progress_line(
-            progress.count,
-            progress.expected,
-            self.ended.duration,
-            metrics.latest(),
-            metrics.total_dropped,
-            rate=self.clock.rate or 0.0,
-        )
-        return f"[{ending}] {line}"
+        return f"[{ending}] {self.progress_line(self.ended.duration)}"
+
+    def progress_line(self, elapsed: float) -> str:
+        """The run's progress line after ``elapsed`` seconds, at the rate from its first step
+        (a run without a notebook prints one every few seconds)."""
+        progress, metrics = self.run.progress, self.run.metrics
+        latest, dropped, rate = metrics.latest(), metrics.total_dropped, self.clock.rate or 0.0
+        return progress_line(progress.count, progress.expected, elapsed, latest, dropped, rate)

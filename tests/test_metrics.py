@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from notebook_kit.live import metrics as live_metrics
-from notebook_kit.live.headless import progress_line
 from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchSummary, RankSummary
-from notebook_kit.live.progress import ProgressState
+from notebook_kit.live.progress import ProgressState, progress_line
 from notebook_kit.live.record import RunRecorder, last_run
 from notebook_kit.runtime import metrics, progress
 from notebook_kit.runtime.codec import ProtocolError

@@ -8,7 +8,6 @@ from matplotlib.figure import Figure
 
 from notebook_kit.errors import WorkerFailure
 from notebook_kit.live.eval_table import build_table
-from notebook_kit.live.headless import progress_line
 from notebook_kit.live.observer import LaunchSummary, RankSummary
 from notebook_kit.live.plot import draw_metrics, new_figure
 from notebook_kit.live.plot_layout import (
@@ -21,7 +20,7 @@ from notebook_kit.live.plot_layout import (
     use_log,
 )
 from notebook_kit.live.plot_widget import PointFeed
-from notebook_kit.live.progress import RateClock, progress_text
+from notebook_kit.live.progress import RateClock, progress_line, progress_text
 from notebook_kit.live.record import RunRecorder
 from notebook_kit.live.summary import summary_line
 from notebook_kit.runtime.messages import MetricsBatch

@@ -97,7 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (
             "tests/test_stacks_kernel_integration.py::"
-            "test_stacks_from_a_second_cell_thread_while_a_blocking_launch_runs",
+            "test_stacks_from_a_second_cell_thread_while_a_launch_runs",
         ),
     ),
     Mutation(

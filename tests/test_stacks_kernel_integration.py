@@ -1,10 +1,10 @@
 """``notebook_kit.stacks()`` in a real kernel, from a second cell thread while a launch runs.
 
 The test plays a front end that runs cells in a subshell (ipykernel 7's cell threads, which
-JupyterLab's consoles use): the main shell runs a blocking launch whose rank 0 sleeps and whose
-rank 1 waits in ``dist.all_reduce``; cells in a subshell ask for the stacks until both ranks
-are named. Then the kernel is interrupted as the stop button does (SIGINT to its process
-group): the launch ends with KeyboardInterrupt and nothing is left.
+JupyterLab's consoles use): the main shell runs a launch (blocking, or awaited) whose rank 0
+sleeps and whose rank 1 waits in ``dist.all_reduce``; cells in a subshell ask for the stacks
+until both ranks are named. Then the kernel is interrupted as the stop button does (SIGINT to
+its process group): the launch ends and nothing is left.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DEFINE = """\
 import time
 import torch, torch.distributed as dist
 import notebook_kit
-from notebook_kit import notebook_launcher
+from notebook_kit import notebook_launcher, notebook_launcher_async
 
 def sleep_or_reduce():
     if dist.get_rank() == 0:
@@ -86,13 +86,22 @@ def _in_subshell(client: Any, subshell: str, code: str) -> str:
     return request["header"]["msg_id"]
 
 
-def test_stacks_from_a_second_cell_thread_while_a_blocking_launch_runs() -> None:
+LAUNCHES = {
+    "blocking": "notebook_launcher(sleep_or_reduce, num_processes=2, live=False)",
+    "awaited": "await notebook_launcher_async(sleep_or_reduce, num_processes=2, live=False)",
+}
+# How the interrupted cell ends: ipykernel cancels the task of a cell that awaits.
+ENDED_BY = {"blocking": "KeyboardInterrupt", "awaited": "CancelledError"}
+
+
+@pytest.mark.parametrize("form", sorted(LAUNCHES))
+def test_stacks_from_a_second_cell_thread_while_a_launch_runs(form: str) -> None:
     with real_kernel() as (manager, client):
         run_cell(client, DEFINE)
         client.control_channel.send(client.session.msg("create_subshell_request", {}))
         subshell = client.control_channel.get_msg(timeout=10)["content"]["subshell_id"]
         iopub = _Iopub(client)
-        launch = client.execute("notebook_launcher(sleep_or_reduce, num_processes=2, live=False)")
+        launch = client.execute(LAUNCHES[form])
         asked: list[str] = []
         deadline = time.monotonic() + 60
         while not asked or "BOTH" not in asked[-1]:
@@ -102,7 +111,7 @@ def test_stacks_from_a_second_cell_thread_while_a_blocking_launch_runs() -> None
         manager.interrupt_kernel()  # SIGINT to the kernel's process group
         ended = iopub.until_idle(launch, 30)
     errors = [m["content"]["ename"] for m in ended if m["msg_type"] == "error"]
-    assert errors == ["KeyboardInterrupt"], _printed(ended)
+    assert errors == [ENDED_BY[form]], _printed(ended)
     answer = asked[-1]
     took = float(answer.split("took=")[1].split()[0])
     assert took < 3.0, answer  # within the call's 2 s, with room for a loaded machine

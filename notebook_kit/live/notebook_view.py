@@ -105,7 +105,9 @@ class LiveObserver:
         self.info = info
         self.recorder.start(info)
         header_layout = widgets.Layout(height="36px")
-        self.header = self.shared.box(self._built["header"], ("nk-header",), header_layout)
+        self.header = widgets.HBox(
+            self._built["header"], layout=header_layout, _dom_classes=("nk-header",)
+        )
         # A line under the plot, when it appears: two lines high; more (a line per node) scroll.
         status_layout = widgets.Layout(overflow="hidden", height="24px")
         self._layouts = {"status": status_layout, "line": header_layout}

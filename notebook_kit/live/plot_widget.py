@@ -139,7 +139,7 @@ class LivePlot(Panel):
     place = "body"
     needs = ("notebook_kit.live.plot",)
 
-    def __init__(self, height: int = PLOT_HEIGHT) -> None:
+    def __init__(self) -> None:
         self.feed = PointFeed()
         self.marks: list[list[Any]] = []  # [step, label] where each restart resumed
         self.x_unit: XUnit = "step"
@@ -147,7 +147,6 @@ class LivePlot(Panel):
         self.controls_widget: Any = None
         self.widgets: list[Any] = []
         self.figure: Any = None  # the final figure, once the run ended
-        self._height = height
         self._shown_spec: dict[str, Any] = {}
         self._snapshot_at = 0.0
         self._marked = 0  # restarts marked so far
@@ -162,9 +161,9 @@ class LivePlot(Panel):
             x_axis=view.x_axis, layout=view.shared.layout, _dom_classes=("nk-plot-controls",)
         )
         self.plot = PlotWidget(
-            spec=_spec([], [], "step", self._height, None),
+            spec=_spec([], [], "step", None),
             controls=self.controls_widget.model_id,
-            layout=widgets.Layout(height=f"{self._height}px"),  # before the script arrives
+            layout=widgets.Layout(height=f"{PLOT_HEIGHT}px"),  # before the script arrives
             _dom_classes=("nk-plot",),
         )
         self.controls_widget.plot = self.plot.model_id  # before any route: from here, never
@@ -227,7 +226,7 @@ class LivePlot(Panel):
             self.x_unit = unit  # settled once a unit shows or two epochs passed
         names = list(self.feed.names)
         x_metric = self.x_metric
-        spec = _spec(names, eval_metrics(self.feed.counts), self.x_unit, self._height, x_metric)
+        spec = _spec(names, eval_metrics(self.feed.counts), self.x_unit, x_metric)
         if self.marks:
             spec["marks"] = self.marks
         if spec != self._shown_spec:  # with x_metric, the controls offer the x-axis switch
@@ -272,11 +271,10 @@ class LivePlot(Panel):
         return {"image/png": figure_png(self.figure), "text/plain": f"<plot of {names} by {unit}>"}
 
 
-def _spec(
-    names: list[str], evals: list[str], unit: XUnit, height: int, x_metric: str | None
-) -> dict[str, Any]:
+def _spec(names: list[str], evals: list[str], unit: XUnit, x_metric: str | None) -> dict[str, Any]:
     panels = [_panel_spec(panel) for panel in plan_panels(names)]
-    spec = {"panels": panels, "eval": evals, "x_label": unit, "height": height, "waiting": _WAITING}
+    spec = {"panels": panels, "eval": evals, "x_label": unit, "waiting": _WAITING}
+    spec["height"] = PLOT_HEIGHT
     if x_metric is not None:
         spec["x_metric"] = x_metric  # the logged epoch, which the x axis can show instead
     return spec

@@ -50,9 +50,7 @@ class RankOutput:
         >>> output = RankOutput((0, 1)); output.add(1, "stderr", "warning!"); output.refresh()
     """
 
-    def __init__(
-        self, ranks: tuple[int, ...] = (), nodes: dict[int, int] | None = None, shared: Any = None
-    ) -> None:
+    def __init__(self, ranks: tuple[int, ...] = (), shared: Any = None) -> None:
         import ipywidgets as widgets  # with the notebook view only
 
         from notebook_kit.live.shared_models import SharedModels
@@ -62,7 +60,7 @@ class RankOutput:
             layout=widgets.Layout(height=TABS_HEIGHT),  # the tab bar and a pane, before render
             _dom_classes=("nk-rank-output",),
         )
-        self.set_ranks(ranks, nodes)
+        self.set_ranks(ranks)
 
     def set_ranks(self, ranks: tuple[int, ...], nodes: dict[int, int] | None = None) -> None:
         """A tab for each of ``ranks`` (``nodes``: rank -> node, shown in the titles of a

@@ -41,18 +41,3 @@ class SharedModels:
             style=self.html_style,
             _dom_classes=tuple(classes),
         )
-
-    def box(
-        self,
-        children: Sequence[widgets.Widget],
-        classes: Sequence[str] = (),
-        layout: widgets.Layout | None = None,
-        vertical: bool = False,
-    ) -> widgets.Box:
-        """An HBox (or VBox) of ``children``, with the shared layout unless given one."""
-        kind = widgets.VBox if vertical else widgets.HBox
-        return kind(
-            list(children),
-            layout=self.layout if layout is None else layout,
-            _dom_classes=tuple(classes),
-        )

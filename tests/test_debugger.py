@@ -101,7 +101,8 @@ def test_q_raises_debugger_quit_naming_where_and_interrupted_raises_keyboard_int
 
 
 def test_no_line_skips_the_breakpoint_once_per_place_with_the_rank_and_place_named():
-    kernel = _Kernel([DebuggerLine(None), DebuggerLine(None)])
+    why = "this frontend allows no input"
+    kernel = _Kernel([DebuggerLine(None, why=why), DebuggerLine(None, why=why)])
     for _ in range(2):
         assert _with_trace_restored(lambda: _stops(kernel.session)) == 42
     said = [m.output for m in kernel.sent if isinstance(m, DebuggerLeft)]
@@ -198,3 +199,24 @@ def test_a_bad_break_ranks_value_is_refused_before_any_process_starts(
     with pytest.raises(ValueError, match=r"NOTEBOOK_KIT_BREAK_RANKS='one' is not a list of ranks"):
         notebook_launcher(lambda: 1, num_processes=2)
     assert "Launching" not in capsys.readouterr().out
+
+
+def _stops_on_every_rank() -> int:
+    import torch.distributed as dist
+
+    breakpoint()
+    return dist.get_rank() + 5
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_a_launch_with_no_cell_or_terminal_skips_each_ranks_breakpoint_and_goes_on(
+    capsys: pytest.CaptureFixture[str],
+):
+    from notebook_kit import notebook_launcher
+
+    assert notebook_launcher(_stops_on_every_rank, num_processes=2) == 5
+    shown = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"breakpoint() on rank {rank} at " in shown, shown
+    assert shown.count("skipped: no cell or terminal can answer here") == 2, shown

@@ -57,6 +57,13 @@ def ask_the_cell(output: str, prompt: str) -> str | None:
         raise
 
 
+def why_nobody_types() -> str:
+    """Why :func:`ask_the_cell` found nobody to ask, in the words of a skipped breakpoint."""
+    if not inspect.isbuiltin(builtins.input):
+        return "this frontend allows no input"
+    return "no cell or terminal can answer here (a script without one, a cluster's node)"
+
+
 def _can_type() -> bool:
     """Whether a line can be asked here: a kernel whose frontend allows input, or a terminal."""
     if not inspect.isbuiltin(builtins.input):  # the kernel's, during a cell
@@ -78,9 +85,15 @@ class DebuggerDesk:
         desk.turn(lambda rank, line: ...)   # asks in the cell, sends the line back
     """
 
-    def __init__(self, ask: Ask = ask_the_cell, say: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        ask: Ask = ask_the_cell,
+        say: Callable[[str], None] | None = None,
+        why: Callable[[], str] = why_nobody_types,
+    ) -> None:
         self.ask = ask
         self.say = say or _print
+        self.why = why  # asked when nobody could answer, for the rank's skip line
         self.waiting: dict[int, DebuggerPrompt] = {}  # in the order the ranks stopped
         self.holder: int | None = None  # the rank whose prompt was asked last
         self.answered = 0.0  # when the holder got its last line
@@ -135,7 +148,7 @@ class DebuggerDesk:
             self.forget(rank)
             answer(rank, DebuggerLine(None, interrupted=True))
             raise
-        answer(rank, DebuggerLine(text))
+        answer(rank, DebuggerLine(text, why=self.why() if text is None else ""))
         if text is None:  # nobody can type: the rank skips its breakpoint
             self.holder = holder
             self.named.clear()

@@ -280,12 +280,13 @@ class DebuggerLeft:
 class DebuggerLine:
     """The kernel's answer to a :class:`DebuggerPrompt` (kernel to worker, the other way).
 
-    ``text`` is the line typed; None when nobody can type (the frontend allows no input), so
-    the rank skips its breakpoint. ``interrupted``: the kernel was interrupted at the prompt.
+    ``text`` is the line typed; None when nobody can type, so the rank skips its breakpoint,
+    saying ``why``. ``interrupted``: the kernel was interrupted at the prompt.
     """
 
     text: str | None
     interrupted: bool = False
+    why: str = ""
 
 
 WorkerMessage = (

@@ -117,7 +117,7 @@ class _Channel:
         self.location = location
         self.prompt = f"(Pdb rank {session.rank}) "
         self.output: list[str] = []
-        self.skipped = False  # the frontend allows no input
+        self.skipped = ""  # why nobody can type at the prompt, when nobody can
         self.marked = False  # said on the group's store that this rank is in pdb
         self.interrupted = False  # the kernel was interrupted at the prompt
 
@@ -147,7 +147,7 @@ class _Channel:
             self.interrupted = True
             return "quit\n"
         if line.text is None:
-            self.skipped = True
+            self.skipped = line.why or "nobody can type at this prompt"
             self.mark(False)
             return "continue\n"
         return line.text + "\n"
@@ -178,7 +178,7 @@ class _RankPdb(pdb.Pdb):
         channel = self.channel
         if channel.skipped:
             channel.take_output()
-            channel.session.say_skipped(channel.location, "this frontend allows no input")
+            channel.session.say_skipped(channel.location, channel.skipped)
             return
         if not (self.continuing or self.quitting):
             return  # a step: the next prompt comes from the next line

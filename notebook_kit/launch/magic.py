@@ -137,7 +137,8 @@ class DistributedMagics(Magics):
                 self.shell.user_ns[chosen.out] = values
 
         if chosen.noblock:
-            handle = DistributedResult(f"[{next(self._cells)}]", ranks)
+            count = getattr(self.shell, "execution_count", None)  # the cell's In [N]
+            handle = DistributedResult(f"In [{count or next(self._cells)}]", ranks)
             start_in_background(handle, run, keep)
             self.last_noblock = (pool, handle)
             return handle

@@ -24,6 +24,7 @@ import nbformat
 from notebook_kit.cli.export_checks import (
     JOB_FOLDER,
     Cell,
+    call_name,
     kernel_only_cells,
     launch_test,
     launch_warnings,
@@ -104,16 +105,10 @@ def _parse(source: str, where: str) -> ast.Module:
             raise ExportError(f"{where}: {error.msg} (line {error.lineno}).") from error
 
 
-def _call_name(call: ast.Call) -> str | None:
-    """The called name: ``f`` for ``f(...)`` and ``obj.f(...)``; None for other callees."""
-    func = call.func
-    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-
-
 def _calls(node: ast.AST, names: tuple[str, ...]) -> bool:
     """Whether ``node`` contains a call of a function named one of ``names``."""
     return any(
-        isinstance(inner, ast.Call) and _call_name(inner) in names for inner in ast.walk(node)
+        isinstance(inner, ast.Call) and call_name(inner) in names for inner in ast.walk(node)
     )
 
 
@@ -126,7 +121,7 @@ def _is_display_only(statement: ast.stmt) -> bool:
     if isinstance(value, ast.Tuple):  # ``a, b.c``: the kernel shows the pair
         return all(_is_display_only(ast.Expr(element)) for element in value.elts)
     if isinstance(value, ast.Call):
-        name = _call_name(value)
+        name = call_name(value)
         return name == "display" or (isinstance(value.func, ast.Attribute) and name == "show")
     return False
 

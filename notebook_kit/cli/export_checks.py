@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 __all__ = [
     "JOB_FOLDER",
     "Cell",
+    "call_name",
     "kernel_only_cells",
     "launch_test",
     "launch_warnings",
@@ -51,14 +52,15 @@ def _called(node: ast.AST) -> list[ast.Call]:
     return [inner for inner in ast.walk(node) if isinstance(inner, ast.Call)]
 
 
-def _name(call: ast.Call) -> str | None:
+def call_name(call: ast.Call) -> str | None:
+    """The called name: ``f`` for ``f(...)`` and ``obj.f(...)``; None for other callees."""
     func = call.func
     return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
 
 
 def _makes_cluster(call: ast.Call) -> bool:
     """``local_cluster(...)``, ``LocalCluster(...)``, ``SLURMCluster(...)``, ``ray.init(...)``."""
-    name = _name(call) or ""
+    name = call_name(call) or ""
     if name == "init" and isinstance(call.func, ast.Attribute):
         return getattr(call.func.value, "id", "") == "ray"
     return name == "local_cluster" or name.endswith("Cluster")
@@ -109,7 +111,7 @@ def refusal(
     """
     cell = Cell(number, source, "").named
     if _POOL_MAGIC.search(source) or (
-        tree and any(_name(c) == "WorkerPool" for c in _called(tree))
+        tree and any(call_name(c) == "WorkerPool" for c in _called(tree))
     ):
         return (
             f"{cell} runs on a WorkerPool, whose warm workers live in the kernel; a script "
@@ -195,7 +197,7 @@ def kernel_only_cells(cells: list[Cell], is_launch: Callable[[ast.Call], bool]) 
     gone: dict[str, int] = {}  # a name only left-out cells bind -> the cell that bound it
     for index, (cell, tree) in enumerate(zip(cells, trees, strict=True)):
         reason = None
-        if any(_name(c) == "last_run" for c in _called(tree)):
+        if any(call_name(c) == "last_run" for c in _called(tree)):
             if index in launching:
                 raise ValueError(
                     f"{cell.named} launches and reads last_run(), the kernel's record of a "
@@ -227,7 +229,7 @@ def temporary_folder_calls(tree: ast.Module) -> list[ast.expr]:
     def visit(node: ast.AST) -> None:
         if isinstance(node, _SCOPES):
             return
-        if isinstance(node, ast.Call) and _name(node) == "mkdtemp":
+        if isinstance(node, ast.Call) and call_name(node) == "mkdtemp":
             func = node.func
             if isinstance(func, ast.Name) or (
                 isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "tempfile"
@@ -267,14 +269,14 @@ def launch_test(codes: list[str]) -> Callable[[ast.Call], bool]:
         for node in ast.walk(ast.parse(code))
         if isinstance(node, ast.Assign)
         and isinstance(node.value, ast.Call)
-        and _name(node.value) == "ConfigPanel"
+        and call_name(node.value) == "ConfigPanel"
         for target in node.targets
         if isinstance(target, ast.Name)
     }
 
     def is_launch(call: ast.Call) -> bool:
         func = call.func
-        if _name(call) in _LAUNCHERS:
+        if call_name(call) in _LAUNCHERS:
             return True
         return (
             isinstance(func, ast.Attribute)

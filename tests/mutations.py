@@ -3196,6 +3196,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_arch_p,
     mutations_arch_s,
     mutations_b53,
+    mutations_c53,
     mutations_events,
     mutations_export,
     mutations_g53,
@@ -3229,4 +3230,5 @@ MUTATIONS = (
     + mutations_p53.MUTATIONS
     + mutations_b53.MUTATIONS
     + mutations_w54.MUTATIONS
+    + mutations_c53.MUTATIONS
 )

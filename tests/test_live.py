@@ -29,6 +29,26 @@ def test_without_a_notebook_front_end_the_text_displays_are_chosen() -> None:
     assert isinstance(default_observer(False), QuietObserver)
 
 
+def test_without_a_notebook_progress_lines_come_every_interval_with_the_rate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    observer = HeadlessObserver(interval=0.0)  # a line at every tick
+    observer.on_start(_info(StopFlag()))
+    for step in (1, 2, 3):
+        observer.on_metrics(_batch(step, 10))
+        observer.on_tick()
+    observer.on_finish(LaunchSummary((RankSummary(0, 0, 1.0), RankSummary(1, 0, 1.0)), 1.0))
+    lines = capsys.readouterr().out.splitlines()
+    progress = [line for line in lines if line.startswith("[progress] ")]
+    assert [line.split(" · ")[0] for line in progress] == [
+        "[progress] step 1/10 (10%)",
+        "[progress] step 2/10 (20%)",
+        "[progress] step 3/10 (30%)",
+    ]
+    assert "steps/s" not in progress[0] and "steps/s" in progress[-1]  # from the first step on
+    assert "loss" in progress[-1] and lines[-1].startswith("[finished] step 3/10 (30%)")
+
+
 def test_rank_output_groups_lines_and_marks_errors() -> None:
     output = RankOutput((0, 1))
     output.add(0, "stdout", "epoch 0 <done>")

@@ -1,9 +1,10 @@
 """The messages of a cluster run, between the kernel, each node task and its node process.
 
-The kernel publishes a :class:`Control` (lease, Stop, abort) and a pool's :data:`NodeCommand`
-through its engine; each node task (``notebook_kit.node.task``) relays them to its node
-process (``notebook_kit.launch.node_process.process``) on the orders pipe, and the node's
-:data:`NodeEvent` and, last, its :data:`NodeOutcome` back to the kernel in batches.
+The kernel publishes a :class:`Control` (lease, Stop, abort) and sends a pool's
+:data:`NodeCommand` and the lines typed at a rank's pdb prompt (:class:`DebuggerAnswer`, on the
+same command topic) through its engine; each node task (``notebook_kit.node.task``) relays them
+to its node process (``notebook_kit.launch.node_process.process``) on the orders pipe, and the
+node's :data:`NodeEvent` and, last, its :data:`NodeOutcome` back to the kernel in batches.
 
 Every message is a frozen dataclass of this module, sealed plain data through the one codec
 (:mod:`notebook_kit.runtime.codec`). Every party runs the same notebook_kit (the pre-flight
@@ -22,6 +23,9 @@ from notebook_kit.errors import WorkerFailure
 from notebook_kit.runtime import codec, pool_commands
 from notebook_kit.runtime.codec import ProtocolError, Seal
 from notebook_kit.runtime.messages import (
+    DebuggerLeft,
+    DebuggerLine,
+    DebuggerPrompt,
     Failure,
     MetricsBatch,
     OutputLine,
@@ -39,6 +43,7 @@ __all__ = [
     "OUTCOME",
     "URGENT",
     "Control",
+    "DebuggerAnswer",
     "Interrupt",
     "LaunchStop",
     "NodeAnswer",
@@ -179,6 +184,15 @@ NodeCommand = RunCommand | StopCommand | Interrupt
 NODE_COMMANDS = (RunCommand, StopCommand, Interrupt)
 
 
+@dataclass(frozen=True)
+class DebuggerAnswer:
+    """The line typed in the kernel's cell at global ``rank``'s pdb prompt (a launch's or a
+    pool's: sent to every node like a pool command; the node holding ``rank`` writes it)."""
+
+    rank: int
+    line: DebuggerLine
+
+
 # -- node process to kernel ----------------------------------------------------------------
 
 
@@ -235,15 +249,17 @@ class NodeStacks:
     note: str = ""
 
 
-# A rank's lines and metrics travel as the runtime's own OutputLine and MetricsBatch.
+# A rank's lines, metrics and pdb prompts travel as the runtime's own messages (global ranks).
 NodeEvent = (
     OutputLine | MetricsBatch | NodePrint | NodeReady | NodeAnswer | NodeFinished | NodeStacks
-)
+    | DebuggerPrompt | DebuggerLeft
+)  # fmt: skip
 NODE_EVENTS = (
     OutputLine, MetricsBatch, NodePrint, NodeReady, NodeAnswer, NodeFinished, NodeStacks,
+    DebuggerPrompt, DebuggerLeft,
 )  # fmt: skip
 # Events the kernel waits for: the task sends them on at once, with every event before them.
-URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished, NodeStacks)
+URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished, NodeStacks, DebuggerPrompt, DebuggerLeft)
 
 
 @dataclass(frozen=True)
@@ -387,7 +403,7 @@ class NodeReport:
 # Every dataclass a frame may hold: :func:`decode` rebuilds none but these.
 _KINDS = codec.kinds_of(
     *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, StacksAsk, Rendezvous, NodeOrder,
-    Control,
+    Control, DebuggerAnswer, DebuggerLine,
     NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
     *pool_commands.KINDS.values(),
 )  # fmt: skip

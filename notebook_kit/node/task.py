@@ -4,7 +4,8 @@ The task thread of the engine's worker has its node process forked by the worker
 (:mod:`notebook_kit.node.zygote`: a fresh interpreter that imported torch once, as forking the
 multithreaded worker itself would copy locks held by its other threads), hands it the order
 over a pipe, and then only relays: the node's events go to the kernel in one batch a few
-times a second, and the kernel's control value (Stop, abort, lease) goes to the node. The node
+times a second, and the kernel's control value (Stop, abort, lease) and commands (a pool's, a
+line typed at a rank's pdb prompt) go to the node. The node
 process dies with this task's process, so a worker that dies takes its node with it; its
 guardian then stops the ranks.
 
@@ -155,8 +156,9 @@ def serve_node(order: NodeOrder, link: NodeLink, secret: bytes) -> NodeReport:
         relay.abandon()
         return NodeReport(order.node_rank, link.worker, ended_by="refused")
     control.start()
-    if order.pool:  # a pool's commands: every node hears each one, in the order sent
-        link.listen(relay.commanded)
+    # A pool's commands, and a launch's or a pool's lines typed at a rank's pdb prompt: every
+    # node hears each one, in the order sent, pushed (a control value would wait to be read).
+    link.listen(relay.commanded)
     try:
         return relay.run()
     finally:
@@ -186,7 +188,7 @@ class _Relay:
         self._ring.setblocking(False)
 
     def commanded(self, command: bytes) -> None:
-        """On the engine's thread: a pool command for the node process, in order; one the
+        """On the engine's thread: a command for the node process, in order; one the
         kernel did not seal (anyone who reaches the scheduler can post there) is dropped."""
         try:
             self.seal.open(command)

@@ -9,7 +9,11 @@ the control value, which every node task reads within a fraction of a second and
 Ctrl-C for its node.
 
 The kernel's loop never blocks here: the events arrive on the engine's thread, which queues
-them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on.
+them and writes a byte to ``wake``, a socket the launcher's steps yield to wait on. Only a
+rank's pdb prompt holds it, as on one machine: the loop asks it in the cell (one rank at a
+time, :class:`~notebook_kit.launch.debugger_desk.DebuggerDesk`) and sends the line typed to the
+nodes as a sealed command; the lease thread renews meanwhile, and the time spent there counts
+against no timeout (``debugged``).
 
 Whoever can reach the cluster can post on the run's event topic too. Every frame a node sends
 is sealed with the attempt's secret (:mod:`notebook_kit.runtime.codec`), which only the kernel
@@ -34,12 +38,14 @@ from notebook_kit.errors import WorkerFailure
 from notebook_kit.launch.cluster.cluster_stacks import ClusterStackDesk
 from notebook_kit.launch.cluster.engine import Engine, NodeTask
 from notebook_kit.launch.cluster.failures import node_lost, on_kernel_clock
+from notebook_kit.launch.debugger_desk import DebuggerDesk
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.node.protocol import (
     CONTROL_PERIOD_SECONDS,
     NODE_EVENTS,
     NODE_OUTCOMES,
     Control,
+    DebuggerAnswer,
     NodeAnswer,
     NodeCommand,
     NodeError,
@@ -62,7 +68,13 @@ from notebook_kit.node.protocol import (
     encode,
 )
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import MetricsBatch, OutputLine
+from notebook_kit.runtime.messages import (
+    DebuggerLeft,
+    DebuggerLine,
+    DebuggerPrompt,
+    MetricsBatch,
+    OutputLine,
+)
 
 __all__ = [
     "END_GRACE_SECONDS",
@@ -121,6 +133,8 @@ class ClusterAttempt:
         self.failed_nodes: set[int] = set()
         self.stacks = ClusterStackDesk()  # stacks() asks here (a pool: during each command)
         self._stacks_asked = (0, 0.0)  # the latest request's number and a node's seconds
+        self.debugger = DebuggerDesk()  # the nodes' ranks' pdb prompts, asked in the cell
+        self.debugged = 0.0  # seconds spent at those prompts: nobody's timeout
         self._lease = 0
         self._lease_done = threading.Event()
         self._lease_thread = threading.Thread(target=self._renew, daemon=True)
@@ -183,7 +197,15 @@ class ClusterAttempt:
         """
         with self.stacks.turn():
             self.stacks.take(self)
-            return self._step(timeout)
+            running = self._step(timeout)
+        if running and not self.abort:
+            self.debugged += self.debugger.turn(self._answer_debugger)
+        return running
+
+    def _answer_debugger(self, rank: int, line: DebuggerLine) -> None:
+        """The line typed at ``rank``'s prompt, to every node (the one holding it writes it):
+        on the command topic, pushed and sealed, as a pool's commands."""
+        self.engine.command(self.names, encode(DebuggerAnswer(rank, line), self.seal))
 
     def ask_stacks(self, seconds: float) -> int:
         """Publish a new stacks() request, ``seconds`` for each node; its number."""
@@ -276,6 +298,8 @@ class ClusterAttempt:
             self.answers[event.node] = event
         elif isinstance(event, NodeStacks):
             self.stacks.on_stacks(event)
+        elif isinstance(event, (DebuggerPrompt, DebuggerLeft)):  # a rank's pdb, on its node
+            self.debugger.receive(event)
         elif isinstance(event, NodeFinished):
             # A node asked to stop (SIGTERM: preempted) stops the run as the Stop button does.
             self.result.stopped = self.result.stopped or event.stopped

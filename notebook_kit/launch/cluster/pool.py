@@ -211,7 +211,8 @@ class ClusterNodes:
                 if len(got) == len(self.workers):  # (a node's ranks interrupted for a rank
                     return  # elsewhere: that rank's error is the command's)
                 now = time.monotonic()
-                if deadline is not None and now >= deadline and not outcome.timed_out:
+                ran = now - self._attempt.debugged  # the time at a rank's pdb prompt is not run
+                if deadline is not None and ran >= deadline and not outcome.timed_out:
                     outcome.timed_out = True
                 if self.stop_flag.is_set() and not stop_sent:
                     stop_sent = True

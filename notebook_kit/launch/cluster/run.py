@@ -205,7 +205,8 @@ def _attempt(
     try:
         attempt.start()
         while attempt.step(0.0):
-            if timeout is not None and time.monotonic() - started > timeout:
+            running_for = time.monotonic() - started - attempt.debugged  # (not at a pdb prompt)
+            if timeout is not None and running_for > timeout:
                 attempt.result.timed_out = True
                 attempt.end_all("timeout")
                 break

@@ -10,6 +10,9 @@ local launch because the kernel is on another machine.
 - **Restarts count as the kernel's.** The kernel starts every node again after a failure;
   each node's launcher numbers its ranks' ``NOTEBOOK_KIT_RESTART_COUNT`` from the kernel's
   count, as a local launch does.
+- **pdb is the kernel's.** A rank's ``breakpoint()`` prompts in the kernel's cell: the node's
+  supervisor sends each prompt home and writes the line typed there back to the rank
+  (:mod:`notebook_kit.launch.node_process.node_debugger`).
 - **What the launcher prints reaches the kernel.** The stall report (``stall_seconds``) and
   anything else the node process prints go to the kernel as ``print`` events, which it
   prints where a local launch would.
@@ -32,6 +35,7 @@ from notebook_kit.launch.launchers.driver import run_blocking
 from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.plan import Call
+from notebook_kit.launch.supervisor import Supervisor
 from notebook_kit.node.protocol import NodePrint
 from notebook_kit.runtime.context import current_launch
 
@@ -69,8 +73,23 @@ def launch_node(
     function, args, kwargs = call
     if plan.node_rank != 0:
         call = (OffHomeCall(function), args, kwargs)
-    launcher = ForkedLauncher(plan, seat, restarts_before=restart_count)
+    launcher = _NodeLauncher(plan, relay, seat, restarts_before=restart_count)
     return run_blocking(launcher.run(call, relay))
+
+
+class _NodeLauncher(ForkedLauncher):
+    """A node's forked launch whose ranks' pdb prompts are asked in the kernel's cell."""
+
+    def __init__(
+        self, plan: LaunchPlan, relay: RelayObserver, seat: NodeSeat, restarts_before: int
+    ) -> None:
+        super().__init__(plan, seat, restarts_before)
+        self.relay = relay
+
+    def fork(self, call: Call, supervisor: Supervisor, *rest: Any) -> None:
+        """As on one machine, with the supervisor's prompts sent home instead of asked here."""
+        supervisor.debugger = self.relay.debugger
+        super().fork(call, supervisor, *rest)
 
 
 class _KernelPrint(io.TextIOBase):

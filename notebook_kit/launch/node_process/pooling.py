@@ -27,6 +27,7 @@ from notebook_kit.launch.pool.workers import PersistentLauncher, PoolProcesses
 from notebook_kit.live.observer import Stream
 from notebook_kit.node.protocol import (
     NODE_COMMANDS,
+    DebuggerAnswer,
     Interrupt,
     LaunchStop,
     NodeAnswer,
@@ -87,9 +88,13 @@ class _NodeView:
 
     def _read(self) -> NodeCommand | None:
         seal = self.relay.seal
-        order = decode(self.orders.recv_bytes(), *NODE_COMMANDS, LaunchStop, StacksAsk, seal=seal)
+        kinds = (*NODE_COMMANDS, LaunchStop, StacksAsk, DebuggerAnswer)
+        order = decode(self.orders.recv_bytes(), *kinds, seal=seal)
         if isinstance(order, StacksAsk):  # the kernel's stacks() during a command
             self.relay.ask_stacks(order)
+            return None
+        if isinstance(order, DebuggerAnswer):  # a line typed at a rank's pdb prompt
+            self.relay.debugger.take(order)
             return None
         return None if isinstance(order, LaunchStop) else order  # a launch's: not a pool's
 
@@ -101,6 +106,7 @@ def serve_node_pool(
     stop_flag = StopFlag()
     processes = PoolProcesses(plan, stop_flag)
     processes.check_after_fault = False  # the kernel asks every node to check at once
+    processes.supervisor.debugger = relay.debugger  # a rank's pdb prompts: the kernel's cell
     try:
         launcher = PersistentLauncher(plan, processes, 0, seat)
         run_blocking(launcher.run(launcher.call(), observer=None))

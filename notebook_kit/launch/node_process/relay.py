@@ -4,19 +4,22 @@ Every observer call becomes one encoded event frame on the pipe to the task, whi
 them to the scheduler (an event the kernel waits for leaves at once). A launch's one message
 back, :class:`~notebook_kit.node.protocol.LaunchStop`, sets this node's stop flag, so the ranks'
 stop vote ends every node at the same step, as the Stop button does on one machine (SIGTERM
-too: :meth:`RelayObserver.preempt`).
+too: :meth:`RelayObserver.preempt`). A line typed at a rank's pdb prompt comes back too, for
+the supervisor's desk (:mod:`notebook_kit.launch.node_process.node_debugger`).
 """
 
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
 
+from notebook_kit.launch.node_process.node_debugger import RelayedDesk
 from notebook_kit.launch.node_process.node_stacks import NodeStackAnswers
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.node.protocol import (
     EVENT,
     URGENT,
     URGENT_EVENTS,
+    DebuggerAnswer,
     LaunchStop,
     NodeEvent,
     NodeFinished,
@@ -50,6 +53,7 @@ class RelayObserver:
         self._preempted = False  # SIGTERM arrived
         self._announced = False  # and the kernel was told
         self._stacks = NodeStackAnswers(node_rank)
+        self.debugger = RelayedDesk(self.send)  # the supervisor's desk: prompts go home
 
     def send(self, event: NodeEvent) -> None:
         tag = URGENT if isinstance(event, URGENT_EVENTS) else EVENT
@@ -83,9 +87,12 @@ class RelayObserver:
         self.send_stacks()
         try:
             while self._orders.poll(0):
-                order = decode(self._orders.recv_bytes(), LaunchStop, StacksAsk, seal=self.seal)
+                data = self._orders.recv_bytes()
+                order = decode(data, LaunchStop, StacksAsk, DebuggerAnswer, seal=self.seal)
                 if isinstance(order, StacksAsk):
                     self.ask_stacks(order)
+                elif isinstance(order, DebuggerAnswer):  # written by the supervisor's next turn
+                    self.debugger.take(order)
                 elif self._stop_flag is not None:
                     self._stop_flag.set()
         except (EOFError, OSError):

@@ -1,0 +1,81 @@
+"""``breakpoint()`` on a rank of a cluster node, typed at in a real kernel's cell.
+
+A Dask ``LocalCluster`` of two worker processes (made here, so what is left under its workers
+can be counted), one rank on each node: rank 1 runs on node 1, whose node process has no cell
+or terminal. Its prompt goes home as a node event; the kernel asks it with ``input()`` (each
+``input_request`` answered as a frontend does, ``allow_stdin=True``) and sends the line back
+to the node on the run's command topic.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.kernel_cells import real_kernel
+from tests.optional import needs
+from tests.test_cluster_integration import assert_nothing_left, local_cluster
+from tests.test_debugger_kernel_integration import LAUNCH, RANK_1, Cell, _run
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kernel,
+    needs("distributed", what="cluster runs"),
+]
+
+CONNECT = "from distributed import Client\nclient = Client({address!r})\nclient.wait_for_workers(2)"
+ON_NODES = ", cluster=client, num_nodes=2, num_processes=1, live=False"
+NEXT_LAUNCH = (
+    "print('next', notebook_launcher(lambda: 7, cluster=client, num_nodes=2, num_processes=1, "
+    "live=False))"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    with local_cluster() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def kernel(cluster: Any) -> Any:
+    """One kernel for the module, connected to the cluster (starting one costs seconds)."""
+    with real_kernel() as (manager, client):
+        connected = _run(client, CONNECT.format(address=cluster.scheduler.address))
+        assert connected.error is None, connected
+        yield client
+
+
+def _launch(options: str = "") -> str:
+    return LAUNCH.format(stop=RANK_1, options=ON_NODES + options).replace(
+        "num_processes=2, cluster", "cluster"
+    )
+
+
+def test_p_prints_rank_1s_variable_on_its_node_and_c_ends_the_run_normally(cluster, kernel):
+    lines = iter(["p secret", "p x", "c"])
+
+    def slowly(prompt: str, cell: Cell) -> str:
+        time.sleep(3.0)  # 9 s at the prompt in all: past the launch's timeout
+        return next(lines)
+
+    cell = _run(kernel, _launch(", timeout=8"), slowly, timeout=120)
+    assert cell.error is None, cell.error  # time at the prompt is not the launch's timeout
+    assert cell.prompts == ["(Pdb rank 1) "] * 3, cell.text
+    assert "\n41\n" in cell.text, cell.text  # rank 1's own variable, on node 1
+    assert "tensor([11.])" in cell.text, cell.text
+    assert "result 21.0" in cell.text, cell.text  # rank 0 on node 0 met it in all_reduce
+    assert_nothing_left(cluster)
+
+
+def test_q_on_a_node_ends_the_run_as_rank_1s_failure_and_the_next_launch_works(cluster, kernel):
+    cell = _run(kernel, _launch(), lambda prompt, cell: "q", timeout=120)
+    assert cell.error is not None and cell.error["ename"] == "ClusterWorkerError", cell
+    assert "rank 1" in cell.error["evalue"], cell.error["evalue"]
+    assert "quit the debugger" in cell.error["evalue"], cell.error["evalue"]
+    assert_nothing_left(cluster)
+    after = _run(kernel, NEXT_LAUNCH, timeout=120)
+    assert after.error is None and "next 7" in after.text, after
+    assert_nothing_left(cluster)

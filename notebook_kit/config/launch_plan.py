@@ -72,6 +72,7 @@ class LaunchPlan:
     stall_seconds: float | None = DEFAULT_STALL_SECONDS  # None: never show where ranks wait
     storage_timeout: int = 60  # seconds a checkpoint save waits on silent storage
     memory_history: bool = False  # each GPU rank records its allocations, for an OOM's snapshot
+    post_mortem: bool = False  # a rank that raises opens pdb in its frame before it reports
 
     @property
     def parallelism(self) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,6 +60,7 @@ def _launch_arguments(
     isolate: bool = False,
     stall_seconds: float | None = DEFAULT_STALL_SECONDS,
     min_nodes: int | None = None,
+    post_mortem: bool = False,
     config: LaunchConfig | None = None,
     observer: LaunchObserver | None = None,
     rdzv_backend: str | None = None,
@@ -114,6 +116,10 @@ def notebook_launcher(options: dict[str, Any]) -> Any:
             ``num_nodes``). A restart uses the workers there are then, from ``min_nodes`` to
             ``num_nodes`` of them, waiting up to ``rendezvous_timeout`` for enough; the world
             size may change between attempts (``load_state()`` resumes on any).
+        post_mortem: A rank that raises opens pdb in its failing frame, at the cell's prompt,
+            before it reports: ``p`` its locals, then ``q`` (or ``c``) and the failure goes on
+            as usual (docs/guarantees.md, "Debugging a rank"). Where the frontend allows no
+            input, one line says the post-mortem was skipped. Refused with ``cluster=``.
         fsdp: Every ``Accelerator`` made in the workers without an ``fsdp_plugin`` shards its
             model with FSDP2 (a default plugin, tuned by the ``FSDP_*`` variables).
         parallelism_config_dp_replicate_size, parallelism_config_dp_shard_size,
@@ -228,10 +234,12 @@ def resolve_plan(
     settings = resolve_launch_config(config, **check_explicit_settings(explicit))
     if isolate is None:
         isolate = arguments.check_bool("isolate", options.get("isolate", False))
-    return make_plan(
+    plan = make_plan(
         settings,
         timeout=options.get("timeout"),
         rendezvous_timeout=options.get("rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT),
         isolate=isolate,
         stall_seconds=options.get("stall_seconds", DEFAULT_STALL_SECONDS),
     )
+    post_mortem = arguments.check_bool("post_mortem", options.get("post_mortem", False))
+    return dataclasses.replace(plan, post_mortem=post_mortem)

@@ -17,7 +17,8 @@ keep their state), ``--noblock`` returns at once with a handle
 the last one), ``--local`` runs it in the kernel too, after the ranks, ``--out NAME`` puts
 every rank's value in the kernel as ``NAME = {rank: value}``, and ``--interleave`` prints the
 workers' lines as they arrive, each after its rank, instead of rank by rank
-(``--group-outputs``, the default).
+(``--group-outputs``, the default), and ``--pdb`` opens pdb in the failing rank's frame, in
+the cell, when the cell fails (``pool.debug()`` at once).
 
 Example:
     %load_ext notebook_kit
@@ -87,6 +88,7 @@ class DistributedMagics(Magics):
     @argument("--out", type=out_name, default=None, help="set NAME = {rank: value} here")
     @argument("--group-outputs", action="store_true", help="print lines rank by rank (default)")
     @argument("--interleave", action="store_true", help="print lines as they come, with rank")
+    @argument("--pdb", action="store_true", help="on a failure, pdb in the failing rank's frame")
     @argument("action", nargs="?", default=None, help="line form: 'close', 'restart' or 'wait'")
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None) -> Any:
@@ -142,7 +144,12 @@ class DistributedMagics(Magics):
             start_in_background(handle, run, keep)
             self.last_noblock = (pool, handle)
             return handle
-        value = run()
+        try:
+            value = run()
+        except WorkerError:
+            if chosen.pdb:
+                _post_mortem(pool)
+            raise
         if every:
             keep(value)
             value = None if cell.rstrip().endswith(";") else value[min(value)]
@@ -291,6 +298,14 @@ def _default_size() -> int | None:
         return None
     plan = resolve_plan({}, "%%distributed")
     return 2 if plan.device == "cpu" and plan.num_processes == 1 else None
+
+
+def _post_mortem(pool: WorkerPool) -> None:
+    """``--pdb``: pdb where the cell failed, before its error is shown; or why it cannot be."""
+    try:
+        pool.debug()
+    except (RuntimeError, ValueError) as refused:  # the workers were stopped as it failed
+        print(f"--pdb: {refused}", flush=True)
 
 
 class LocalRunFailed(Exception):

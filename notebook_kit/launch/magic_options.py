@@ -3,7 +3,8 @@
 They follow ipyparallel's ``%%px`` (``--targets``, ``--noblock``, ``--local``, ``-o``,
 ``--group-outputs``), with this pool's words: ``--ranks 1,2`` or ``--ranks 0:4:2`` (a Python
 slice of the pool's ranks), ``--noblock``, ``--local``, ``--out NAME``, ``--group-outputs``
-(rank by rank, the default) or ``--interleave`` (lines as they arrive, each after its rank).
+(rank by rank, the default) or ``--interleave`` (lines as they arrive, each after its rank),
+and ``--pdb`` (a cell that fails on a rank opens pdb in that rank's failing frame, at once).
 Everything here is checked before anything runs, and a bad option is IPython's ``UsageError``
 naming the option and the fix. The magic itself is :mod:`notebook_kit.launch.magic`.
 
@@ -30,11 +31,11 @@ __all__ = [
 ]
 
 # Options that mean something for a cell only, as the line form would ignore them.
-CELL_ONLY = ("ranks", "noblock", "local", "out", "group_outputs", "interleave")
+CELL_ONLY = ("ranks", "noblock", "local", "out", "group_outputs", "interleave", "pdb")
 
 _OPTIONS = (
     "-n, --pool, --cluster, --num-nodes, --ranks, --noblock, --local, --out, --group-outputs, "
-    "--interleave"
+    "--interleave, --pdb"
 )
 
 
@@ -124,6 +125,7 @@ class CellOptions:
     local: bool
     out: str | None
     interleave: bool
+    pdb: bool = False  # a failure opens pdb on the failing rank, in this cell
 
     @classmethod
     def from_arguments(cls, options: Any) -> CellOptions:
@@ -139,7 +141,16 @@ class CellOptions:
                 "does not wait for: drop one of them (or run the kernel's part in the next "
                 "cell, after `%distributed wait`)."
             )
-        return cls(options.ranks, options.noblock, options.local, options.out, options.interleave)
+        if options.noblock and options.pdb:
+            raise UsageError(
+                "--pdb asks pdb's prompt in this cell when the cell fails, but a --noblock cell "
+                "returns at once: drop --noblock, or leave --pdb out and call pool.debug() "
+                "after `%distributed wait` shows the failure."
+            )
+        return cls(
+            options.ranks, options.noblock, options.local, options.out, options.interleave,
+            options.pdb,
+        )  # fmt: skip
 
 
 def refuse_cell_options(options: Any) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "PoolCheck",
     "PoolClose",
     "PoolCommand",
+    "PoolDebug",
     "PoolPull",
     "PoolPush",
     "PoolRequest",
@@ -74,11 +75,17 @@ class PoolCheck:
 
 
 @dataclass(frozen=True)
+class PoolDebug:
+    """Open pdb on the traceback of this rank's last failed command (kept until the next
+    command), at the kernel's prompt; answered when the user leaves it."""
+
+
+@dataclass(frozen=True)
 class PoolClose:
     """Leave the process group and exit."""
 
 
-PoolCommand = PoolCell | PoolCall | PoolPush | PoolPull | PoolCheck | PoolClose
+PoolCommand = PoolCell | PoolCall | PoolPush | PoolPull | PoolCheck | PoolDebug | PoolClose
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,9 @@ class PoolRequest:
     command: PoolCommand
 
 
-KINDS = codec.kinds_of(PoolCell, PoolCall, PoolPush, PoolPull, PoolCheck, PoolClose, PoolRequest)
+KINDS = codec.kinds_of(
+    PoolCell, PoolCall, PoolPush, PoolPull, PoolCheck, PoolDebug, PoolClose, PoolRequest
+)
 
 
 def encode(request: PoolRequest) -> bytes:

@@ -12,11 +12,15 @@ rank's failure and the kernel stops the others (none is left waiting in a collec
 the frontend allows no input (``notebook-kit execute``, nbclient), the kernel answers with no
 line and the rank prints one line saying which breakpoint it skipped, then goes on.
 ``NOTEBOOK_KIT_BREAK_RANKS=1`` (or ``0,2``) limits the ranks that stop; the others skip.
+
+:func:`post_mortem` opens the same pdb on an exception's traceback, in the frame that raised
+it (``pool.debug()``, ``post_mortem=True``); there ``q`` and ``c`` both just leave it.
 """
 
 from __future__ import annotations
 
 import bdb
+import contextlib
 import os
 import pdb
 import sys
@@ -33,7 +37,7 @@ from notebook_kit.runtime.messages import (
 )
 from notebook_kit.worker.rendezvous import mark_debugging
 
-__all__ = ["BREAK_RANKS", "DebuggerQuit", "break_ranks", "install_debugger"]
+__all__ = ["BREAK_RANKS", "DebuggerQuit", "break_ranks", "install_debugger", "post_mortem"]
 
 BREAK_RANKS = "NOTEBOOK_KIT_BREAK_RANKS"
 
@@ -71,6 +75,29 @@ def install_debugger(rank: int, send: Send, answers: Connection) -> None:
     pdb.set_trace = session.set_trace  # type: ignore[assignment]
 
 
+def post_mortem(error: BaseException) -> bool:
+    """pdb in the frame that raised ``error``, at the kernel's prompt; False: no prompt here.
+
+    Ends when the user types ``q`` or ``c`` (neither raises: the failure goes on as it would
+    have), when nobody can type (one line says the post-mortem was skipped) or at Ctrl-C.
+    """
+    session = getattr(sys.breakpointhook, "__self__", None)
+    if not isinstance(session, _Session) or error.__traceback__ is None:
+        return False  # no answer pipe: a process the kernel cannot prompt for
+    last = error.__traceback__
+    while last.tb_next is not None:
+        last = last.tb_next
+    location = f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno}"
+    channel = _Channel(session, location, "post-mortem")
+    channel.write(f"Post-mortem of rank {session.rank}: {type(error).__name__}: {error}\n")
+    debugger = _RankPdb(channel)
+    debugger.reset()
+    with contextlib.suppress(DebuggerQuit):
+        debugger.interaction(None, error.__traceback__)
+    debugger.left()  # a step command ends a post-mortem too: there is no code to step into
+    return True
+
+
 class _Session:
     """This rank's way to the kernel's prompt; one pdb at a time, whichever thread stops."""
 
@@ -102,19 +129,20 @@ class _Session:
             channel.write(header + "\n")
         _RankPdb(channel).set_trace(frame)
 
-    def say_skipped(self, location: str, why: str) -> None:
+    def say_skipped(self, location: str, why: str, what: str = "breakpoint()") -> None:
         if location not in self.skipped:  # in the cell, with the prompts, not in the view
             self.skipped.add(location)
-            line = f"breakpoint() on rank {self.rank} at {location} skipped: {why}\n"
+            line = f"{what} on rank {self.rank} at {location} skipped: {why}\n"
             self.send(DebuggerLeft(self.rank, line))
 
 
 class _Channel:
     """pdb's stdin and stdout on one rank: output gathered, each line asked of the kernel."""
 
-    def __init__(self, session: _Session, location: str) -> None:
+    def __init__(self, session: _Session, location: str, what: str = "breakpoint()") -> None:
         self.session = session
         self.location = location
+        self.what = what  # named in the line of a skipped stop
         self.prompt = f"(Pdb rank {session.rank}) "
         self.output: list[str] = []
         self.skipped = ""  # why nobody can type at the prompt, when nobody can
@@ -178,14 +206,19 @@ class _RankPdb(pdb.Pdb):
         channel = self.channel
         if channel.skipped:
             channel.take_output()
-            channel.session.say_skipped(channel.location, channel.skipped)
+            channel.session.say_skipped(channel.location, channel.skipped, channel.what)
             return
         if not (self.continuing or self.quitting):
             return  # a step: the next prompt comes from the next line
-        session = channel.session
-        channel.mark(False)
-        session.send(DebuggerLeft(session.rank, channel.take_output()))
+        self.left()
         if channel.interrupted:
             raise KeyboardInterrupt
         if self.quitting:
             raise DebuggerQuit(f"quit the debugger (q) at {channel.location}")
+
+    def left(self) -> None:
+        """Say in the cell that this rank left pdb (once), with what pdb printed last."""
+        channel = self.channel
+        if channel.marked or channel.output:
+            channel.mark(False)
+            channel.session.send(DebuggerLeft(channel.session.rank, channel.take_output()))

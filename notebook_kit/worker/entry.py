@@ -6,6 +6,7 @@ kernel's code: it always leaves through ``os._exit``, so no kernel cleanup runs 
 
 from __future__ import annotations
 
+import bdb
 import contextlib
 import ctypes
 import dataclasses
@@ -31,7 +32,7 @@ from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.messages import Failure, Finished, Result, Send, WorkerMessage, weights_of
 from notebook_kit.runtime.seeding import set_seed
 from notebook_kit.runtime.weights_file import gather_and_store, store_home_weights
-from notebook_kit.worker.debugger import install_debugger
+from notebook_kit.worker.debugger import install_debugger, post_mortem
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.memory_history import recording_memory, run_folder
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
@@ -223,7 +224,10 @@ def _run(
         if exit_request.code not in (None, 0):
             return _report_exception(send, spec.rank, context.mesh_coordinates)
         value, ended = None, f"called sys.exit({exit_request.code!r})"
-    except BaseException:
+    except BaseException as error:
+        if spec.plan.post_mortem and _debuggable(error):  # before the kernel hears of it
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C at the prompt: the run ends
+                post_mortem(error)
         return _report_exception(send, spec.rank, context.mesh_coordinates)
     if not _report_result(send, spec, context, value, ended, stored):
         return 1
@@ -233,6 +237,11 @@ def _run(
     except BaseException:
         return _report_exception(send, spec.rank)
     return 0
+
+
+def _debuggable(error: BaseException) -> bool:
+    """An error of the function's own, not a quit pdb or an interrupt: worth a post-mortem."""
+    return isinstance(error, Exception) and not isinstance(error, bdb.BdbQuit)
 
 
 def _memory_recorded(spec: WorkerSpec) -> contextlib.AbstractContextManager[None]:

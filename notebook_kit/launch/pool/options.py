@@ -111,6 +111,7 @@ def pool_arguments(
     isolate: bool = True,
     stall_seconds: float | None = DEFAULT_STALL_SECONDS,
     min_nodes: int | None = None,
+    post_mortem: bool = False,
     config: LaunchConfig | None = None,
     send_limit: int = DEFAULT_SEND_LIMIT,
     cluster: Any = None,

@@ -27,6 +27,7 @@ from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weig
 from notebook_kit.launch.launchers.base import prepare_view
 from notebook_kit.launch.pool.backend import PoolBackend, RunOutcome, WorkersStopped
 from notebook_kit.launch.pool.options import pool_arguments, pool_backend, refuse_launch_only
+from notebook_kit.launch.pool.post_mortem import PostMortems
 from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
 from notebook_kit.launch.pool.shipping import (
     WorkerHoldings,
@@ -105,6 +106,7 @@ class WorkerPool:
         self._generation = 0
         self._stopped_because: str | None = None
         self._turns = Turns()
+        self._post_mortems = PostMortems()  # what pool.debug() may open
         self._open()
         with interrupt_latch():
             self._start()
@@ -275,6 +277,14 @@ class WorkerPool:
         return decode_value(outcome.answers[rank].value, rank, for_display=False)
 
     @one_command_at_a_time
+    def debug(self, rank: int | None = None) -> None:
+        """pdb in the frame where the last failed command raised, on ``rank`` (default: the
+        root-cause rank), asked in the cell; ``q`` leaves it, the workers keep everything.
+        Refused before anything is sent when no command failed, ``rank`` did not fail, or the
+        workers were stopped or restarted since. Example: ``pool.debug(rank=1)``."""
+        self._post_mortems.open(rank, self.world_size, self.pids, self._execute)
+
+    @one_command_at_a_time
     def restart(self) -> None:
         """Stop the workers and start new ones (everything defined on them is lost).
 
@@ -364,6 +374,7 @@ class WorkerPool:
             view.on_finish(run_summary(outcome, error, codes, started, stopped))
         for name, value in (shipped or {}).items():
             self._holdings.remember(name, value)
+        self._post_mortems.note(command, what, outcome, error, processes.pids)
         if error is not None and not processes.restarts_after_fault:
             self._close_now()  # (a cluster's nodes, chosen among the workers of that moment)
         raise_for(outcome, error, self._plan.timeout, processes)

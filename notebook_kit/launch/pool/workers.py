@@ -200,6 +200,8 @@ class PoolProcesses:
                 group is out of step after a fault).
         """
         number = next(self._numbers)
+        if isinstance(command, pool_commands.PoolDebug):
+            timeout = None  # the user at the prompt takes the time they need
         self._poll()
         self.raise_if_dead("before the command started")
         self.relay.answers = {}
@@ -390,7 +392,7 @@ class PersistentLauncher(ForkedLauncher):
         # The kernel's write ends: closed in every child forked from now on.
         _kernel_ends.update(channels.senders + channels.interrupters)
         self.processes.channels = channels
-        return serve_pool, (channels,), {}
+        return serve_pool, (channels,), {"post_mortem": self.plan.post_mortem}
 
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
         """Fork, then wait until every rank reported it is ready; stop them all on any error.

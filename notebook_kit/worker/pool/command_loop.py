@@ -9,8 +9,12 @@ progress and the Stop button work per run exactly as in a launch.
 
 Commands (:mod:`notebook_kit.runtime.pool_commands`, one typed request at a time on the
 command pipe): a cell (source code for the namespace), a call (a function and its arguments),
-push and pull (names), a check (is the process group still in step?) and close. Every command
-but close is answered with one :class:`~notebook_kit.runtime.messages.PoolAnswer`.
+push and pull (names), a check (is the process group still in step?), debug and close. Every
+command but close is answered with one :class:`~notebook_kit.runtime.messages.PoolAnswer`.
+
+The exception of the last command that failed here is kept, with its frames, until the next
+command (but a check or a debug) drops it: debug opens pdb on it at the kernel's prompt
+(``pool.debug()``), and with ``post_mortem=True`` a failed command opens it before answering.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
 from notebook_kit.runtime.weights_file import gather_and_store
+from notebook_kit.worker.debugger import post_mortem
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.memory_history import note_out_of_memory
 from notebook_kit.worker.pool import namespace as pool_namespace
@@ -76,8 +81,11 @@ class PoolChannels:
             connection.close()
 
 
-def serve_pool(channels: PoolChannels) -> None:
-    """A pool worker's function: serve the kernel's commands until the pool closes."""
+def serve_pool(channels: PoolChannels, post_mortem: bool = False) -> None:
+    """A pool worker's function: serve the kernel's commands until the pool closes.
+
+    ``post_mortem``: a command that raises opens pdb in its failing frame before answering.
+    """
     base = current_launch()
     assert base is not None, "serve_pool runs inside a worker launch"
     commands, interrupts = channels.take(base.local_rank)
@@ -85,7 +93,7 @@ def serve_pool(channels: PoolChannels) -> None:
         torch.cuda.set_device(base.local_rank)
     guard = Guard(interrupts)
     guard.watch()
-    loop = _Loop(base, guard)
+    loop = _Loop(base, guard, post_mortem)
     assert base.send is not None, "a pool worker talks to its kernel"
     base.send(Started(base.rank, os.getpid()))
     with contextlib.suppress(EOFError, OSError):  # the kernel went away: leave quietly
@@ -96,9 +104,11 @@ def serve_pool(channels: PoolChannels) -> None:
 class _Loop:
     """Runs one command at a time and answers it."""
 
-    def __init__(self, base: LaunchContext, guard: Guard) -> None:
+    def __init__(self, base: LaunchContext, guard: Guard, post_mortem: bool = False) -> None:
         self.base = base
         self.guard = guard
+        self.post_mortem = post_mortem
+        self.failed: BaseException | None = None  # the last failed command's, for debug
         # The check meets in a group of its own: in the default group it could pair with a
         # collective that one rank left pending there and pass.
         self.check_group = dist.new_group(backend="gloo")
@@ -113,6 +123,8 @@ class _Loop:
             status, detail = self._check(pool_commands.CHECK_SECONDS)
             self._answer(PoolAnswer(number, status, detail=detail))
             return True
+        if not isinstance(command, pool_commands.PoolDebug):
+            self.failed = None  # its frames hold what the failed command made: let them go
         context = dataclasses.replace(
             self.base, prepared_models=[], extensions={}, weight_gatherers={}, gathered_weights={}
         )
@@ -135,6 +147,11 @@ class _Loop:
             return value, self._weights_home(home, command.weights_fd, context)
         if isinstance(command, pool_commands.PoolPush):
             space.update(pickle.loads(command.payload))
+            return None, {}
+        if isinstance(command, pool_commands.PoolDebug):
+            if self.failed is None:  # the kernel refuses first; a stale request says so here
+                raise RuntimeError("no command failed on this rank since the last one")
+            post_mortem(self.failed)
             return None, {}
         if isinstance(command, pool_commands.PoolPull):
             if command.name not in space:
@@ -166,6 +183,10 @@ class _Loop:
     def _answer_run(self, command: int, status: str, value: Any, want_value: bool) -> None:
         if status == "error":
             note_out_of_memory(value)  # memory_history: its snapshot and note, in the traceback
+            if self.failed is None:  # (a debug that failed keeps the command it was for)
+                self.failed = value
+                if self.post_mortem:
+                    self._post_mortem_now(value)
             failure = Failure.from_exception(value, value.__traceback__, _HIDDEN_FILES, False)
             self._answer(PoolAnswer(command, "error", failure=failure))
             return
@@ -175,6 +196,12 @@ class _Loop:
         result, weights = value
         encoded = _encode_value(result) if want_value else None
         self._answer(PoolAnswer(command, "ok", weights=weights, value=encoded))
+
+    def _post_mortem_now(self, error: BaseException) -> None:
+        """``post_mortem=True``: pdb in the failing frame, before the kernel hears of it (the
+        other ranks run on meanwhile, or wait for this one); Ctrl-C there ends only pdb."""
+        with contextlib.suppress(KeyboardInterrupt):
+            post_mortem(error)
 
     def _answer(self, answer: PoolAnswer) -> None:
         libc_flush()  # what C code printed reaches the kernel before the answer

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from notebook_kit.launch.cluster.attempt import NODE_SILENCE_SECONDS
+from notebook_kit.node.protocol import LEASE_SECONDS
 from tests.kernel_cells import real_kernel
 from tests.optional import needs
 from tests.test_cluster_integration import assert_nothing_left, local_cluster
@@ -42,7 +44,7 @@ def cluster() -> Any:
 @pytest.fixture(scope="module")
 def kernel(cluster: Any) -> Any:
     """One kernel for the module, connected to the cluster (starting one costs seconds)."""
-    with real_kernel() as (manager, client):
+    with real_kernel() as (_, client):
         connected = _run(client, CONNECT.format(address=cluster.scheduler.address))
         assert connected.error is None, connected
         yield client
@@ -56,13 +58,16 @@ def _launch(options: str = "") -> str:
 
 def test_p_prints_rank_1s_variable_on_its_node_and_c_ends_the_run_normally(cluster, kernel):
     lines = iter(["p secret", "p x", "c"])
+    past = max(LEASE_SECONDS, NODE_SILENCE_SECONDS) + 2.0
 
     def slowly(prompt: str, cell: Cell) -> str:
-        time.sleep(3.0)  # 9 s at the prompt in all: past the launch's timeout
+        # At the first prompt past the kernel's lease and a node's silence: the kernel's loop
+        # waits in input(), the lease thread and the nodes' heartbeats go on.
+        time.sleep(past if cell.prompts == [prompt] else 1.0)
         return next(lines)
 
-    cell = _run(kernel, _launch(", timeout=8"), slowly, timeout=120)
-    assert cell.error is None, cell.error  # time at the prompt is not the launch's timeout
+    cell = _run(kernel, _launch(", timeout=8"), slowly, timeout=180)
+    assert cell.error is None, cell.error  # nor the launch's timeout, nor a lost node
     assert cell.prompts == ["(Pdb rank 1) "] * 3, cell.text
     assert "\n41\n" in cell.text, cell.text  # rank 1's own variable, on node 1
     assert "tensor([11.])" in cell.text, cell.text
@@ -78,4 +83,33 @@ def test_q_on_a_node_ends_the_run_as_rank_1s_failure_and_the_next_launch_works(c
     assert_nothing_left(cluster)
     after = _run(kernel, NEXT_LAUNCH, timeout=120)
     assert after.error is None and "next 7" in after.text, after
+    assert_nothing_left(cluster)
+
+
+POOL = """\
+from notebook_kit import WorkerPool
+pool = WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False)
+
+def step():
+    import torch, torch.distributed as dist
+    x = torch.tensor([float(dist.get_rank())])
+    if dist.get_rank() == 1:
+        breakpoint()
+    dist.all_reduce(x)
+    return float(x)
+"""
+
+
+def test_a_cluster_pool_command_opens_pdb_on_rank_1s_node_and_q_fails_the_command(cluster, kernel):
+    assert _run(kernel, POOL, timeout=120).error is None
+    answers = iter(["p x", "c"])
+    cell = _run(kernel, "print('got', pool.run(step))", lambda p, c: next(answers), timeout=120)
+    assert cell.error is None, cell
+    assert cell.prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "], cell.text
+    assert "tensor([1.])" in cell.text and "got 1.0" in cell.text, cell.text
+    quit_cell = _run(kernel, "pool.run(step)", lambda p, c: "q", timeout=120)
+    assert quit_cell.error is not None, quit_cell
+    assert "rank 1" in quit_cell.error["evalue"], quit_cell.error
+    assert "quit the debugger" in quit_cell.error["evalue"], quit_cell.error
+    assert _run(kernel, "pool.close()", timeout=60).error is None
     assert_nothing_left(cluster)

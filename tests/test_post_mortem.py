@@ -153,3 +153,11 @@ def test_a_launch_with_post_mortem_and_nobody_to_type_says_it_skipped_and_fails_
     shown = capsys.readouterr().out
     assert "post-mortem on rank 1 at " in shown and "skipped: no cell or terminal" in shown
     assert notebook_launcher(lambda: 7, num_processes=2, live=False) == 7
+
+
+def test_only_an_error_of_the_ranks_own_code_is_worth_a_post_mortem():
+    peer_gone = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+    assert debugger.worth_a_post_mortem(_error())
+    assert not debugger.worth_a_post_mortem(peer_gone)  # the peer that went has its own
+    assert not debugger.worth_a_post_mortem(debugger.DebuggerQuit("q at x.py:1"))
+    assert not debugger.worth_a_post_mortem(KeyboardInterrupt())

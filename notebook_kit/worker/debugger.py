@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
+from notebook_kit.errors import is_consequence
 from notebook_kit.runtime.messages import (
     DebuggerLeft,
     DebuggerPrompt,
@@ -37,7 +38,14 @@ from notebook_kit.runtime.messages import (
 )
 from notebook_kit.worker.rendezvous import mark_debugging
 
-__all__ = ["BREAK_RANKS", "DebuggerQuit", "break_ranks", "install_debugger", "post_mortem"]
+__all__ = [
+    "BREAK_RANKS",
+    "DebuggerQuit",
+    "break_ranks",
+    "install_debugger",
+    "post_mortem",
+    "worth_a_post_mortem",
+]
 
 BREAK_RANKS = "NOTEBOOK_KIT_BREAK_RANKS"
 
@@ -73,6 +81,14 @@ def install_debugger(rank: int, send: Send, answers: Connection) -> None:
     session = _Session(rank, send, answers)
     sys.breakpointhook = session.hook
     pdb.set_trace = session.set_trace  # type: ignore[assignment]
+
+
+def worth_a_post_mortem(error: BaseException) -> bool:
+    """An error of the rank's own code: not a quit pdb, an interrupt, an exit, nor an error
+    that only says a peer went away (its cause is on that peer, which has its own)."""
+    if not isinstance(error, Exception) or isinstance(error, bdb.BdbQuit):
+        return False
+    return not is_consequence(type(error).__qualname__, str(error))
 
 
 def post_mortem(error: BaseException) -> bool:

@@ -6,7 +6,6 @@ kernel's code: it always leaves through ``os._exit``, so no kernel cleanup runs 
 
 from __future__ import annotations
 
-import bdb
 import contextlib
 import ctypes
 import dataclasses
@@ -32,7 +31,7 @@ from notebook_kit.runtime.context import LaunchContext, StopFlag, active_launch
 from notebook_kit.runtime.messages import Failure, Finished, Result, Send, WorkerMessage, weights_of
 from notebook_kit.runtime.seeding import set_seed
 from notebook_kit.runtime.weights_file import gather_and_store, store_home_weights
-from notebook_kit.worker.debugger import install_debugger, post_mortem
+from notebook_kit.worker.debugger import install_debugger, post_mortem, worth_a_post_mortem
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.memory_history import recording_memory, run_folder
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
@@ -225,7 +224,7 @@ def _run(
             return _report_exception(send, spec.rank, context.mesh_coordinates)
         value, ended = None, f"called sys.exit({exit_request.code!r})"
     except BaseException as error:
-        if spec.plan.post_mortem and _debuggable(error):  # before the kernel hears of it
+        if spec.plan.post_mortem and worth_a_post_mortem(error):  # before the kernel hears
             with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C at the prompt: the run ends
                 post_mortem(error)
         return _report_exception(send, spec.rank, context.mesh_coordinates)
@@ -237,11 +236,6 @@ def _run(
     except BaseException:
         return _report_exception(send, spec.rank)
     return 0
-
-
-def _debuggable(error: BaseException) -> bool:
-    """An error of the function's own, not a quit pdb or an interrupt: worth a post-mortem."""
-    return isinstance(error, Exception) and not isinstance(error, bdb.BdbQuit)
 
 
 def _memory_recorded(spec: WorkerSpec) -> contextlib.AbstractContextManager[None]:

@@ -38,7 +38,7 @@ from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import LaunchContext, active_launch, current_launch
 from notebook_kit.runtime.messages import Failure, PoolAnswer, Started, weights_of
 from notebook_kit.runtime.weights_file import gather_and_store
-from notebook_kit.worker.debugger import post_mortem
+from notebook_kit.worker.debugger import post_mortem, worth_a_post_mortem
 from notebook_kit.worker.host_pickling import dumps_for_kernel
 from notebook_kit.worker.memory_history import note_out_of_memory
 from notebook_kit.worker.pool import namespace as pool_namespace
@@ -185,7 +185,7 @@ class _Loop:
             note_out_of_memory(value)  # memory_history: its snapshot and note, in the traceback
             if self.failed is None:  # (a debug that failed keeps the command it was for)
                 self.failed = value
-                if self.post_mortem:
+                if self.post_mortem and worth_a_post_mortem(value):
                     self._post_mortem_now(value)
             failure = Failure.from_exception(value, value.__traceback__, _HIDDEN_FILES, False)
             self._answer(PoolAnswer(command, "error", failure=failure))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from notebook_kit.launch.native_stacks import NativeDumps, native_note
+from notebook_kit.live.stacks_panel import answer_asks
 from notebook_kit.worker.stacks import STACKS_SIGNAL
 
 __all__ = [
@@ -277,6 +278,9 @@ def ask_stacks(timeout: float = DEFAULT_TIMEOUT) -> Any:
 
     threading.Thread(target=collect, name="notebook_kit-stacks-ask", daemon=True).start()
     return future
+
+
+answer_asks(stacks=ask_stacks)  # the view's Stacks button asks through it
 
 
 def gather(desk: StackDesk, timeout: float, request: Any = None) -> RankStacks:

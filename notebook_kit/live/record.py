@@ -20,6 +20,7 @@ from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.progress_bar import ProgressPanel, StatusPanel
 from notebook_kit.live.rank_output import RankOutputPanel
 from notebook_kit.live.speed import Speed, SpeedPanel
+from notebook_kit.live.stacks_panel import StacksPanel
 from notebook_kit.live.stop_button import StopPanel
 from notebook_kit.live.summary import SummaryPanel
 from notebook_kit.runtime.messages import MetricsBatch, OutputLine
@@ -35,6 +36,7 @@ PANELS: tuple[type[Panel], ...] = (
     LivePlot,
     SpeedPanel,
     EvalTablePanel,
+    StacksPanel,
     RankOutputPanel,
 )
 

@@ -76,7 +76,8 @@ def test_p_prints_rank_1s_variable_on_its_node_and_c_ends_the_run_normally(clust
 
 
 def test_q_on_a_node_ends_the_run_as_rank_1s_failure_and_the_next_launch_works(cluster, kernel):
-    cell = _run(kernel, _launch(), lambda prompt, cell: "q", timeout=120)
+    # Its own bound, under the breakage checker's per-test one: a line lost on its way hangs.
+    cell = _run(kernel, _launch(), lambda prompt, cell: "q", timeout=60)
     assert cell.error is not None and cell.error["ename"] == "ClusterWorkerError", cell
     assert "rank 1" in cell.error["evalue"], cell.error["evalue"]
     assert "quit the debugger" in cell.error["evalue"], cell.error["evalue"]

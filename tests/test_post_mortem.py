@@ -161,3 +161,33 @@ def test_only_an_error_of_the_ranks_own_code_is_worth_a_post_mortem():
     assert not debugger.worth_a_post_mortem(peer_gone)  # the peer that went has its own
     assert not debugger.worth_a_post_mortem(debugger.DebuggerQuit("q at x.py:1"))
     assert not debugger.worth_a_post_mortem(KeyboardInterrupt())
+
+
+_KEEPS_A_BIG_OBJECT = """\
+import weakref
+class Big:
+    pass
+def fails():
+    big = Big()
+    global seen
+    seen = weakref.ref(big)
+    1 / 0
+fails()
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_a_pool_keeps_the_failed_frames_until_the_next_command_and_post_mortem_opens_at_once(
+    capsys: pytest.CaptureFixture[str],
+):
+    from notebook_kit import WorkerError, WorkerPool
+
+    with WorkerPool(num_processes=2, live=False, post_mortem=True) as pool:
+        with pytest.raises(WorkerError, match="ZeroDivisionError"):
+            pool.run_cell(_KEEPS_A_BIG_OBJECT)
+        shown = capsys.readouterr().out  # each rank tried its post-mortem before answering
+        assert shown.count("skipped: no cell or terminal") == 2, shown
+        assert "post-mortem on rank 0 at <distributed cell" in shown, shown
+        kept = "import gc\ngc.collect()\nseen() is not None"
+        assert pool.run_cell(kept) is False  # that command dropped the failure's frames

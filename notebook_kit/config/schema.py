@@ -266,11 +266,12 @@ CALL_SETTINGS: dict[str, Setting] = _declare(
         "Fewest nodes a cluster run restarts on after losing some; empty = num_nodes.",
         int | None, optional=True, minimum=1, ceiling=MAX_NODES, scope=("kernel", "launch"),
     ),
-    # Asked at the kernel's prompt: a cluster's node has no cell to ask it in.
+    # Asked at the kernel's prompt, by forked ranks; not yet by a cluster's.
     Setting(
         "post_mortem", "bool", False,
         "A rank that raises opens pdb in its failing frame, in the cell.",
-        bool, scope=("cluster",), cluster_decides="a node's ranks have no cell to type at",
+        bool, scope=("cluster",),
+        cluster_decides="a cluster's ranks open no post-mortem yet; debug it in a local run",
     ),
 )  # fmt: skip
 

@@ -141,6 +141,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_POOL_AT_ONCE,),
     ),
     Mutation(
+        "pool-timeout-counts-time-at-the-prompt",
+        "the time a pool command waits at a pdb prompt counts against no timeout=",
+        (
+            Edit(
+                "launch/pool/workers.py",
+                "deadline + self.at_prompt  # not the code's",
+                "deadline  # not the code's",
+            ),
+        ),
+        (f"{_KERNEL}test_the_time_at_a_pool_ranks_prompt_counts_against_no_timeout",),
+    ),
+    Mutation(
         "distributed-pdb-ignored",
         "%%distributed --pdb opens the failing rank's post-mortem in the same cell",
         (Edit("launch/magic.py", "            if chosen.pdb:\n", "            if False:\n"),),

@@ -6,6 +6,8 @@ answered with an ``input_reply`` (``tests/test_debugger_kernel_integration.py`` 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.kernel_cells import real_kernel
@@ -136,5 +138,26 @@ def test_a_pool_with_post_mortem_opens_each_failed_command_at_once():
         assert failed.error is not None and "ZeroDivisionError" in failed.error["evalue"]
         again = _run(client, "print('again', pool.run_cell('x'), pool.restarts)")
         assert again.error is None and "again 5 0" in again.text, again
+        _run(client, "pool.close()")
+        _no_children(manager)
+
+
+def test_the_time_at_a_pool_ranks_prompt_counts_against_no_timeout():
+    def slowly(prompt: str, cell: Cell) -> str:
+        time.sleep(3.0)  # past the pool's timeout=2
+        return "c"
+
+    code = (
+        "import time, torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n"
+        "    breakpoint()\n"
+        "time.sleep(0.3)\n"
+        "7"
+    )
+    with real_kernel() as (manager, client):
+        assert _run(client, POOL.format(options=", timeout=2")).error is None
+        ran = _run(client, f"print('value', pool.run_cell({code!r}))", slowly)
+        assert ran.prompts == ["(Pdb rank 1) "], ran
+        assert ran.error is None and "value 7" in ran.text, ran
         _run(client, "pool.close()")
         _no_children(manager)

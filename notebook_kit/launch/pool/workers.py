@@ -122,6 +122,7 @@ class PoolProcesses:
         self._numbers = itertools.count(1)
         self.first_rank = plan.global_rank(0)  # ranks are global; the pipes are per local rank
         self.check_after_fault = True  # a cluster node leaves the group check to the kernel
+        self.at_prompt = 0.0  # seconds this command waited for lines typed at a pdb prompt
 
     restarts_after_fault = True  # the next run forks new workers
 
@@ -200,6 +201,7 @@ class PoolProcesses:
                 group is out of step after a fault).
         """
         number = next(self._numbers)
+        self.at_prompt = 0.0
         if isinstance(command, pool_commands.PoolDebug):
             timeout = None  # the user at the prompt takes the time they need
         self._poll()
@@ -229,7 +231,8 @@ class PoolProcesses:
         settle = Settle(_SETTLE_SECONDS, "rank", "stop", _LATE)
         while True:
             try:
-                if self._collect_step(command, ranks, outcome, deadline, settle):
+                due = None if deadline is None else deadline + self.at_prompt  # not the code's
+                if self._collect_step(command, ranks, outcome, due, settle):
                     return
             except KeyboardInterrupt:  # wherever it lands; a second one changes nothing
                 outcome.interrupted = True
@@ -311,7 +314,11 @@ class PoolProcesses:
     def serve(self, ready: list[Any]) -> None:
         with interrupts_deferred():  # a message is read whole, or not at all
             self.supervisor.serve(ready, prompts=False)
+        desk = self.supervisor.debugger
+        asked, started = desk.answered, time.monotonic()
         self.supervisor.answer_debugger()  # a rank's pdb prompt: Ctrl-C there must get through
+        if desk.answered != asked:  # a line was typed: that wait counts against no timeout=
+            self.at_prompt += time.monotonic() - started
 
     def _poll(self) -> None:
         self.serve(wait(self.supervisor.waitables(), 0))

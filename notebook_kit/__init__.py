@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.panel import ConfigPanel
     from notebook_kit.launch.pool.worker_pool import WorkerPool
     from notebook_kit.launch.preflight import ForkSafetyError
+    from notebook_kit.launch.profile_requests import profile
     from notebook_kit.launch.stack_requests import stacks
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import (
@@ -117,6 +118,7 @@ __all__ = [
     "notebook_launcher_async",
     "pad_across_processes",
     "prepare_data_loader",
+    "profile",
     "progress",
     "reduce",
     "send_to_device",
@@ -169,6 +171,7 @@ _LAZY: dict[str, str] = {
     "notebook_launcher_async": "launch.launcher",
     "pad_across_processes": "accelerator.operations",
     "prepare_data_loader": "accelerator.data_loader",
+    "profile": "launch.profile_requests",
     "progress": "runtime.loop",
     "reduce": "accelerator.operations",
     "send_to_device": "accelerator.operations",

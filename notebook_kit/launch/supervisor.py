@@ -23,7 +23,7 @@ from notebook_kit.errors import WorkerFailure, describe_exit
 from notebook_kit.launch.debugger_desk import DebuggerDesk
 from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.line_reader import LineReader
-from notebook_kit.launch.stack_requests import StackDesk
+from notebook_kit.launch.profile_requests import RunDesk
 from notebook_kit.launch.stall_watch import StallWatch
 from notebook_kit.live.observer import LaunchObserver, RankSummary
 from notebook_kit.runtime.codec import ProtocolError
@@ -34,6 +34,7 @@ from notebook_kit.runtime.messages import (
     Failure,
     Finished,
     MetricsBatch,
+    ProfileDone,
     Result,
     Stacks,
     WorkerMessage,
@@ -114,7 +115,7 @@ class Supervisor:
         self._stopping = False  # exits from here on are ours, not failures
         self._guardian_deadline = 0.0
         self.stall = StallWatch()  # started with the clock (a pool: for each command)
-        self.stacks = StackDesk()  # notebook_kit.stacks() asks here while the run is in progress
+        self.stacks = RunDesk()  # stacks() and profile() ask here while the run is in progress
         self.debugger = DebuggerDesk()  # the prompts of ranks at a breakpoint()
 
     def start_clock(self, timeout: float | None, stall_seconds: float | None = None) -> None:
@@ -302,6 +303,9 @@ class Supervisor:
         if isinstance(message, Stacks):  # asked for (stall watch, stacks()): not progress
             self.stall.on_stacks(worker.rank, list(message.threads))
             self.stacks.on_stacks(worker.rank, list(message.threads))
+            return
+        if isinstance(message, ProfileDone):  # asked for by profile(): not progress either
+            self.stacks.on_profile(worker.rank, message)
             return
         self.stall.progress()
         if isinstance(message, (Result, Finished)):

@@ -16,6 +16,7 @@ from notebook_kit.live.metrics import MetricsAggregator
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary, Stream
 from notebook_kit.live.panels import Panel
 from notebook_kit.live.plot_widget import LivePlot
+from notebook_kit.live.profile_panel import ProfilePanel
 from notebook_kit.live.progress import ProgressState
 from notebook_kit.live.progress_bar import ProgressPanel, StatusPanel
 from notebook_kit.live.rank_output import RankOutputPanel
@@ -37,6 +38,7 @@ PANELS: tuple[type[Panel], ...] = (
     SpeedPanel,
     EvalTablePanel,
     StacksPanel,
+    ProfilePanel,
     RankOutputPanel,
 )
 
@@ -104,6 +106,12 @@ class RunRecord:
     def speed(self) -> Speed | None:
         """The run's :class:`~notebook_kit.live.speed.Speed`, None if no rank counted or logged."""
         return self.panels.get("speed")
+
+    @property
+    def profile(self) -> Any:
+        """The last ``notebook_kit.profile()`` or Profile button of the run, ``{rank:
+        ProfileResult}`` (trace path, top operators, timeline); None if none was taken."""
+        return self.panels.get("profile")
 
     @property
     def figure(self) -> Any:

@@ -32,6 +32,8 @@ __all__ = [
     "MetricsBatch",
     "OutputLine",
     "PoolAnswer",
+    "ProfileDone",
+    "ProfileOrder",
     "Progress",
     "RankSpeed",
     "Record",
@@ -289,6 +291,35 @@ class DebuggerLine:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class ProfileOrder:
+    """The kernel's order to profile the next ``steps`` steps (0: stop waiting, cancel), the
+    traces written in ``folder``; a rank gives up after ``seconds`` without a step clock."""
+
+    number: int
+    steps: int
+    folder: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ProfileDone:
+    """A rank profiled the steps a :class:`ProfileOrder` asked for (or says why it could not).
+
+    ``table`` rows are ``(operator, calls, self CPU ms, total CPU ms)``, the most self time
+    first; ``step_spans`` each step's ``(start, end)`` and ``spans`` the operators run directly
+    in a step, ``(name, start, end)``, in ms from the first step's start.
+    """
+
+    number: int
+    steps: int = 0
+    trace: str = ""  # the Chrome trace's path
+    table: tuple[tuple[str, int, float, float], ...] = ()
+    step_spans: tuple[tuple[float, float], ...] = ()
+    spans: tuple[tuple[str, float, float], ...] = ()
+    error: str = ""
+
+
 WorkerMessage = (
     Started
     | MetricsBatch
@@ -299,6 +330,7 @@ WorkerMessage = (
     | Stacks
     | DebuggerPrompt
     | DebuggerLeft
+    | ProfileDone
 )
 Send = Callable[[WorkerMessage], None]  # a context's way to the kernel
 
@@ -316,6 +348,7 @@ KINDS = codec.kinds_of(
     Stacks,
     DebuggerPrompt,
     DebuggerLeft,
+    ProfileDone,
 )
 _LINE_KINDS = codec.kinds_of(DebuggerLine)  # the one kind the kernel sends a worker's pdb
 

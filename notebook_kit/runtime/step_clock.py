@@ -49,6 +49,7 @@ class StepClock:
         "_waited",
         "cuda",
         "data_seconds",
+        "profiling",
         "sees_data",
         "sees_wait",
         "step_seconds",
@@ -70,6 +71,9 @@ class StepClock:
         self._done: Any = None  # ... and backward returned, its reductions done
         self._waited = 0.0  # seconds of the current step in the runtime's collectives
         self._owner: int | None = None  # the thread that runs the steps
+        # notebook_kit.profile()'s order, put here by the rank's signal thread and carried out
+        # at the boundaries below (worker/step_profiler.py); None: one attribute read a step.
+        self.profiling: Any = None
         self._pending: collections.deque[tuple[Any, Any, float, Any, Any, float]] = (
             collections.deque()
         )
@@ -88,8 +92,11 @@ class StepClock:
     def pass_ended(self, ran_out: bool = True) -> None:
         """The pass ended: when the loader ran out (not a ``break``), its last step ends here.
         No step runs until the next pass."""
-        if ran_out and self._asked is not None and self._began is not None:
+        ended = ran_out and self._asked is not None and self._began is not None
+        if ended:
             self._end_step(self._stamp(), time.perf_counter() - self._asked)
+        if self.profiling is not None:
+            self.profiling.boundary(self, ended, False)
         self._began = self._asked = None
         self._waited = 0.0  # a step cut short by a break: its waits go with it
 
@@ -136,6 +143,8 @@ class StepClock:
         """End the step running (``data``: the wait for the batch that ends it, inside it)
         and begin the next; the wait for a pass's first batch is before any step."""
         stamp = self._stamp() if self.cuda or now is None else now
+        if self.profiling is not None:  # profile(): its steps start, are marked and end here
+            self.profiling.boundary(self, self._began is not None, True)
         if self._began is not None:
             self._end_step(stamp, data)
         else:  # once a pass: the thread that steps is the one whose waits count

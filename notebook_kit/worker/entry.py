@@ -37,6 +37,7 @@ from notebook_kit.worker.memory_history import recording_memory, run_folder
 from notebook_kit.worker.rendezvous import join_process_group, leave_process_group
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 from notebook_kit.worker.stacks import answer_stack_requests
+from notebook_kit.worker.step_profiler import answer_profile_requests
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,6 +58,7 @@ def run_worker(
         signal.signal(signal.SIGTERM, _sigterm_handler(stop_flag))
         send = _message_sender(pipes.messages)
         answer_stack_requests(send)  # where this rank waits, if the run ever stalls
+        answer_profile_requests(send)  # notebook_kit.profile(): the next steps profiled
         if pipes.answers is not None:  # breakpoint() opens pdb in the kernel's cell
             install_debugger(spec.rank, send, pipes.answers)
         exit_code = _run(function, args, kwargs, spec, send, stop_flag)

@@ -42,6 +42,7 @@ from notebook_kit.worker.descendants import descendants
 from notebook_kit.worker.entry import run_worker
 from notebook_kit.worker.spec import WorkerPipes, WorkerSpec
 from notebook_kit.worker.stacks import STACKS_SIGNAL
+from notebook_kit.worker.step_profiler import PROFILE_SIGNAL
 
 __all__ = [
     "EXITED",
@@ -135,7 +136,7 @@ def _fork_on_fresh_thread(
     def fork_all() -> None:
         # A child starts with its forking thread's mask: a request for stacks that comes before
         # the worker's answering thread is there waits for it, instead of killing the worker.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL, PROFILE_SIGNAL})
         try:
             for start in starts:
                 pid = _fork_worker(call, start, stop_flag, status, guardian_pid)

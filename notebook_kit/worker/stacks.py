@@ -26,7 +26,12 @@ __all__ = ["HELPER_THREADS", "STACKS_SIGNAL", "answer_stack_requests", "current_
 
 # A real-time signal: nothing a user or a library installs by default (SIGUSR1 is SLURM's).
 STACKS_SIGNAL: int = signal.SIGRTMIN + 6
-HELPER_THREADS = ("notebook_kit-metrics", "notebook_kit-interrupts", "notebook_kit-stacks")
+HELPER_THREADS = (
+    "notebook_kit-metrics",
+    "notebook_kit-interrupts",
+    "notebook_kit-stacks",
+    "notebook_kit-profile",
+)
 _PACKAGE = PurePath(__file__).parents[1]
 _SHOWN_FRAMES = 8
 

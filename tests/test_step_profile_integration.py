@@ -1,0 +1,99 @@
+"""``notebook_kit.profile(steps=3)`` from another thread while a 2-rank launch trains.
+
+The function has no profiling code: a prepared loader, ``accelerator.backward`` and a logged
+loss per step. Each rank starts torch's profiler at its next step, stops after three, and
+writes its own Chrome trace; the caller gets every rank's top operators, and
+``last_run().profile`` keeps them. Bad arguments are refused before anything is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import notebook_kit
+from notebook_kit import notebook_launcher
+from notebook_kit.accelerator import Accelerator
+
+pytestmark = pytest.mark.integration
+
+
+def _train(done: Any) -> int:
+    """Steps until the test has its profile (every rank stops at the same step)."""
+    accelerator = Accelerator()
+    model = torch.nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps = 0
+    for _ in range(500):
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            accelerator.log({"loss": loss.item()}, step=steps)
+            steps += 1
+            time.sleep(0.01)
+        finished = torch.tensor(float(done.is_set()))
+        torch.distributed.all_reduce(finished)
+        if finished.item():
+            return steps
+    return steps
+
+
+def _profile_when_running(found: dict[str, Any], done: Any, folder: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            found["profile"] = notebook_kit.profile(steps=3, timeout=60, folder=folder)
+            break
+        except RuntimeError as error:  # the run has not started yet
+            found["error"] = error
+            time.sleep(0.1)
+    done.set()
+
+
+def test_profile_three_steps_mid_run_writes_each_ranks_trace_and_table(tmp_path: Path) -> None:
+    done = multiprocessing.get_context("fork").Event()
+    found: dict[str, Any] = {}
+    asker = threading.Thread(target=_profile_when_running, args=(found, done, tmp_path))
+    asker.start()
+    notebook_launcher(_train, args=(done,), num_processes=2, live=False)
+    asker.join(10)
+    results = found.get("profile")
+    assert results is not None, found
+    assert sorted(results) == [0, 1]
+    for rank, result in results.items():
+        assert result.trace == tmp_path / f"profile_{rank}.json" and result.steps == 3
+        names = {e.get("name") for e in json.loads(result.trace.read_text())["traceEvents"]}
+        assert {"ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"} <= names, rank
+        assert "ProfilerStep#3" not in names  # three steps, no more
+        assert any("addmm" in str(name) or "linear" in str(name) for name in names)
+        assert len(result.table) == 10 and all(row[1] >= 1 for row in result.table)
+        assert len(result.step_spans) == 3 and result.spans
+        assert f"rank {rank} · 3 steps" in str(results)
+    record = notebook_kit.last_run()
+    assert record is not None and record.profile == results
+
+
+@pytest.mark.parametrize(
+    ("steps", "error"),
+    [(0, ValueError), (-2, ValueError), (2.5, TypeError), ("5", TypeError), (True, TypeError)],
+)
+def test_bad_steps_are_refused_naming_steps_before_anything_is_asked(steps, error) -> None:
+    with pytest.raises(error, match=r"profile\(steps=.*steps must"):
+        notebook_kit.profile(steps=steps)
+
+
+def test_without_a_run_in_progress_profile_says_so() -> None:
+    with pytest.raises(RuntimeError, match="no launch or WorkerPool command is running"):
+        notebook_kit.profile(steps=3)

@@ -66,12 +66,15 @@ def test_p_prints_rank_1s_variable_on_its_node_and_c_ends_the_run_normally(clust
         time.sleep(past if cell.prompts == [prompt] else 1.0)
         return next(lines)
 
-    cell = _run(kernel, _launch(", timeout=8"), slowly, timeout=180)
+    cell = _run(kernel, _launch(", timeout=8, stall_seconds=1"), slowly, timeout=180)
     assert cell.error is None, cell.error  # nor the launch's timeout, nor a lost node
     assert cell.prompts == ["(Pdb rank 1) "] * 3, cell.text
     assert "\n41\n" in cell.text, cell.text  # rank 1's own variable, on node 1
     assert "tensor([11.])" in cell.text, cell.text
     assert "result 21.0" in cell.text, cell.text  # rank 0 on node 0 met it in all_reduce
+    # Each node reports its own ranks: node 1's rank is at the prompt, not stuck.
+    assert "rank 1 is in the debugger" in cell.text, cell.text
+    assert "rank 1: waiting" not in cell.text, cell.text
     assert_nothing_left(cluster)
 
 

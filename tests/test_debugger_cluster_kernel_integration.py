@@ -19,7 +19,7 @@ from notebook_kit.node.protocol import LEASE_SECONDS
 from tests.kernel_cells import real_kernel
 from tests.optional import needs
 from tests.test_cluster_integration import assert_nothing_left, local_cluster
-from tests.test_debugger_kernel_integration import LAUNCH, RANK_1, Cell, _run
+from tests.test_debugger_kernel_integration import EVERY_RANK, LAUNCH, RANK_1, Cell, _run
 
 pytestmark = [
     pytest.mark.integration,
@@ -42,16 +42,21 @@ def cluster() -> Any:
 
 
 @pytest.fixture(scope="module")
-def kernel(cluster: Any) -> Any:
+def kernel_and_manager(cluster: Any) -> Any:
     """One kernel for the module, connected to the cluster (starting one costs seconds)."""
-    with real_kernel() as (_, client):
+    with real_kernel() as (manager, client):
         connected = _run(client, CONNECT.format(address=cluster.scheduler.address))
         assert connected.error is None, connected
-        yield client
+        yield manager, client
 
 
-def _launch(options: str = "") -> str:
-    return LAUNCH.format(stop=RANK_1, options=ON_NODES + options).replace(
+@pytest.fixture
+def kernel(kernel_and_manager: Any) -> Any:
+    return kernel_and_manager[1]
+
+
+def _launch(options: str = "", stop: str = RANK_1) -> str:
+    return LAUNCH.format(stop=stop, options=ON_NODES + options).replace(
         "num_processes=2, cluster", "cluster"
     )
 
@@ -88,6 +93,36 @@ def test_q_on_a_node_ends_the_run_as_rank_1s_failure_and_the_next_launch_works(c
     after = _run(kernel, NEXT_LAUNCH, timeout=120)
     assert after.error is None and "next 7" in after.text, after
     assert_nothing_left(cluster)
+
+
+def test_two_nodes_ranks_at_a_breakpoint_take_the_cells_prompt_one_after_the_other(cluster, kernel):
+    def answer(prompt: str, cell: Cell) -> str:
+        return "c" if len(cell.prompts) % 2 == 0 else "p secret"
+
+    cell = _run(kernel, _launch(stop=EVERY_RANK), answer, timeout=60)
+    assert cell.error is None, cell.error
+    first, second = cell.prompts[0], cell.prompts[2]
+    assert {first, second} == {"(Pdb rank 0) ", "(Pdb rank 1) "}, cell.prompts
+    assert cell.prompts == [first, first, second, second]  # one rank at a time, to its end
+    waiting = second.removeprefix("(Pdb ").removesuffix(") ")
+    assert f"{waiting} is also at a breakpoint, next" in cell.text, cell.text
+    assert "\n40\n" in cell.text and "\n41\n" in cell.text and "result 21.0" in cell.text
+    assert_nothing_left(cluster)
+
+
+def test_an_interrupt_at_a_nodes_prompt_ends_the_run_and_leaves_nothing_on_the_cluster(
+    cluster, kernel_and_manager
+):
+    manager, client = kernel_and_manager
+
+    def interrupt(prompt: str, cell: Cell) -> None:
+        manager.interrupt_kernel()  # SIGINT to the kernel's process group, as Jupyter does
+
+    cell = _run(client, _launch(), interrupt, timeout=60)
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt", cell
+    assert_nothing_left(cluster)
+    after = _run(client, NEXT_LAUNCH, timeout=60)
+    assert after.error is None and "next 7" in after.text, after
 
 
 POOL = """\

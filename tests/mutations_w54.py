@@ -106,9 +106,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/magic.py",
-                "        value = run()\n        if every:",
+                "        try:\n            value = run()\n",
                 "        run_locally(self.shell, cell) if chosen.local else None\n"
-                "        value = run()\n        if every:",
+                "        try:\n            value = run()\n",
             ),
         ),
         (_KERNEL + "test_local_runs_the_cell_in_the_kernel_after_the_ranks",),

@@ -106,8 +106,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "worker/guardian.py",
-                "        signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})\n",
-                "        pass\n",
+                "signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL, PROFILE_SIGNAL})",
+                "signal.pthread_sigmask(signal.SIG_BLOCK, {PROFILE_SIGNAL})",
             ),
         ),
         (_STACKS + "test_a_request_before_a_worker_can_answer_waits_for_it_and_kills_nothing",),

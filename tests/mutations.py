@@ -3199,6 +3199,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_c53,
     mutations_events,
     mutations_export,
+    mutations_f53,
     mutations_g53,
     mutations_k53,
     mutations_l53,
@@ -3231,4 +3232,5 @@ MUTATIONS = (
     + mutations_b53.MUTATIONS
     + mutations_w54.MUTATIONS
     + mutations_c53.MUTATIONS
+    + mutations_f53.MUTATIONS
 )

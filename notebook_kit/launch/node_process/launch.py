@@ -26,12 +26,13 @@ import contextlib
 import io
 import os
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import wait
 from typing import Any
 
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.kernel_models import find_kernel_models
-from notebook_kit.launch.launchers.driver import run_blocking
+from notebook_kit.launch.launchers.base import Steps
 from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.plan import Call
@@ -74,7 +75,28 @@ def launch_node(
     if plan.node_rank != 0:
         call = (OffHomeCall(function), args, kwargs)
     launcher = _NodeLauncher(plan, relay, seat, restarts_before=restart_count)
-    return run_blocking(launcher.run(call, relay))
+    return _run_waking_on_orders(launcher.run(call, relay), relay)
+
+
+def _run_waking_on_orders(steps: Steps, relay: RelayObserver) -> Any:
+    """``run_blocking``, whose every wait also ends when an order comes from the kernel.
+
+    The loop reads the orders at each tick (the observer's ``on_tick``): a line typed at a
+    rank's pdb prompt is written at once, not up to a tick later.
+    """
+    orders = relay.orders
+    try:
+        request = next(steps)
+        while True:
+            objects, limit = request
+            try:  # (a closed pipe would end every wait at once: left out once it ends)
+                ready = wait([*objects, *([] if relay.orders_ended else [orders])], limit)
+            except BaseException as error:  # Ctrl-C: the launcher cleans up, then re-raises
+                request = steps.throw(error)
+            else:
+                request = steps.send([obj for obj in ready if obj is not orders])
+    except StopIteration as finished:
+        return finished.value
 
 
 class _NodeLauncher(ForkedLauncher):

@@ -47,7 +47,8 @@ class RelayObserver:
     def __init__(self, node_rank: int, orders: Connection, events: Connection, seal: Seal) -> None:
         self.node_rank = node_rank
         self.seal = seal  # the run's: every frame either way is sealed with it
-        self._orders = orders
+        self.orders = orders  # read at each tick; a launch's wait ends when one comes
+        self.orders_ended = False
         self._events = events
         self._stop_flag: StopFlag | None = None
         self._preempted = False  # SIGTERM arrived
@@ -86,8 +87,8 @@ class RelayObserver:
             self.send(NodePrint(_PREEMPTED.format(node=self.node_rank)))
         self.send_stacks()
         try:
-            while self._orders.poll(0):
-                data = self._orders.recv_bytes()
+            while self.orders.poll(0):
+                data = self.orders.recv_bytes()
                 order = decode(data, LaunchStop, StacksAsk, DebuggerAnswer, seal=self.seal)
                 if isinstance(order, StacksAsk):
                     self.ask_stacks(order)
@@ -96,7 +97,7 @@ class RelayObserver:
                 elif self._stop_flag is not None:
                     self._stop_flag.set()
         except (EOFError, OSError):
-            return
+            self.orders_ended = True  # the task is gone: nothing more to wait for there
 
     def ask_stacks(self, order: StacksAsk) -> None:
         """The kernel's stacks(): gathered off the loop, sent by :meth:`send_stacks`."""

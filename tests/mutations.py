@@ -2539,8 +2539,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/cluster/pool.py",
-                "and now >= deadline and not outcome.timed_out:",
-                "and now >= deadline and not outcome.timed_out and False:",
+                "and ran >= deadline and not outcome.timed_out:",
+                "and ran >= deadline and not outcome.timed_out and False:",
             ),
         ),
         (f"{_CLUSTER_POOL}test_a_timeout_interrupts_every_node_and_keeps_the_pool",),
@@ -3204,9 +3204,11 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_k53,
     mutations_l53,
     mutations_live,
+    mutations_m53,
     mutations_p53,
     mutations_parallel,
     mutations_pool,
+    mutations_r53,
     mutations_storage,
     mutations_w54,
 )
@@ -3232,5 +3234,7 @@ MUTATIONS = (
     + mutations_b53.MUTATIONS
     + mutations_w54.MUTATIONS
     + mutations_c53.MUTATIONS
+    + mutations_r53.MUTATIONS
+    + mutations_m53.MUTATIONS
     + mutations_f53.MUTATIONS
 )

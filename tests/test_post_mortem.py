@@ -105,6 +105,15 @@ def _fail_on_rank_1() -> None:
         x / 0
 
 
+def _dies_on_rank_1() -> None:
+    import os
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(3)
+
+
 @pytest.mark.integration
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_pool_debug_refuses_what_it_cannot_open_and_otherwise_says_why_nobody_typed(
@@ -138,6 +147,10 @@ def test_pool_debug_refuses_what_it_cannot_open_and_otherwise_says_why_nobody_ty
         pool.restart()
         with pytest.raises(RuntimeError, match=r"are gone \(stopped or restarted since\)"):
             pool.debug()
+        with pytest.raises(WorkerError):
+            pool.run(_dies_on_rank_1)  # no Python frame is left of a rank that died
+        with pytest.raises(RuntimeError, match=r"are gone \(the workers were stopped after it"):
+            pool.debug(rank=1)
 
 
 @pytest.mark.integration

@@ -59,7 +59,7 @@ class PostMortems:
 
         post_mortems = PostMortems()
         post_mortems.note(command, "cell", outcome, None, pool.pids)  # after every command
-        post_mortems.open(None, pool.world_size, pool.pids, send_debug)
+        post_mortems.open(None, pool.world_size, pool.pids, pool._execute)
     """
 
     def __init__(self) -> None:
@@ -76,17 +76,17 @@ class PostMortems:
         """After a command: keep it if it failed (the workers drop an older one's frames)."""
         if isinstance(command, (PoolDebug, PoolCheck)):
             return  # a worker keeps its failure across these
+        if error is not None:  # the workers were stopped: whatever failed, no frame is left
+            reason = error.reason if isinstance(error, WorkersStopped) else "interrupted"
+            self.last = FailedCommand(what, (), (), f"the workers were stopped after it: {reason}")
+            return
         failures = failures_of(outcome.answers)
         if not failures:
             self.last = None
             return
         root = choose_root_cause(failures).rank
         ranks = (root, *sorted({f.rank for f in failures} - {root}))
-        gone = ""
-        if error is not None:
-            reason = error.reason if isinstance(error, WorkersStopped) else "interrupted"
-            gone = f"the workers were stopped as it failed: {reason}"
-        self.last = FailedCommand(what, ranks, tuple(pids), gone)
+        self.last = FailedCommand(what, ranks, tuple(pids))
 
     def choose(self, rank: Any, world_size: int, pids: list[int]) -> int:
         """The rank to debug, or an error naming the parameter and the fix; nothing is sent."""
@@ -95,6 +95,12 @@ class PostMortems:
             raise RuntimeError(
                 "pool.debug() opens pdb where a command failed, but the pool's last command did "
                 "not fail (or none has run yet). " + RERUN
+            )
+        gone = last.gone or ("" if tuple(pids) == last.pids else "stopped or restarted since")
+        if gone:
+            raise RuntimeError(
+                f"pool.debug(): the workers that ran the failed {last.what} are gone ({gone}), "
+                f"and its frames with them. {RERUN}"
             )
         if rank is not None:
             arguments.check_int("rank", rank, minimum=0)  # a whole number first: then its place
@@ -107,12 +113,6 @@ class PostMortems:
                     f"rank{'s' if len(last.ranks) > 1 else ''} {failed} failed. Pass one of "
                     f"them, or leave rank out for rank {last.ranks[0]}, the root cause."
                 )
-        gone = last.gone or ("" if tuple(pids) == last.pids else "stopped or restarted since")
-        if gone:
-            raise RuntimeError(
-                f"pool.debug(): the workers that ran the failed {last.what} are gone ({gone}), "
-                f"and its frames with them. {RERUN}"
-            )
         return last.ranks[0] if rank is None else rank
 
     def open(self, rank: Any, world_size: int, pids: list[int], execute: Execute) -> None:

@@ -98,9 +98,7 @@ def test_a_panel_with_widgets_of_its_own_is_placed_routed_drawn_and_shown_at_the
     pings: _Pings = observer.pings  # type: ignore[assignment]
     assert pings.button in observer.header.children  # beside the Stop button
     children = list(observer.box.children)  # type: ignore[union-attr]
-    under_plot = children.index(observer.plot.widgets[-1])
-    # under the plot, after the lines of the panels listed before it (the Stacks block)
-    assert children.index(pings.block) == children.index(observer.stacks.block) + 1 > under_plot
+    assert children.index(pings.block) == children.index(observer.plot.widgets[-1]) + 1
     observer.on_metrics(MetricsBatch(0, ((0, 0, {"loss": 1.0}),), 0, Progress(1)))
     observer.on_tick()  # progress: the controls are routed (here, nowhere)
     assert len(routed) == 1 and pings.button in routed[0]

@@ -88,9 +88,7 @@ def test_a_new_panel_shows_its_line_under_the_plot_and_under_the_summary(
     line = observer.lines["batches"]
     assert "batches: 1" in line.value and line._dom_classes == ("nk-batches",)
     children = list(observer.box.children)  # type: ignore[union-attr]
-    under_plot = children.index(observer.plot.widgets[-1])
-    # under the plot, after the lines of the panels listed before it (the Stacks block)
-    assert children.index(line) == children.index(observer.stacks.block) + 1 > under_plot
+    assert children.index(line) == children.index(observer.plot.widgets[-1]) + 1
     observer.on_metrics(_batch(1))
     observer._last_refresh = 0.0
     observer.on_tick()

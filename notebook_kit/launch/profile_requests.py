@@ -174,8 +174,9 @@ def profile(
     """Profile the next ``steps`` steps of the run in progress on every rank: ``{rank: result}``.
 
     Each rank starts ``torch.profiler`` at its next step boundary (a prepared loader's batch,
-    or a ``log(samples=...)`` call), stops after ``steps`` steps and writes its Chrome trace
-    ``profile_<rank>.json`` in ``folder`` (a new folder of the temporary directory by default).
+    a ``log(samples=...)`` call, or else an ``accelerator.backward``), stops after ``steps``
+    steps and writes its Chrome trace ``profile_<rank>.json`` in ``folder`` (a new folder of
+    the temporary directory by default).
 
     Example::
 
@@ -263,7 +264,8 @@ def _collect(request: ProfileRequest) -> RankProfiles:
         error = TimeoutError(
             f"notebook_kit.profile(steps={request.steps}): rank(s) "
             f"{', '.join(map(str, missing)) or 'all'} did not profile {request.steps} steps "
-            f"({why}). A step is a prepared loader's batch or a log(samples=...) call; ask for "
+            f"({why}). A step is a prepared loader's batch, a log(samples=...) call or else an "
+            f"accelerator.backward(); ask for "
             f"fewer steps or a longer timeout."
         )
         error.results = results  # type: ignore[attr-defined]  # what the others profiled

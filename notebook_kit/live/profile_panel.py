@@ -16,13 +16,14 @@ import io
 from typing import Any
 
 from notebook_kit.live.panels import Panel
-from notebook_kit.live.stacks_panel import asker
+from notebook_kit.live.stacks_panel import BLOCK_PIXELS, asker, block_layout, show_block
 
 __all__ = ["PROFILE_STEPS", "ProfilePanel", "profile_taken", "timeline_png"]
 
 PROFILE_STEPS = 5
 _BLOCK_STYLE = (
-    "height:320px;overflow:auto;margin:4px 0;padding:4px 6px;border:1px solid #ddd;"
+    f"height:{BLOCK_PIXELS - 10}px;overflow:auto;margin:4px 0;padding:4px 6px;"
+    "border:1px solid #ddd;"
     "font-size:11px;line-height:14px;background:#fafafa"
 )
 _running: list[ProfilePanel] = []  # the panels of the runs in progress: profile() tells them
@@ -43,6 +44,7 @@ class ProfilePanel(Panel):
     def __init__(self) -> None:
         self.button: Any = None
         self.block: Any = None
+        self._view: Any = None
         self.results: dict[int, Any] | None = None  # the last profile, rank by rank
         self._clicks = self._seen = 0
         self._future: Any = None
@@ -68,9 +70,12 @@ class ProfilePanel(Panel):
             _dom_classes=("nk-profile-button",),
         )
         self.button.on_click(self._clicked)
-        self.block = view.shared.html("", ("nk-profile",), widgets.Layout(display="none"))
+        self.block = view.shared.html("", ("nk-profile",), block_layout())
+        self._view = view
         self._drawn = None
-        return [("header", self.button), ("line", self.block)]
+        # The block goes with the tabs, just above them: under the plot and the lines that appear
+        # there (the speed line keeps its place under the plot).
+        return [("header", self.button), ("tab", self.block)]
 
     @property
     def controls(self) -> list[Any]:  # type: ignore[override]
@@ -111,8 +116,7 @@ class ProfilePanel(Panel):
     def _show(self, inner: str) -> None:
         if self.block is None:
             return
-        if self.block.layout.display == "none":
-            self.block.layout.display = None
+        show_block(self._view, self.block)
         self.block.value = f'<div style="{_BLOCK_STYLE}">{inner}</div>'
 
     def _text(self) -> str:

@@ -21,9 +21,11 @@ from notebook_kit.live.panels import Panel
 
 __all__ = ["StacksPanel", "answer_asks", "asker"]
 
+BLOCK_PIXELS = 270  # the block's height with its margins: the view grows by it, once
 ASK_SECONDS = 2.0  # the ranks' time to answer: a blocked rank answers from a thread of its own
 _BLOCK_STYLE = (
-    "height:260px;overflow:auto;margin:4px 0;padding:4px 6px;border:1px solid #ddd;"
+    f"height:{BLOCK_PIXELS - 10}px;overflow:auto;margin:4px 0;padding:4px 6px;"
+    "border:1px solid #ddd;"
     "font-size:11px;line-height:14px;white-space:pre;background:#fafafa"
 )
 _asks: dict[str, Callable[..., Any]] = {}  # "stacks", "profile": the launch's askers
@@ -45,6 +47,25 @@ def asker(name: str) -> Callable[..., Any] | None:
     return _asks.get(name)
 
 
+def block_layout() -> Any:
+    """A block's own layout: hidden until first shown, then of fixed height, never shrunk."""
+    import ipywidgets as widgets
+
+    return widgets.Layout(display="none", height=f"{BLOCK_PIXELS}px", flex="0 0 auto")
+
+
+def show_block(view: Any, block: Any) -> None:
+    """Show ``block`` the first time: the view's box, of fixed height, grows by its height
+    (once, on a click), so nothing else in it is squeezed."""
+    if block.layout.display != "none":
+        return
+    box = getattr(view, "box", None)
+    height = str(getattr(getattr(box, "layout", None), "height", "") or "")
+    if height.endswith("px"):
+        box.layout.height = f"{float(height[:-2]) + BLOCK_PIXELS:g}px"
+    block.layout.display = None
+
+
 class StacksPanel(Panel):
     """A Stacks button beside Stop; every rank's stacks in a block under the plot."""
 
@@ -54,6 +75,7 @@ class StacksPanel(Panel):
     def __init__(self) -> None:
         self.button: Any = None
         self.block: Any = None
+        self._view: Any = None
         self.texts: dict[int, str] | None = None  # the last answer, rank by rank
         self.note: str | None = None  # what the answer leaves out (py-spy's frames)
         self.asked_at = ""  # the wall time of the last answer's question
@@ -73,11 +95,14 @@ class StacksPanel(Panel):
         )
         self.button.on_click(self._clicked)
         # Hidden until the first click, then of fixed height: its own layout, shown once.
-        self.block = view.shared.html("", ("nk-stacks",), widgets.Layout(display="none"))
+        self.block = view.shared.html("", ("nk-stacks",), block_layout())
+        self._view = view
         self._shown = ""
         if self.texts is not None:  # a restart's new view shows what the last one did
             self._show(self._text())
-        return [("header", self.button), ("line", self.block)]
+        # The block goes with the tabs, just above them: under the plot and the lines that appear
+        # there (the speed line keeps its place under the plot).
+        return [("header", self.button), ("tab", self.block)]
 
     @property
     def controls(self) -> list[Any]:  # type: ignore[override]
@@ -126,8 +151,7 @@ class StacksPanel(Panel):
         if self.block is None or text == self._shown:
             return
         self._shown = text
-        if self.block.layout.display == "none":
-            self.block.layout.display = None
+        show_block(self._view, self.block)
         self.block.value = f'<div style="{_BLOCK_STYLE}">{html.escape(text)}</div>'
 
     def output(self) -> dict[str, Any] | None:

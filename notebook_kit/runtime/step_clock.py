@@ -129,6 +129,8 @@ class StepClock:
         """The backward pass returned, its gradient reductions done: the wait ends."""
         self.sees_wait = True
         self._done = self._stamp()
+        if self.profiling is not None and self._began is None:  # nothing else marks the steps
+            self.profiling.boundary(self, True, True)  # here: each backward ends one
 
     def waited(self, seconds: float) -> None:
         """The training thread sat ``seconds`` in a collective the runtime made during the

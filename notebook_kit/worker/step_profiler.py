@@ -95,8 +95,8 @@ def _arm(order: ProfileOrder, send: Send) -> None:
     deadline = time.monotonic() + order.seconds
     while (found := _running_clock()) is None:
         if time.monotonic() > deadline:
-            send(ProfileDone(order.number, error="no step was counted (the steps are a prepared "
-                             "loader's batches or log(samples=...) calls)"))  # fmt: skip
+            why = "no step began (a prepared loader's batch, log(samples=...), a backward)"
+            send(ProfileDone(order.number, error=why))
             return
         if signal.sigtimedwait({PROFILE_SIGNAL}, 0.05) is not None:  # a newer order
             order = read_order(os.getpid()) or order

@@ -52,6 +52,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_QUIT,),
     ),
     Mutation(
+        "kernel-ignores-node-prompts",
+        "the kernel asks a cluster rank's pdb prompt in the cell",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                "            self.debugger.receive(event)\n",
+                "            pass\n",
+            ),
+        ),
+        (_QUIT,),
+    ),
+    Mutation(
         "cluster-prompt-time-counts-against-the-timeout",
         "the time at a cluster rank's pdb prompt is not the launch's timeout",
         (

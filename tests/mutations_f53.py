@@ -52,6 +52,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_MID_RUN, _PROFILE_BUTTON),
     ),
     Mutation(
+        "profile-backward-never-a-step",
+        "a loop that neither a prepared loader nor log(samples=) steps is profiled by backward",
+        (
+            Edit(
+                "runtime/step_clock.py",
+                "self.profiling.boundary(self, True, True)  # here: each backward ends one",
+                "pass",
+            ),
+        ),
+        (_MID_RUN + "[backward_only]",),
+    ),
+    Mutation(
         "profile-records-one-step-too-many",
         "profile(steps=N) records N steps, no more",
         (

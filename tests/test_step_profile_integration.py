@@ -25,7 +25,18 @@ from notebook_kit.accelerator import Accelerator
 pytestmark = pytest.mark.integration
 
 
-def _train(done: Any) -> int:
+def _batches(loader: Any, prepared: bool) -> Any:
+    """The prepared loader's batches, or the same data sliced by hand: then no loader and no
+    ``log(samples=...)`` marks a step, and each backward pass does."""
+    if prepared:
+        yield from loader
+        return
+    inputs, targets = torch.randn(64, 16), torch.randn(64, 4)
+    for start in range(0, 64, 4):
+        yield inputs[start : start + 4], targets[start : start + 4]
+
+
+def _train(done: Any, prepared: bool) -> int:
     """Steps until the test has its profile (every rank stops at the same step)."""
     accelerator = Accelerator()
     model = torch.nn.Linear(16, 4)
@@ -35,7 +46,7 @@ def _train(done: Any) -> int:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps = 0
     for _ in range(500):
-        for inputs, targets in loader:
+        for inputs, targets in _batches(loader, prepared):
             loss = torch.nn.functional.mse_loss(model(inputs), targets)
             accelerator.backward(loss)
             optimizer.step()
@@ -65,12 +76,15 @@ def _profile_when_running(found: dict[str, Any], done: Any, folder: Path) -> Non
     done.set()
 
 
-def test_profile_three_steps_mid_run_writes_each_ranks_trace_and_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared_loader", "backward_only"])
+def test_profile_three_steps_mid_run_writes_each_ranks_trace_and_table(
+    tmp_path: Path, prepared: bool
+) -> None:
     done = multiprocessing.get_context("fork").Event()
     found: dict[str, Any] = {}
     asker = threading.Thread(target=_profile_when_running, args=(found, done, tmp_path))
     asker.start()
-    notebook_launcher(_train, args=(done,), num_processes=2, live=False)
+    notebook_launcher(_train, args=(done, prepared), num_processes=2, live=False)
     asker.join(10)
     results = found.get("profile")
     assert results is not None, found

@@ -114,3 +114,36 @@ def test_bad_steps_are_refused_naming_steps_before_anything_is_asked(steps, erro
 def test_without_a_run_in_progress_profile_says_so() -> None:
     with pytest.raises(RuntimeError, match="no launch or WorkerPool command is running"):
         notebook_kit.profile(steps=3)
+
+
+def _pool_loop() -> int:
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in range(300):  # each backward is a step: no loader, no log(samples=...)
+        accelerator.backward(model(torch.randn(8, 4)).sum())
+        optimizer.step()
+        time.sleep(0.01)
+    return 300
+
+
+def test_profile_during_a_pool_command_profiles_each_worker() -> None:
+    found: dict[str, Any] = {}
+
+    def ask() -> None:
+        deadline = time.monotonic() + 30
+        while "profile" not in found and time.monotonic() < deadline:
+            try:
+                found["profile"] = notebook_kit.profile(steps=2, timeout=20)
+            except RuntimeError:  # the command has not started yet
+                time.sleep(0.05)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    with notebook_kit.WorkerPool(num_processes=2, live=False) as pool:
+        pool.run(_pool_loop)
+    asker.join(10)
+    results = found["profile"]
+    assert sorted(results) == [0, 1] and all(r.steps == 2 for r in results.values())
+    assert all(r.trace.exists() and r.table for r in results.values())

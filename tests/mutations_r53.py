@@ -16,6 +16,18 @@ _POOL = (
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
+        "node-writes-lines-to-ranks-not-at-a-prompt",
+        "a node writes the kernel's line only to its own rank still at that prompt",
+        (
+            Edit(
+                "launch/node_process/node_debugger.py",
+                "            if line.rank in self.prompted:\n",
+                "            if True:\n",
+            ),
+        ),
+        ("tests/test_node_debugger.py::test_leaving_pdb_goes_home_and_a_dead_rank_gets_no_line",),
+    ),
+    Mutation(
         "node-asks-its-own-pdb-prompts",
         "a launch's rank at a breakpoint() on a cluster node prompts in the kernel's cell",
         (

@@ -255,8 +255,12 @@ def _collect(request: ProfileRequest) -> RankProfiles:
     results = RankProfiles(sorted(request.results.items()))
     if results:
         profile_taken(results)  # the run's view shows them and last_run().profile keeps them
-    if request.errors:
-        said = "; ".join(f"rank {rank}: {why}" for rank, why in sorted(request.errors.items()))
+    if request.errors or request.why_not:  # every rank or none: a partial profile misleads
+        request.cancel()
+        said = "; ".join(
+            f"rank {rank}: {why}"
+            for rank, why in sorted({**request.why_not, **request.errors}.items())
+        )
         raise RuntimeError(f"notebook_kit.profile(steps={request.steps}): {said}")
     if missing or (not results and request.ended):
         request.cancel()

@@ -102,12 +102,15 @@ def _arm(order: ProfileOrder, send: Send) -> None:
             order = read_order(os.getpid()) or order
             deadline = time.monotonic() + order.seconds
     clock, rank = found
-    current = clock.profiling
     if order.steps == 0:  # the kernel gave up waiting: stop at the next boundary
-        if current is not None:
-            current.cancelled = True
+        if clock.profiling is not None:
+            clock.profiling.cancelled = True
         return
-    if current is not None and not current.cancelled:
+    while (current := clock.profiling) is not None and current.cancelled:  # ends at a step
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    if clock.profiling is not None:
         send(ProfileDone(order.number, error="a profile of this rank is still in progress"))
         return
     clock.profiling = StepProfile(order, rank, send, clock.cuda)

@@ -98,8 +98,6 @@ class StacksPanel(Panel):
         self.block = view.shared.html("", ("nk-stacks",), block_layout())
         self._view = view
         self._shown = ""
-        if self.texts is not None:  # a restart's new view shows what the last one did
-            self._show(self._text())
         # The block goes with the tabs, just above them: under the plot and the lines that appear
         # there (the speed line keeps its place under the plot).
         return [("header", self.button), ("tab", self.block)]

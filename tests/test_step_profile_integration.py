@@ -147,3 +147,23 @@ def test_profile_during_a_pool_command_profiles_each_worker() -> None:
     results = found["profile"]
     assert sorted(results) == [0, 1] and all(r.steps == 2 for r in results.values())
     assert all(r.trace.exists() and r.table for r in results.values())
+
+
+def _one_process(found: dict[str, Any]) -> None:
+    try:
+        notebook_kit.profile(steps=2)
+    except RuntimeError as error:
+        found["error"] = str(error)
+
+
+def test_a_run_in_this_process_is_refused_saying_so() -> None:
+    found: dict[str, Any] = {}
+
+    def train() -> None:
+        asker = threading.Thread(target=_one_process, args=(found,))
+        asker.start()
+        asker.join(10)
+
+    notebook_launcher(train, num_processes=1, live=False)
+    assert "this run is in this process or on a cluster" in found["error"], found
+    assert "accelerator.profile()" in found["error"]

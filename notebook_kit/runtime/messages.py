@@ -378,7 +378,7 @@ def decode_line(data: bytes) -> DebuggerLine:
 
     Example:
         >>> decode_line(encode_line(DebuggerLine("p x")))
-        DebuggerLine(text='p x', interrupted=False)
+        DebuggerLine(text='p x', interrupted=False, why='')
     """
     return codec.decode(data, _LINE_KINDS, DebuggerLine)
 

@@ -24,7 +24,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "stacks-button-click-never-asks",
         "a click on Stacks asks every rank for its stacks at the next refresh",
-        (Edit("live/stacks_panel.py", "            self._ask()\n", "            pass\n"),),
+        (
+            Edit(
+                "live/ask_button.py",
+                "            self._future = self.ask()\n",
+                "            pass\n",
+            ),
+        ),
         (_STACKS_BUTTON,),
     ),
     Mutation(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from notebook_kit.launch.native_stacks import NativeDumps, native_note
-from notebook_kit.live.stacks_panel import answer_asks
+from notebook_kit.live.ask_button import answer_asks
 from notebook_kit.worker.stacks import STACKS_SIGNAL
 
 __all__ = [

@@ -15,17 +15,11 @@ import html
 import io
 from typing import Any
 
-from notebook_kit.live.panels import Panel
-from notebook_kit.live.stacks_panel import BLOCK_PIXELS, asker, block_layout, show_block
+from notebook_kit.live.ask_button import AskButtonPanel, asker
 
 __all__ = ["PROFILE_STEPS", "ProfilePanel", "profile_taken", "timeline_png"]
 
 PROFILE_STEPS = 5
-_BLOCK_STYLE = (
-    f"height:{BLOCK_PIXELS - 10}px;overflow:auto;margin:4px 0;padding:4px 6px;"
-    "border:1px solid #ddd;"
-    "font-size:11px;line-height:14px;background:#fafafa"
-)
 _running: list[ProfilePanel] = []  # the panels of the runs in progress: profile() tells them
 
 
@@ -35,19 +29,17 @@ def profile_taken(results: dict[int, Any]) -> None:
         panel.results = results
 
 
-class ProfilePanel(Panel):
+class ProfilePanel(AskButtonPanel):
     """A Profile button beside Stop; each rank's top operators and timeline under the plot."""
 
     name = "profile"
-    place = "header"
+    button_text = "Profile"
+    icon = "clock-o"
+    tooltip = f"Profile the next {PROFILE_STEPS} steps on every rank (torch.profiler)"
 
     def __init__(self) -> None:
-        self.button: Any = None
-        self.block: Any = None
-        self._view: Any = None
+        super().__init__()
         self.results: dict[int, Any] | None = None  # the last profile, rank by rank
-        self._clicks = self._seen = 0
-        self._future: Any = None
         self._drawn: Any = None  # the results the block shows
         self._png = ""  # their timeline, base64
 
@@ -60,64 +52,35 @@ class ProfilePanel(Panel):
             _running.remove(self)
 
     def build(self, view: Any) -> list[tuple[str, Any]]:
-        import ipywidgets as widgets  # with the notebook view only
-
-        self.button = widgets.Button(
-            description="Profile",
-            icon="clock-o",
-            tooltip=f"Profile the next {PROFILE_STEPS} steps on every rank (torch.profiler)",
-            layout=view.shared.layout,
-            _dom_classes=("nk-profile-button",),
-        )
-        self.button.on_click(self._clicked)
-        self.block = view.shared.html("", ("nk-profile",), block_layout())
-        self._view = view
         self._drawn = None
-        # The block goes with the tabs, just above them: under the plot and the lines that appear
-        # there (the speed line keeps its place under the plot).
-        return [("header", self.button), ("tab", self.block)]
-
-    @property
-    def controls(self) -> list[Any]:  # type: ignore[override]
-        return [self.button] if self.button is not None else []
-
-    def _clicked(self, _: Any) -> None:
-        # On the route's subshell while the cell runs: note the click only (draw() asks).
-        self._clicks += 1
+        return super().build(view)
 
     def draw(self) -> None:
-        if self._clicks != self._seen and self._future is None:
-            self._seen = self._clicks
-            self._ask()
-        future = self._future
-        if future is not None and future.done():
-            self._future = None
-            try:
-                self.results = future.result()
-            except Exception as error:  # a rank that could not, a timeout, the run's end
-                self._show(f"<pre>{html.escape(str(error))}</pre>")
+        super().draw()
+        # A profile() call during the run lands here too, without a click.
         if self.results is not None and self.results is not self._drawn:
             self._drawn = self.results
             self._png = timeline_png(self.results)
-            self._show(self._html())
+            self.show(self._html())
 
-    def _ask(self) -> None:
+    def ask(self) -> Any:
         ask = asker("profile")
         if ask is None:
-            self._show("<pre>This run cannot be profiled from the view.</pre>")
-            return
+            self.show("<pre>This run cannot be profiled from the view.</pre>")
+            return None
         try:
-            self._future = ask(steps=PROFILE_STEPS)
+            future = ask(steps=PROFILE_STEPS)
         except RuntimeError as error:
-            self._show(f"<pre>{html.escape(str(error))}</pre>")
-            return
-        self._show(f"<pre>Profiling the next {PROFILE_STEPS} steps on every rank…</pre>")
+            self.show(f"<pre>{html.escape(str(error))}</pre>")
+            return None
+        self.show(f"<pre>Profiling the next {PROFILE_STEPS} steps on every rank…</pre>")
+        return future
 
-    def _show(self, inner: str) -> None:
-        if self.block is None:
-            return
-        show_block(self._view, self.block)
-        self.block.value = f'<div style="{_BLOCK_STYLE}">{inner}</div>'
+    def answered(self, future: Any) -> None:
+        try:
+            self.results = future.result()
+        except Exception as error:  # a rank that could not, a timeout, the run's end
+            self.show(f"<pre>{html.escape(str(error))}</pre>")
 
     def _text(self) -> str:
         return "\n\n".join(result.text() for result in (self.results or {}).values())

@@ -4,8 +4,9 @@ A rank at a ``breakpoint()`` (:mod:`notebook_kit.worker.debugger`) sends what pd
 its prompt; the supervisor's loop hands it to the :class:`DebuggerDesk`, which prints the
 output and asks ``input(prompt)`` on the kernel's main thread: in a notebook that is the
 kernel's own input request, the box an ``input()`` in a cell opens. The line goes back to that
-rank's answer pipe. Where nobody can type (a frontend that allows no input, a script without a
-terminal, a cluster's node process) the answer is "no line", and the rank skips its breakpoint.
+rank's answer pipe (a rank on a cluster's node: its node process's, through the node relay).
+Where nobody can type (a frontend that allows no input, a script without a terminal) the answer
+is "no line", and the rank skips its breakpoint.
 
 One rank holds the prompt until it continues or quits (or runs on for a while after a step:
 it may be waiting in a collective for a rank that is queued here). Ranks that stop meanwhile
@@ -61,7 +62,7 @@ def why_nobody_types() -> str:
     """Why :func:`ask_the_cell` found nobody to ask, in the words of a skipped breakpoint."""
     if not inspect.isbuiltin(builtins.input):
         return "this frontend allows no input"
-    return "no cell or terminal can answer here (a script without one, a cluster's node)"
+    return "no cell or terminal can answer here (a script without one)"
 
 
 def _can_type() -> bool:

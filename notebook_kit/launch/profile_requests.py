@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from notebook_kit.launch.stack_requests import StackDesk, current_desk
-from notebook_kit.live.profile_panel import profile_taken
 from notebook_kit.live.ask_button import answer_asks
+from notebook_kit.live.profile_panel import profile_taken
 from notebook_kit.runtime.messages import ProfileDone, ProfileOrder
 from notebook_kit.worker.step_profiler import PROFILE_SIGNAL, write_order
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from notebook_kit.live.notebook_view import LiveObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
 from notebook_kit.live.rank_output import RankOutput
 from notebook_kit.live.record import last_run
-from notebook_kit.live.stop_button import StopButton
+from notebook_kit.live.shared_models import SharedModels
+from notebook_kit.live.stop_button import StopPanel
 from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.messages import MetricsBatch, Progress
 
@@ -88,17 +90,19 @@ def test_last_segment_keeps_what_a_terminal_shows() -> None:
 
 def test_stop_button_only_sets_the_flag_and_not_after_the_run() -> None:
     flag = StopFlag()
-    button = StopButton(flag)
-    assert open_route((button.button,)) is None  # no kernel here: the hint tells what to do
-    button.show_hint()
-    assert "notebook_launcher_async" in button.note.value and button.note.layout.display is None
-    button.button.click()
+    panel = StopPanel()
+    panel.build(SimpleNamespace(shared=SharedModels(), routed=False))
+    panel.start(_info(flag))
+    assert open_route((panel.button,)) is None  # no kernel here: the hint tells what to do
+    panel.draw()  # the clicks are not routed: the hint
+    assert "notebook_launcher_async" in panel.note.value and panel.note.layout.display is None
+    panel.button.click()
     assert flag.is_set()
-    button.show_stopping()
-    assert button.button.description == "Stopping…" and button.button.disabled
+    panel.draw()  # the flag is seen: "Stopping…"
+    assert panel.button.description == "Stopping…" and panel.button.disabled
     flag.clear()
-    assert button.finish() is None  # no route to close
-    button.button.click()
+    assert panel.finish(LaunchSummary((), 1.0)) is None  # no route to close
+    panel.button.click()
     assert not flag.is_set()
     flag.close()
 

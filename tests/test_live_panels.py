@@ -102,8 +102,8 @@ def test_a_panel_with_widgets_of_its_own_is_placed_routed_drawn_and_shown_at_the
     observer.on_metrics(MetricsBatch(0, ((0, 0, {"loss": 1.0}),), 0, Progress(1)))
     observer.on_tick()  # progress: the controls are routed (here, nowhere)
     assert len(routed) == 1 and pings.button in routed[0]
-    assert observer.stop.stop.button in routed[0] and observer.plot.controls_widget in routed[0]
-    assert "notebook_launcher_async" in observer.stop.stop.note.value  # no route: the hint
+    assert observer.stop.button in routed[0] and observer.plot.controls_widget in routed[0]
+    assert "notebook_launcher_async" in observer.stop.note.value  # no route: the hint
     pings.button.click()
     assert pings.block.value == ""  # the handler only noted it
     observer._last_refresh = 0.0

@@ -52,7 +52,7 @@ def click():
     while "rank 1" not in stacks.block.value and time.monotonic() < deadline:
         time.sleep(0.05)
     seen["block"] = stacks.block.value
-    built(StopPanel, "stop").stop.button.click()
+    built(StopPanel, "button").button.click()
 
 threading.Thread(target=click, daemon=True).start()
 notebook_launcher(train, num_processes=2, live=True)

@@ -16,12 +16,12 @@ from notebook_kit.live.headless import HeadlessObserver, QuietObserver, last_seg
 from notebook_kit.live.kernel_status import open_route
 from notebook_kit.live.notebook_view import LiveObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
-from notebook_kit.live.rank_output import RankOutput
+from notebook_kit.live.rank_output import RankOutputPanel
 from notebook_kit.live.record import last_run
 from notebook_kit.live.shared_models import SharedModels
 from notebook_kit.live.stop_button import StopPanel
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import MetricsBatch, Progress
+from notebook_kit.runtime.messages import MetricsBatch, OutputLine, Progress
 
 
 def test_without_a_notebook_front_end_the_text_displays_are_chosen() -> None:
@@ -51,18 +51,26 @@ def test_without_a_notebook_progress_lines_come_every_interval_with_the_rate(
     assert "loss" in progress[-1] and lines[-1].startswith("[finished] step 3/10 (30%)")
 
 
+def _rank_tabs(*ranks: int) -> RankOutputPanel:
+    """The ranks' output panel as the notebook view builds it and a launch starts it."""
+    panel = RankOutputPanel()
+    panel.build(SimpleNamespace(shared=SharedModels()))
+    panel.start(LaunchInfo("run", len(ranks), len(ranks), ranks, StopFlag()))
+    return panel
+
+
 def test_rank_output_groups_lines_and_marks_errors() -> None:
-    output = RankOutput((0, 1))
-    output.add(0, "stdout", "epoch 0 <done>")
-    output.add(1, "stderr", "  5%|#|\r 50%|#####|\r100%|##########|")
-    output.refresh()
-    panes = output.widget.children
+    output = _rank_tabs(0, 1)
+    output.take(OutputLine(0, "stdout", "epoch 0 <done>"))
+    output.take(OutputLine(1, "stderr", "  5%|#|\r 50%|#####|\r100%|##########|"))
+    output.draw()
+    panes = output.tabs.children
     assert "epoch 0 &lt;done&gt;" in panes[0].value
     assert "100%" in panes[1].value and "50%" not in panes[1].value
     assert "color:#b00020" in panes[1].value
-    assert output.widget.titles == ("rank 0", "rank 1 (stderr)")
-    output.finish((RankSummary(0, 0, 1.0), RankSummary(1, 1, 1.0)))
-    assert output.widget.titles[1] == "rank 1 ✗"
+    assert output.tabs.titles == ("rank 0", "rank 1 (stderr)")
+    output.finish(LaunchSummary((RankSummary(0, 0, 1.0), RankSummary(1, 1, 1.0)), 1.0))
+    assert output.tabs.titles[1] == "rank 1 ✗"
     static = output.static_html()
     assert "<details open><summary style" in static and "rank 1 ✗ · 1 line" in static
     assert static.count("<details open>") == 2  # short outputs are shown open
@@ -75,11 +83,11 @@ def test_rank_output_groups_lines_and_marks_errors() -> None:
 
 
 def test_rank_output_keeps_its_height_from_the_start() -> None:
-    output = RankOutput((0,))
-    empty = output.widget.children[0].value
-    output.add(0, "stdout", "x")
-    output.refresh()
-    full = output.widget.children[0].value
+    output = _rank_tabs(0)
+    empty = output.tabs.children[0].value
+    output.take(OutputLine(0, "stdout", "x"))
+    output.draw()
+    full = output.tabs.children[0].value
     assert "nothing printed yet" in empty and "height:9.5em" in empty and "height:9.5em" in full
 
 

@@ -15,11 +15,11 @@ import collections.abc
 import html
 from typing import Any
 
-from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary, Stream, rank_label
+from notebook_kit.live.observer import LaunchInfo, LaunchSummary, rank_label
 from notebook_kit.live.panels import Panel
 from notebook_kit.runtime.messages import OutputLine, WorkerMessage
 
-__all__ = ["RankOutput", "RankOutputPanel", "last_segment"]
+__all__ = ["RankOutputPanel", "last_segment"]
 
 _KEPT_LINES = 400  # per rank; older lines scroll away
 ERROR_COLOUR = "#b00020"
@@ -43,26 +43,39 @@ def last_segment(line: str) -> str:
     return segments[-1] if segments else ""
 
 
-class RankOutput:
-    """Tabs of worker output, one per rank, after any leading tabs (the evaluation table).
+class RankOutputPanel(Panel):
+    """Each rank's output: a tab per rank in the view, after any leading tabs (the evaluation
+    table); their lines under the summary at the end (a run without a notebook prints each
+    line as it comes instead).
 
-    Example:
-        >>> output = RankOutput((0, 1)); output.add(1, "stderr", "warning!"); output.refresh()
+    Example::
+
+        panel = RankOutputPanel(); panel.build(view); panel.start(info)
+        panel.take(OutputLine(1, "stderr", "warning!")); panel.draw()
     """
 
-    def __init__(self, ranks: tuple[int, ...] = (), shared: Any = None) -> None:
+    name = "output"
+    place = "tab"
+
+    def __init__(self) -> None:
+        self.tabs: Any = None  # the tabs, in a notebook view
+
+    def build(self, view: Any) -> list[tuple[str, Any]]:
         import ipywidgets as widgets  # with the notebook view only
 
-        from notebook_kit.live.shared_models import SharedModels
-
-        self._shared = shared if shared is not None else SharedModels()
-        self.widget = widgets.Tab(
+        self._shared = view.shared
+        self.tabs = widgets.Tab(
             layout=widgets.Layout(height=TABS_HEIGHT),  # the tab bar and a pane, before render
             _dom_classes=("nk-rank-output",),
         )
-        self.set_ranks(ranks)
+        self._set_ranks(())
+        return [(self.place, self.tabs)]
 
-    def set_ranks(self, ranks: tuple[int, ...], nodes: dict[int, int] | None = None) -> None:
+    def start(self, info: LaunchInfo) -> None:
+        if self.tabs is not None:
+            self._set_ranks(info.ranks, info.node_of())
+
+    def _set_ranks(self, ranks: tuple[int, ...], nodes: dict[int, int] | None = None) -> None:
         """A tab for each of ``ranks`` (``nodes``: rank -> node, shown in the titles of a
         multi-node run), empty."""
         self.ranks = ranks
@@ -75,15 +88,18 @@ class RankOutput:
         self._dirty: set[int] = set()
         self._panes = {rank: self._shared.html(_as_html(())) for rank in ranks}
         self._titles = tuple(self._rank_titles())
-        self.widget.children = [self._panes[rank] for rank in ranks]
-        self.widget.titles = self._titles
+        self.tabs.children = [self._panes[rank] for rank in ranks]
+        self.tabs.titles = self._titles
 
-    def add(self, rank: int, stream: Stream, line: str) -> None:
+    def take(self, message: WorkerMessage | OutputLine) -> None:
+        if self.tabs is None or not isinstance(message, OutputLine):
+            return
+        rank = message.rank
         if rank not in self._lines:
             return
-        shown = last_segment(line)
+        shown = last_segment(message.text)
         text = html.escape(shown)  # a kept line never changes: escape it once
-        if stream == "stderr":
+        if message.stream == "stderr":
             text = f'<span style="color:{ERROR_COLOUR}">{text}</span>'
             self._has_error[rank] = True
         self._lines[rank].append(text)
@@ -91,9 +107,9 @@ class RankOutput:
         self._counts[rank] += 1
         self._dirty.add(rank)
 
-    def refresh(self) -> None:
+    def draw(self) -> None:
         """Push the lines that arrived since the last refresh to the front end."""
-        if not self._dirty:
+        if self.tabs is None or not self._dirty:
             return
         for rank in sorted(self._dirty):
             self._panes[rank].value = _as_html(self._lines[rank])
@@ -108,16 +124,23 @@ class RankOutput:
         return titles
 
     def _set_titles(self) -> None:
-        leading = self.widget.titles[: len(self.widget.children) - len(self.ranks)]
+        leading = self.tabs.titles[: len(self.tabs.children) - len(self.ranks)]
         titles = (*leading, *self._rank_titles())
         if titles != self._titles:
-            self._titles = self.widget.titles = titles
+            self._titles = self.tabs.titles = titles
 
-    def finish(self, ranks: tuple[RankSummary, ...]) -> None:
+    def finish(self, summary: LaunchSummary) -> None:
         """Mark ranks that exited with an error."""
-        self.refresh()
-        self._failed = {s.rank for s in ranks if s.exit_code not in (0, None)} & set(self.ranks)
+        if self.tabs is None:
+            return
+        self.draw()
+        failed = {s.rank for s in summary.ranks if s.exit_code not in (0, None)}
+        self._failed = failed & set(self.ranks)
         self._set_titles()
+
+    def details(self) -> tuple[str, str] | None:
+        shown = self.static_html() if self.tabs is not None else ""
+        return (shown, self.text()) if shown else None
 
     def static_html(self) -> str:
         """Each rank's output in a ``<details>`` block: open when short or failed (in red)."""
@@ -160,38 +183,3 @@ def _as_html(rows: collections.abc.Iterable[str]) -> str:
         f'<div style="height:{PANE_HEIGHT};overflow:auto;display:flex;'
         f'flex-direction:column-reverse"><pre style="{_PRE_STYLE}">{body}</pre></div>'
     )
-
-
-class RankOutputPanel(Panel):
-    """Each rank's output: a tab per rank in the view, their lines under the summary at the end
-    (a run without a notebook prints each line as it comes instead)."""
-
-    name = "output"
-    place = "tab"
-
-    def __init__(self) -> None:
-        self.tabs: RankOutput | None = None  # in a notebook view
-
-    def build(self, view: Any) -> list[tuple[str, Any]]:
-        self.tabs = RankOutput(shared=view.shared)
-        return [(self.place, self.tabs.widget)]
-
-    def start(self, info: LaunchInfo) -> None:
-        if self.tabs is not None:
-            self.tabs.set_ranks(info.ranks, info.node_of())
-
-    def take(self, message: WorkerMessage | OutputLine) -> None:
-        if self.tabs is not None and isinstance(message, OutputLine):
-            self.tabs.add(message.rank, message.stream, message.text)
-
-    def draw(self) -> None:
-        if self.tabs is not None:
-            self.tabs.refresh()
-
-    def finish(self, summary: LaunchSummary) -> None:
-        if self.tabs is not None:
-            self.tabs.finish(summary.ranks)
-
-    def details(self) -> tuple[str, str] | None:
-        shown = self.tabs.static_html() if self.tabs is not None else ""
-        return (shown, self.tabs.text()) if self.tabs is not None and shown else None

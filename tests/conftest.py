@@ -39,6 +39,16 @@ def interrupts_raise_keyboard_interrupt():
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.fixture(autouse=True)
+def python_handles_ctrl_c():
+    """Each test starts with Python's own Ctrl-C handler: a library may replace it when first
+    imported (``dask_jobqueue.runner``, which the SLURM tests import, exits the process on
+    Ctrl-C), and a test that interrupts a run expects KeyboardInterrupt."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
 @pytest.fixture(autouse=True, scope="session")
 def isolated_saved_config(tmp_path_factory):
     """Point the saved default config at an empty place, so a developer's own never applies."""

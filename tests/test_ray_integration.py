@@ -43,6 +43,12 @@ def ray_runtime():
     dashboard, no usage report, a small object store, and no idle workers started ahead."""
     import ray
 
+    from notebook_kit.launch.cluster.engines import ray_actors
+
+    # A kernel has one Ray connection; this test process had others before (the Ray client
+    # module's head): the hub and keepers it made there are not this instance's.
+    ray_actors._actors.clear()
+    ray_actors._deaths.clear()
     quiet = {_MARK: _TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
     # As in a kernel that made a Dask LocalCluster before starting Ray: its nannies set this
     # in the kernel's own environment, which every Ray process then inherits.

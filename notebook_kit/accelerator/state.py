@@ -7,6 +7,8 @@ variables are turned into torch's first), or a plain single process.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,6 +40,15 @@ def _torchrun_environment() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
+def _leave_group() -> None:
+    """At exit, end the group this process made. Left to the interpreter's shutdown, torch's
+    threads for it are destroyed still running, which aborts the process ("terminate called
+    without an active exception") after its work is done."""
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
 def resolve_process_state(cpu: bool) -> ProcessState:
     """Find (or, under torchrun, create) the process group this process belongs to.
 
@@ -63,6 +74,7 @@ def resolve_process_state(cpu: bool) -> ProcessState:
             env_local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
             device = torch.device("cuda", env_local_rank) if use_cuda else None
             init_group_from_environment("nccl" if use_cuda else "gloo", device=device)
+            atexit.register(_leave_group)
         rank, size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     else:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from notebook_kit.launch.stack_requests import StackDesk, current_desk
+from notebook_kit.launch.stack_requests import StackDesk, current_desk, in_background
 from notebook_kit.live.ask_button import answer_asks
 from notebook_kit.live.profile_panel import profile_taken
 from notebook_kit.runtime.messages import ProfileDone, ProfileOrder
@@ -200,16 +200,7 @@ def ask_profile(
 ) -> concurrent.futures.Future[RankProfiles]:
     """:func:`profile` without waiting: a future of its answer (for a view's button)."""
     request, _ = _request(steps, timeout, folder)
-    future: concurrent.futures.Future[RankProfiles] = concurrent.futures.Future()
-
-    def collect() -> None:
-        try:
-            future.set_result(_collect(request))
-        except BaseException as error:
-            future.set_exception(error)
-
-    threading.Thread(target=collect, name="notebook_kit-profile-ask", daemon=True).start()
-    return future
+    return in_background(lambda: _collect(request), "notebook_kit-profile-ask")
 
 
 answer_asks(profile=ask_profile)  # the view's Profile button asks through it

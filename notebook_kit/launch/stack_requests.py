@@ -263,20 +263,24 @@ def ask_stacks(timeout: float = DEFAULT_TIMEOUT) -> Any:
 
     For code that runs inside the run's loop (a view's button handler), which must not wait.
     """
+    request = current_desk().submit(_checked(timeout))
+    return in_background(lambda: _collect(request), "notebook_kit-stacks-ask")
+
+
+def in_background(work: Callable[[], Any], name: str) -> Any:
+    """``work()`` on a daemon thread named ``name``: a ``concurrent.futures.Future`` of its
+    result or its error (what a view's button asks for, as it must not wait)."""
     import concurrent.futures
 
-    seconds = _checked(timeout)
-    desk = current_desk()
-    future: concurrent.futures.Future[RankStacks] = concurrent.futures.Future()
-    request = desk.submit(seconds)
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
-    def collect() -> None:
+    def run() -> None:
         try:
-            future.set_result(_collect(request))
+            future.set_result(work())
         except BaseException as error:
             future.set_exception(error)
 
-    threading.Thread(target=collect, name="notebook_kit-stacks-ask", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     return future
 
 

@@ -1259,6 +1259,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "shield-ends-with-the-cells-code",
+        "a repeat press after the cell's code, before its reply, is absorbed too",
+        (
+            Edit(
+                "launch/interrupts.py",
+                "    signal.signal(signal.SIGINT, absorb)\n",
+                "    signal.signal(signal.SIGINT, absorb)\n"
+                "    _ipython().events.register(\n"
+                "        'post_execute', lambda: signal.signal(signal.SIGINT, original)\n"
+                "    )\n",
+            ),
+        ),
+        (
+            "tests/test_interrupt_presses_integration.py::"
+            "test_a_repeat_landing_after_the_cells_code_still_gets_the_cell_its_reply",
+        ),
+    ),
+    Mutation(
         "next-launch-forgets-the-repeats",
         "a launch that a cell starts right after catching an interrupt absorbs its repeats",
         (

@@ -169,3 +169,35 @@ def test_quick_presses_end_a_pool_command_with_one_keyboard_interrupt() -> None:
             if not kept:
                 run_cell(client, "%%distributed\nimport time\nkept = 'yes'")
             time.sleep(1.2)
+
+
+LATE_REPEAT = """\
+import os, signal, threading
+def press(after):  # the stop button: SIGINT to the kernel's process group
+    threading.Timer(after, os.killpg, (os.getpgid(0), signal.SIGINT)).start()
+def late():  # runs after the cell's code, where the kernel flushes output and replies
+    get_ipython().events.unregister('post_execute', late)
+    press(0.05)
+    time.sleep(0.5)
+press(0.8)
+try:
+    notebook_launcher(slow, num_processes=2, live=False)
+finally:
+    get_ipython().events.register('post_execute', late)"""
+
+
+def test_a_repeat_landing_after_the_cells_code_still_gets_the_cell_its_reply() -> None:
+    """The second press arrives once the cell's code has ended, while the kernel finishes the
+    request: it is absorbed there too, so the cell gets its one error and its reply."""
+    with real_kernel() as (_, client):
+        run_cell(client, SETUP, timeout=120)
+        msg_id = client.execute(LATE_REPEAT)
+        messages = cell_messages(client, msg_id, timeout=60)
+        reply = client.get_shell_msg(timeout=10)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = client.get_shell_msg(timeout=10)
+        errors = [m["content"]["ename"] for m in messages if m["msg_type"] == "error"]
+        streams = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+        assert errors == ["KeyboardInterrupt"] and reply["content"]["status"] == "error"
+        assert "KeyboardInterrupt" not in streams, streams
+        assert _value(run_cell(client, "notebook_launcher(lambda: 7 * 6, num_processes=2)")) == "42"

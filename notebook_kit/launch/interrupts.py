@@ -182,12 +182,14 @@ def _latch_here() -> _Latch | None:
 
 
 def _afterglow(original: Handler) -> None:
-    """Absorb repeats while IPython prints the cell's KeyboardInterrupt, then hand back.
+    """Absorb repeats while IPython prints the cell's KeyboardInterrupt and sends its reply.
 
-    Outside IPython the handler is put back at once: a script's traceback needs no shield.
+    The kernel puts its own handler back once the request ends; a press that lands between
+    the end of the cell's code and its reply would otherwise be raised in the kernel's
+    message handler, and the cell would get no reply at all. Outside IPython the handler
+    is put back at once: a script's traceback needs no shield.
     """
-    shell = _ipython()
-    if shell is None:
+    if _ipython() is None:
         signal.signal(signal.SIGINT, original)
         return
     until = time.monotonic() + REPEAT_SECONDS
@@ -198,15 +200,7 @@ def _afterglow(original: Handler) -> None:
 
     absorb.original = original  # type: ignore[attr-defined]
     absorb.until = until  # type: ignore[attr-defined]
-
-    def hand_back() -> None:
-        with contextlib.suppress(ValueError):
-            shell.events.unregister("post_execute", hand_back)
-        if signal.getsignal(signal.SIGINT) is absorb:
-            signal.signal(signal.SIGINT, original)
-
     signal.signal(signal.SIGINT, absorb)
-    shell.events.register("post_execute", hand_back)
 
 
 def _ipython() -> Any:

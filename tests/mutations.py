@@ -1259,6 +1259,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "pdb-session-under-torchs-collective-timeout",
+        "where the cell can answer pdb, the ranks' collectives wait for a rank at its prompt",
+        (
+            Edit(
+                "launch/plan.py",
+                '"collective_timeout": DEBUGGING_COLLECTIVE_TIMEOUT if can_type() else None,',
+                '"collective_timeout": None,',
+            ),
+        ),
+        (
+            "tests/test_debugger_kernel_integration.py::"
+            "test_a_collective_waits_a_week_where_the_cell_can_answer_pdb_and_torchs_default_elsewhere",
+        ),
+    ),
+    Mutation(
+        "group-made-without-the-plans-collective-timeout",
+        "the process group is made with the plan's collective timeout",
+        (
+            Edit(
+                "worker/rendezvous.py",
+                '**({} if waits is None else {"timeout": timedelta(seconds=waits)}),',
+                "",
+            ),
+        ),
+        (
+            "tests/test_debugger_kernel_integration.py::"
+            "test_a_collective_waits_a_week_where_the_cell_can_answer_pdb_and_torchs_default_elsewhere",
+        ),
+    ),
+    Mutation(
         "shield-ends-with-the-cells-code",
         "a repeat press after the cell's code, before its reply, is absorbed too",
         (

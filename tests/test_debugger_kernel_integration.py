@@ -42,6 +42,16 @@ print("result", notebook_launcher(train, num_processes=2{options}))
 RANK_1 = "if rank == 1:\n        breakpoint()"
 EVERY_RANK = "breakpoint()"
 NEXT_LAUNCH = 'print("next", notebook_launcher(lambda: 7, num_processes=2))'
+# How long a rank's collective waits for the others: torch's default (30 min for gloo) would
+# end a pdb session under the ranks that wait for the one at the prompt.
+COLLECTIVE_WAIT = """\
+from notebook_kit import notebook_launcher
+def waits():
+    import torch, torch.distributed as dist
+    group = dist.distributed_c10d._get_default_group()
+    return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+print("waits", notebook_launcher(waits, num_processes=2))
+"""
 
 
 @dataclass
@@ -115,6 +125,14 @@ def test_p_prints_rank_1s_variable_while_rank_0_waits_in_all_reduce_and_c_ends_n
     assert "tensor([11.])" in cell.text, cell.text
     assert "result 21.0" in cell.text  # the all_reduce met once rank 1 went on
     assert "No rank has made progress" not in cell.text  # time at the prompt is no stall
+
+
+def test_a_collective_waits_a_week_where_the_cell_can_answer_pdb_and_torchs_default_elsewhere():
+    with real_kernel() as (_, client):
+        typed = _run(client, COLLECTIVE_WAIT)
+        headless = _run(client, COLLECTIVE_WAIT, allow_stdin=False)
+    assert "waits 604800.0" in typed.text, typed.text
+    assert "waits 1800.0" in headless.text, headless.text
 
 
 def test_q_ends_the_run_as_rank_1s_failure_and_the_next_launch_works():

@@ -73,6 +73,8 @@ class LaunchPlan:
     storage_timeout: int = 60  # seconds a checkpoint save waits on silent storage
     memory_history: bool = False  # each GPU rank records its allocations, for an OOM's snapshot
     post_mortem: bool = False  # a rank that raises opens pdb in its frame before it reports
+    # Seconds a collective waits for the other ranks; None: torch's default (30 min for gloo).
+    collective_timeout: float | None = None
 
     @property
     def parallelism(self) -> dict[str, int]:

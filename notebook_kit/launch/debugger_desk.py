@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from notebook_kit.runtime.messages import DebuggerLeft, DebuggerLine, DebuggerPrompt
 
-__all__ = ["DebuggerDesk", "ask_the_cell"]
+__all__ = ["DebuggerDesk", "ask_the_cell", "can_type"]
 
 # A rank that holds the prompt and has run this long since its last line (a step into code
 # that waits for a queued rank) lets the next rank have it.
@@ -44,7 +44,7 @@ def ask_the_cell(output: str, prompt: str) -> str | None:
     breakpoint); elsewhere only a terminal can answer. End of input (Ctrl-D) reads as pdb's
     own end of file, which quits.
     """
-    if not _can_type():
+    if not can_type():
         return None
     if output:
         _print(output)
@@ -65,7 +65,7 @@ def why_nobody_types() -> str:
     return "no cell or terminal can answer here (a script without one)"
 
 
-def _can_type() -> bool:
+def can_type() -> bool:
     """Whether a line can be asked here: a kernel whose frontend allows input, or a terminal."""
     if not inspect.isbuiltin(builtins.input):  # the kernel's, during a cell
         shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()

@@ -21,6 +21,7 @@ from notebook_kit.config.mesh_layout import MESH_ORDER, MeshLayout, check_mesh_f
 from notebook_kit.config.placement import DEFAULT_MASTER_PORT
 from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, check_argument
+from notebook_kit.launch.debugger_desk import can_type
 from notebook_kit.launch.preflight import check_fork_safety
 
 __all__ = [
@@ -32,6 +33,10 @@ __all__ = [
 ]
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, args, kwargs
+# Where a cell or terminal can answer pdb, a rank may sit at a breakpoint for as long as the
+# user reads its locals while the others wait in a collective: torch's 30 minutes would end the
+# run under them. The stall report names that rank and Stop ends the run; nothing else must.
+DEBUGGING_COLLECTIVE_TIMEOUT = 7 * 24 * 3600.0
 _PLAN_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchPlan))
 
 
@@ -106,6 +111,7 @@ def make_plan(
         "kernel": kernel,
         "cores": usable_cpu_count(),
         "stall_seconds": stall_seconds,
+        "collective_timeout": DEBUGGING_COLLECTIVE_TIMEOUT if can_type() else None,
     }
     # The other settings the plan has a field for go in as they are (mesh sizes checked above).
     as_given = {name: getattr(config, name) for name in _PLAN_FIELDS if name in SETTINGS}

@@ -46,12 +46,14 @@ def join_process_group(spec: WorkerSpec) -> dist.Store:
     if spec.plan.backend == "nccl":
         torch.cuda.set_device(spec.local_rank)
         device_id = torch.device("cuda", spec.local_rank)
+    waits = spec.plan.collective_timeout  # None: torch's own default for the backend
     dist.init_process_group(
         spec.plan.backend,
         store=store,
         rank=spec.rank,
         world_size=spec.plan.world_size,
         device_id=device_id,
+        **({} if waits is None else {"timeout": timedelta(seconds=waits)}),
     )
     # A rank's init can return before its peers have finished their handshake with it; had
     # it crashed right away, theirs would fail too. Nobody starts until everybody is ready.

@@ -113,6 +113,7 @@ def test_a_cuda_context_made_by_any_library_is_refused(monkeypatch, driver_answe
     monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(preflight, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(environment, "_driver_init_status", lambda: driver_answer)
+    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")  # refused only when fork is asked
     state = environment.probe_kernel()
     assert state.cuda_bad_fork is (expected is not None)
     if expected is None:

@@ -245,6 +245,7 @@ def test_the_report_and_the_launch_agree_after_a_cuda_context_made_behind_torch(
     report = environment.environment()
     assert not report.fork_safe and report.to_dict()["fork_safe"] is False
     assert "NO: CUDA is initialised in this process (by a library other" in report.to_text()
+    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")  # refused only when fork is asked
     with pytest.raises(ForkSafetyError, match="A library other than torch"):
         notebook_launcher(lambda: None, num_processes=2)
 

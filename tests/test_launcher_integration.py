@@ -270,7 +270,8 @@ def test_twenty_launches_leak_nothing():
     assert _child_pids() <= children
 
 
-def test_existing_process_group_in_kernel_is_refused(tmp_path):
+def test_existing_process_group_in_kernel_is_refused_when_fork_is_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")  # "auto" starts from the template
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(ForkSafetyError, match="destroy_process_group"):
@@ -289,6 +290,7 @@ def test_cuda_seen_as_initialised_by_the_fork_probe_is_refused(monkeypatch):
     monkeypatch.setattr(preflight, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(environment, "_driver_init_status", lambda: 3)
+    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")  # "auto" starts from the template
     with pytest.raises(ForkSafetyError, match="Restart the kernel"):
         notebook_launcher(lambda: None, num_processes=2)
 

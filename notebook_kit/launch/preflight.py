@@ -20,6 +20,7 @@ __all__ = [
     "ForkSafetyError",
     "check_fork_safety",
     "check_not_in_a_launch",
+    "fork_hazard",
     "note_gpu_run_in_kernel",
     "open_rendezvous_socket",
 ]
@@ -78,6 +79,27 @@ def check_fork_safety(state: KernelState | None = None) -> KernelState:
     if state.cuda_bad_fork or torch_context:
         raise ForkSafetyError(_cuda_refusal(torch_context))
     return state
+
+
+def fork_hazard(state: KernelState | None = None) -> str | None:
+    """Why workers cannot be forked from this process, as the launch's banner says it; None
+    when they can. A launch then starts them from a clean process instead
+    (:mod:`notebook_kit.launch.template`).
+
+    Example:
+        >>> fork_hazard() is None  # a kernel that made no process group and ran no CUDA code
+        True
+    """
+    if dist.is_available() and dist.is_initialized():
+        return "the kernel holds a torch.distributed process group"
+    state = state or probe_kernel()
+    if state.probe_error is not None:
+        return f"the kernel could not be checked to be safe to fork ({state.probe_error})"
+    if _cuda_compiled() and torch.cuda.is_initialized():
+        return "the kernel holds a CUDA context (made by torch)"
+    if state.cuda_bad_fork:
+        return "the kernel holds a CUDA context (made by cupy, numba, jax or a driver call)"
+    return None
 
 
 def _cuda_refusal(torch_context: bool) -> str:

@@ -21,9 +21,11 @@ from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred,
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launchers.base import Launcher, Steps, WaitRequest, prepare_view
 from notebook_kit.launch.plan import Call
-from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.preflight import check_fork_safety, check_not_in_a_launch, fork_hazard
 from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
+from notebook_kit.launch.template import TemplateRoute, get_start_method
+from notebook_kit.launch.template_wire import SharedStopFlag
 from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
 from notebook_kit.runtime.context import StopFlag
@@ -52,17 +54,36 @@ class ForkedLauncher(Launcher):
         self.seat = seat
         self.restarts_before = restarts_before  # a cluster node's: the kernel's count so far
         self.weights_file: WeightsFile | None = None
+        self.route: TemplateRoute | None = None  # set when the workers start from the template
 
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
-        check_fork_safety(self.plan.kernel)  # the kernel runs nothing between attempts: once
         kernel_models = find_kernel_models(*call)
+        # The kernel runs nothing between attempts: decided once. A call that cannot be
+        # shipped is refused here, before anything starts.
+        self.route = self._route(call, kernel_models)
         if kernel_models:
             self.weights_file = WeightsFile()
         try:
+            if self.route is not None:
+                yield from self.route.wait_ready()
             return (yield from self._attempts(call, observer, kernel_models))
         finally:
             if self.weights_file is not None:
                 self.weights_file.close()
+
+    def _route(self, call: Call, kernel_models: dict[int, Any]) -> TemplateRoute | None:
+        """None to fork from the kernel; else the way through its clean template process.
+
+        A cluster's node process (``seat``) was itself started clean: it always forks.
+        """
+        check_not_in_a_launch()
+        method = "fork" if self.seat is not None else get_start_method()
+        hazard = None if method == "fork" else fork_hazard(self.plan.kernel)
+        if method == "fork" or (method == "auto" and hazard is None):
+            check_fork_safety(self.plan.kernel)
+            return None
+        reason = hazard or "the start method is 'template'"
+        return TemplateRoute(reason, call, kernel_models)
 
     def _attempts(
         self, call: Call, observer: LaunchObserver | None, kernel_models: dict[int, Any]
@@ -110,6 +131,16 @@ class ForkedLauncher(Launcher):
 
         The step every forked way to run shares: a one-off launch, and the pool's workers.
         """
+        if self.route is not None:
+            assert isinstance(stop_flag, SharedStopFlag)
+            supervisor.guardian = self.route.fork(
+                self.plan,
+                stop_flag.fd,
+                self.weights_file.fd if self.weights_file is not None else None,
+                self.restarts_before + restart_count,
+                supervisor.workers,
+            )
+            return
         with open_listener(self.plan, self.seat) or contextlib.nullcontext() as listener:
             supervisor.guardian = fork_workers(
                 call,
@@ -141,7 +172,7 @@ class _Attempt:
         self.plan: LaunchPlan = launcher.plan
         self.view = view
         self.observer: LaunchObserver | None = None  # told once the workers are forked
-        self.stop_flag = StopFlag()
+        self.stop_flag = SharedStopFlag() if launcher.route is not None else StopFlag()
         self.supervisor = Supervisor([], _NOT_YET_SHOWN)
         self.kernel_models = kernel_models
         self._started: float | None = None  # set once the observer has been told
@@ -173,8 +204,12 @@ class _Attempt:
 
     def _info(self) -> LaunchInfo:
         ranks = tuple(self.plan.global_rank(i) for i in range(self.plan.num_processes))
+        banner = self.plan.banner()
+        if self.launcher.route is not None:  # which way the workers start, and why
+            reason = self.launcher.route.reason
+            banner += f". {reason[0].upper()}{reason[1:]}: starting workers from a clean process"
         return LaunchInfo(
-            self.plan.banner(),
+            banner,
             self.plan.num_processes,
             self.plan.world_size,
             ranks,
@@ -213,6 +248,8 @@ class _Attempt:
         """Rank 0's weights into the kernel's models (and the seat's, on a cluster's node)."""
         home = self.launcher.weights_file
         fd = home.fd if home is not None else None
+        if self.launcher.route is not None and weights:  # keyed by the template's models
+            weights = self.launcher.route.kernel_weights(weights)
         if self.launcher.seat is not None:
             self.launcher.seat.weights.update(read_states(fd, weights))
         load_home_weights(self.kernel_models, weights, fd)

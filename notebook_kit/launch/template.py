@@ -1,0 +1,245 @@
+"""Where a launch's workers start from: the kernel itself (a fork), or its clean template.
+
+Forking is only safe while the kernel holds no CUDA context and no process group
+(:func:`~notebook_kit.launch.preflight.fork_hazard`). When it holds one, the launch asks the
+kernel's template process (:mod:`notebook_kit.launch.template_process`: a fresh interpreter
+that imported torch and nothing of the user's) to fork the guardian instead, with the call
+shipped by value (:mod:`notebook_kit.launch.template_shipping`). The template sends back the
+kernel's ends of every pipe, so the supervisor, the live view, Stop, interrupts and the weights
+coming home work as in a forked launch.
+
+The template is started by the first launch that needs it (a fresh interpreter is clean
+whenever it starts, so nothing is gained by starting it earlier, and a kernel that never
+needs it pays nothing) and kept for the kernel's later launches; one that died is replaced
+by the next launch. It ends with the kernel.
+
+:func:`set_start_method` chooses, as ``torch.multiprocessing.set_start_method`` does:
+``"auto"`` (the default: fork when safe, else the template), ``"fork"`` (always fork; an
+unsafe kernel raises :class:`~notebook_kit.launch.preflight.ForkSafetyError`) or
+``"template"`` (always the template). ``NOTEBOOK_KIT_START_METHOD`` sets the default.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Generator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from notebook_kit.config.launch_plan import LaunchPlan
+from notebook_kit.launch.guardian_link import GuardianLink
+from notebook_kit.launch.line_reader import LineReader
+from notebook_kit.launch.plan import Call
+from notebook_kit.launch.supervisor import WorkerProcess
+from notebook_kit.launch.template_shipping import ship_call
+from notebook_kit.launch.template_wire import ForkReply, ForkRequest, Ready, receive, send
+
+__all__ = [
+    "START_METHODS",
+    "TemplateError",
+    "TemplateRoute",
+    "get_start_method",
+    "set_start_method",
+]
+
+START_METHODS = ("auto", "fork", "template")
+_ENV = "NOTEBOOK_KIT_START_METHOD"
+_MAIN = "notebook_kit.launch.template_process"
+_chosen: str | None = None
+
+
+class TemplateError(RuntimeError):
+    """The template process could not start a launch's workers."""
+
+
+def set_start_method(method: str) -> None:
+    """Choose how launches start their workers: ``"auto"``, ``"fork"`` or ``"template"``.
+
+    Example:
+        >>> set_start_method("auto")
+    """
+    global _chosen
+    _chosen = _check(method, "set_start_method")
+
+
+def get_start_method() -> str:
+    """The chosen start method; else ``NOTEBOOK_KIT_START_METHOD``; else ``"auto"``."""
+    if _chosen is not None:
+        return _chosen
+    return _check(os.environ.get(_ENV, "auto") or "auto", _ENV)
+
+
+def _check(method: Any, name: str) -> str:
+    if method not in START_METHODS:
+        raise ValueError(
+            f"{name}: start method {method!r} is not one of {', '.join(START_METHODS)}. Use "
+            "'auto' (fork when the kernel is safe to fork, else start workers from a clean "
+            "process), 'fork' (always fork the kernel) or 'template' (always the clean process)."
+        )
+    return str(method)
+
+
+class _Template:
+    """The kernel's handle on its template process and the socket to it."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "notebook_kit.launch.template_process",
+                    str(theirs.fileno()),
+                ],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # the kernel's interrupts are not the template's
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.ready = False
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def ready_steps(self) -> Generator[tuple[list[Any], float], list[Any], None]:
+        """Wait (as a launcher's steps, so Ctrl-C stops the launch) for its imports."""
+        while not self.ready:
+            if not self.alive():
+                raise TemplateError(
+                    f"The clean process that starts the workers exited while starting (exit "
+                    f"code {self.process.returncode}); its error is in the kernel's log."
+                )
+            ready = yield [self.sock], 0.25
+            if ready:
+                message, fds = receive(self.sock)
+                _close_all(fds)
+                self.ready = isinstance(message, Ready)
+
+    def fork(self, request: ForkRequest, fds: list[int]) -> tuple[ForkReply, list[int]]:
+        try:
+            send(self.sock, request, fds)
+            reply, ends = receive(self.sock)
+        except (OSError, EOFError) as error:
+            raise TemplateError(
+                f"The clean process that starts the workers is gone ({error}); the next launch "
+                "starts a new one."
+            ) from error
+        if not isinstance(reply, ForkReply) or reply.error is not None:
+            _close_all(ends)
+            raise TemplateError(f"The clean process could not start the workers: {reply.error}")
+        return reply, ends
+
+    def close(self) -> None:
+        self.sock.close()  # its end of file ends the template
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(2.0)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+_template: _Template | None = None
+_lock = threading.Lock()
+
+
+def _kernel_template() -> _Template:
+    """The kernel's template, started now if there is none or it died."""
+    global _template
+    with _lock:
+        if _template is None or not _template.alive():
+            if _template is not None:
+                _template.sock.close()
+                _template.process.wait()
+            _template = _Template()
+        return _template
+
+
+@atexit.register
+def _end_template() -> None:
+    if _template is not None:
+        _template.close()
+
+
+class TemplateRoute:
+    """One launch's way through the template: the shipped call, and its models' two ids.
+
+    Built before anything starts, so what cannot be shipped is named first.
+    """
+
+    def __init__(self, reason: str, call: Call, kernel_models: dict[int, Any]) -> None:
+        self.reason = reason
+        self.models = list(kernel_models.values())
+        self.kernel_ids = list(kernel_models)
+        self.payload = ship_call(call, self.models, reason)
+        self.template = _kernel_template()
+        self.home_ids: dict[int, int] = {}  # the template's id of each model -> the kernel's
+
+    def wait_ready(self) -> Generator[tuple[list[Any], float], list[Any], None]:
+        """The launcher's steps until the template serves forks."""
+        self.template = _kernel_template()
+        yield from self.template.ready_steps()
+
+    def fork(
+        self,
+        plan: LaunchPlan,
+        stop_flag_fd: int,
+        weights_fd: int | None,
+        restart_count: int,
+        workers: list[WorkerProcess],
+    ) -> GuardianLink:
+        """Have the template fork the guardian; ``workers`` gets one handle per worker."""
+        request = ForkRequest(
+            payload=self.payload,
+            plan=plan,
+            restart_count=restart_count,
+            env=dict(os.environ),
+            path=tuple(sys.path),
+            cwd=os.getcwd(),
+            has_weights=weights_fd is not None,
+        )
+        fds = [stop_flag_fd] + ([weights_fd] if weights_fd is not None else [])
+        reply, ends = self.template.fork(request, fds)
+        self.home_ids = dict(zip(reply.model_ids, self.kernel_ids, strict=True))
+        link = GuardianLink(reply.pid, ends[0], ends[1])
+        os.set_blocking(link.status_fd, False)
+        at = 2
+        for rank, answers in zip(reply.ranks, reply.answers, strict=True):
+            workers.append(_handle(rank, ends[at : at + 4 if answers else at + 3]))
+            at += 4 if answers else 3
+        return link
+
+    def kernel_weights(self, weights: dict[int, Any]) -> dict[int, Any]:
+        """Rank 0's weights, keyed by the template's ids, keyed by the kernel's models."""
+        return {self.home_ids[i]: state for i, state in weights.items() if i in self.home_ids}
+
+
+def _handle(rank: int, fds: list[int]) -> WorkerProcess:
+    """The kernel's handle on a worker, from its ends as the template sent them."""
+    for fd in fds[:2]:
+        os.set_blocking(fd, False)
+    return WorkerProcess(
+        rank=rank,
+        pid=0,
+        stdout=LineReader(fds[0], rank, "stdout"),
+        stderr=LineReader(fds[1], rank, "stderr"),
+        messages=Connection(fds[2], writable=False),
+        answers=Connection(fds[3], readable=False) if len(fds) > 3 else None,
+    )
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

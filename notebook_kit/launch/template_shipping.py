@@ -1,0 +1,95 @@
+"""A launch's call shipped by value to the template process, or what cannot be, named first.
+
+cloudpickle sends what a notebook cell defines by value and the rest by module and name, as to
+a cluster's node (:mod:`notebook_kit.launch.cluster.code_shipping`); the template runs on this
+machine with the kernel's ``sys.path`` and folder, so whatever the kernel imports, it imports.
+What pickle cannot carry at all (an open file, a lock, a socket, a generator) is found before
+anything starts: the error names the argument, keyword, closure variable or global that holds
+it, its type, and the fix.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+
+from notebook_kit.launch.plan import Call
+
+__all__ = ["UnshippableError", "ship_call"]
+
+
+class UnshippableError(TypeError):
+    """Part of a launch's call cannot be sent to the clean process its workers start from."""
+
+
+def ship_call(call: Call, models: list[Any], reason: str) -> bytes:
+    """``(call, models)`` cloudpickled in one piece, so each model stays the object the
+    function reaches (the template maps its weights home by position in ``models``).
+
+    Raises:
+        UnshippableError: a part cannot be pickled; ``reason`` says why the workers do not
+            start from the kernel.
+    """
+    try:
+        return cloudpickle.dumps((call, models), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        raise UnshippableError(_explain(call, error, reason)) from error
+
+
+def _explain(call: Call, error: Exception, reason: str) -> str:
+    where, culprit, failure = _first_unpicklable(call) or ("the call", None, error)
+    kind = type(culprit).__qualname__ if culprit is not None else "an object"
+    function = getattr(call[0], "__qualname__", repr(call[0]))
+    return (
+        f"{reason}, so the function {function} and its arguments must be sent there by value, "
+        f"but {where} ({kind}) cannot be pickled: {failure}. {_fix(culprit)} Or restart the "
+        "kernel and launch before it creates a CUDA context or a process group."
+    )
+
+
+def _fix(culprit: Any) -> str:
+    """What to do instead, for the usual culprits."""
+    module, name = type(culprit).__module__, type(culprit).__name__.lower()
+    if culprit is not None and module in ("_io", "io"):
+        return "Pass the file's path instead and open it inside the function."
+    if any(word in name for word in ("lock", "condition", "semaphore")):
+        return "Create the lock inside the function (each worker needs its own anyway)."
+    return "Create it inside the function, or pass what it is built from."
+
+
+def _first_unpicklable(call: Call) -> tuple[str, Any, Exception] | None:
+    """Where the call holds the first value pickle refuses, that value and pickle's error."""
+    for where, value in _parts(call):
+        try:
+            cloudpickle.dumps(value)
+        except Exception as error:
+            return where, value, error
+    return None
+
+
+def _parts(call: Call) -> Iterator[tuple[str, Any]]:
+    """The call's pieces, each named as the user wrote it."""
+    function, args, kwargs = call
+    for index, value in enumerate(args):
+        yield f"args[{index}]", value
+    for name, value in kwargs.items():
+        yield f"the keyword argument {name!r}", value
+    yield from _function_parts(function)
+
+
+def _function_parts(function: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return
+    for name, cell in zip(code.co_freevars, function.__closure__ or (), strict=False):
+        try:
+            yield f"the variable {name!r} of its closure", cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    namespace = getattr(function, "__globals__", {})
+    for name in code.co_names:
+        if name in namespace:
+            yield f"the global {name!r}", namespace[name]

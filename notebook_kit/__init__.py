@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.launch.profile_requests import profile
     from notebook_kit.launch.stack_requests import stacks
+    from notebook_kit.launch.template import get_start_method, set_start_method
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import (
         log,
@@ -111,6 +112,7 @@ __all__ = [
     "environment",
     "gather",
     "gather_object",
+    "get_start_method",
     "last_run",
     "local_cluster",
     "log",
@@ -124,6 +126,7 @@ __all__ = [
     "send_to_device",
     "set_flops_per_sample",
     "set_seed",
+    "set_start_method",
     "should_stop",
     "skip_first_batches",
     "stacks",
@@ -164,6 +167,7 @@ _LAZY: dict[str, str] = {
     "broadcast_object_list": "accelerator.operations",
     "gather": "accelerator.operations",
     "gather_object": "accelerator.operations",
+    "get_start_method": "launch.template",
     "last_run": "live.record",
     "local_cluster": "launch.cluster.engines.dask_local",
     "log": "runtime.loop",
@@ -176,6 +180,7 @@ _LAZY: dict[str, str] = {
     "reduce": "accelerator.operations",
     "send_to_device": "accelerator.operations",
     "set_seed": "runtime.seeding",
+    "set_start_method": "launch.template",
     "set_flops_per_sample": "runtime.loop",
     "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",

@@ -76,7 +76,7 @@ def _own_rows(lines: RankLines, rank: int) -> list[Row]:
 def picked_rows(lines: RankLines, ranks: Sequence[int], limit: int = LIVE_ROWS) -> list[Row]:
     """The newest ``limit`` kept lines of ``ranks`` as they printed them, in arrival order
     (prefixed ``[rank N]`` when several ranks are picked)."""
-    picked = list(lines.picked(ranks))[-limit:]
+    picked = lines.picked(ranks, limit)
     several = len(ranks) > 1
     return [
         ("stderr" if stream == "stderr" else "", _cut(f"[rank {rank}] {text}" if several else text))

@@ -117,11 +117,21 @@ class LineGroup:
     ranks: set[int] = field(default_factory=set)
     count: int = 0
     stderr: bool = False
+    _label: str | None = field(default=None, repr=False, compare=False)
+
+    def add(self, rank: int, stream: str) -> None:
+        self.ranks.add(rank)
+        self.count += 1
+        self.stderr = self.stderr or stream == "stderr"
+        self._label = None
 
     def label(self) -> str:
-        """``ranks 0–511: epoch 3``, with how often when some rank printed it again."""
-        again = f" ({self.count} times)" if self.count > len(self.ranks) else ""
-        return f"{ranks_label(self.ranks)}: {self.text}{again}"
+        """``ranks 0–511: epoch 3``, with how often when some rank printed it again; kept
+        until a rank prints it again (a view redraws the same lines four times a second)."""
+        if self._label is None:
+            again = f" ({self.count} times)" if self.count > len(self.ranks) else ""
+            self._label = f"{ranks_label(self.ranks)}: {self.text}{again}"
+        return self._label
 
 
 class RankLines:
@@ -161,9 +171,7 @@ class RankLines:
             if len(self._groups) > _KEPT_GROUPS:  # the oldest distinct line goes
                 del self._groups[next(iter(self._groups))]
                 self.dropped_groups += 1
-        group.ranks.add(rank)
-        group.count += 1
-        group.stderr = group.stderr or stream == "stderr"
+        group.add(rank, stream)
         own.append((next(self._arrival), stream, group.text))
         self.counts[rank] += 1
         self.version += 1
@@ -176,22 +184,15 @@ class RankLines:
         """``(stream, text)`` of the newest lines ``rank`` printed, oldest first."""
         return [(stream, text) for _, stream, text in self._own.get(rank, ())]
 
-    def kept(self, rank: int) -> int:
-        return len(self._own.get(rank, ()))
-
-    def picked(self, ranks: Iterable[int]) -> Iterator[tuple[int, str, str]]:
-        """``(rank, stream, text)`` of the kept lines of ``ranks``, in the order they arrived."""
-        streams = [self._tagged(rank) for rank in ranks]
-        for _, rank, stream, text in heapq.merge(*streams):
-            yield rank, stream, text
+    def picked(self, ranks: Iterable[int], limit: int) -> list[tuple[int, str, str]]:
+        """``(rank, stream, text)`` of the newest ``limit`` kept lines of ``ranks``, in the
+        order they arrived (merged from the newest back: a filter of every rank reads only
+        ``limit`` lines, not all that are kept)."""
+        newest = heapq.merge(*(self._tagged(rank) for rank in ranks), reverse=True)
+        chosen = list(itertools.islice(newest, limit))
+        return [(rank, stream, text) for _, rank, stream, text in reversed(chosen)]
 
     def _tagged(self, rank: int) -> Iterator[tuple[int, int, str, str]]:
-        for arrival, stream, text in self._own.get(rank, ()):
+        """``rank``'s kept lines, the newest first, each with its arrival."""
+        for arrival, stream, text in reversed(self._own.get(rank, ())):
             yield arrival, rank, stream, text
-
-    def first(self) -> list[int]:
-        """The ranks shown before the groups: those that failed, then the straggler."""
-        ranks = list(self.failed)
-        if self.straggler is not None and self.straggler not in ranks:
-            ranks.append(self.straggler)
-        return ranks

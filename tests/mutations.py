@@ -1289,6 +1289,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "other-nodes-stall-report-blind-to-pdb",
+        "on a cluster, a node's stall report shown in the kernel names a rank elsewhere in pdb",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                "print(naming_ranks_in_pdb(event.text, self.debugger.ranks()), flush=True)",
+                "print(event.text, flush=True)",
+            ),
+        ),
+        (
+            "tests/test_debugger_cluster_kernel_integration.py::"
+            "test_p_prints_rank_1s_variable_on_its_node_and_c_ends_the_run_normally",
+        ),
+    ),
+    Mutation(
         "shield-ends-with-the-cells-code",
         "a repeat press after the cell's code, before its reply, is absorbed too",
         (

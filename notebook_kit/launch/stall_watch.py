@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from notebook_kit.runtime.waiting import STOP_VOTE
 from notebook_kit.worker.stacks import STACKS_SIGNAL
 
-__all__ = ["StallWatch", "describe_stall"]
+__all__ = ["StallWatch", "describe_stall", "naming_ranks_in_pdb"]
 
 _ANSWER_SECONDS = 2.0  # how long the workers get to send their stacks
 
@@ -96,6 +96,31 @@ class StallWatch:
                     self._asked.add(worker.rank)
 
 
+_HEADING = "No rank has made progress"
+
+
+def naming_ranks_in_pdb(report: str, in_debugger: Collection[int]) -> str:
+    """A node's stall report as the kernel of a cluster run shows it: the ranks of other
+    nodes at a pdb prompt, which that node cannot see, named as the ones its ranks wait for.
+
+    Example:
+        >>> print(naming_ranks_in_pdb("No rank has made progress for 9 s ...:", {1}))
+        No rank has made progress for 9 s ...:
+          rank 1 is in the debugger (pdb) on another node, waiting for a command
+    """
+    named = [
+        rank for rank in sorted(in_debugger) if f"rank {rank} is in the debugger" not in report
+    ]
+    if not report.startswith(_HEADING) or not named:
+        return report
+    first, _, rest = report.partition("\n")
+    lines = [
+        f"  rank {rank} is in the debugger (pdb) on another node, waiting for a command"
+        for rank in named
+    ]
+    return "\n".join([first, *lines, *([rest] if rest else [])])
+
+
 def describe_stall(
     seconds: float,
     ranks: set[int],
@@ -111,7 +136,7 @@ def describe_stall(
         Interrupt the kernel to stop the run; ...
     """
     lines = [
-        f"No rank has made progress for {seconds:.0f} s (no step, log or output). The run "
+        f"{_HEADING} for {seconds:.0f} s (no step, log or output). The run "
         "goes on; this is where each rank is:"
     ]
     collectives: dict[int, str | None] = {}

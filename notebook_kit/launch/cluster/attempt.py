@@ -39,6 +39,7 @@ from notebook_kit.launch.cluster.cluster_stacks import ClusterStackDesk
 from notebook_kit.launch.cluster.engine import Engine, NodeTask
 from notebook_kit.launch.cluster.failures import node_lost, on_kernel_clock
 from notebook_kit.launch.debugger_desk import DebuggerDesk
+from notebook_kit.launch.stall_watch import naming_ranks_in_pdb
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.node.protocol import (
     CONTROL_PERIOD_SECONDS,
@@ -291,7 +292,7 @@ class ClusterAttempt:
         elif isinstance(event, MetricsBatch):
             self.observer.on_metrics(event)
         elif isinstance(event, NodePrint):  # what a node's launcher printed (a stall report)
-            print(event.text, flush=True)
+            print(naming_ranks_in_pdb(event.text, self.debugger.ranks()), flush=True)
         elif isinstance(event, NodeReady):
             self.ready[event.node] = event.pids
         elif isinstance(event, NodeAnswer):

@@ -30,6 +30,7 @@ from notebook_kit.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from notebook_kit.accelerator.accelerator import Accelerator
+    from notebook_kit.accelerator.batch_size import find_executable_batch_size
     from notebook_kit.accelerator.checkpointing import CheckpointError
     from notebook_kit.accelerator.configuration import (
         AutocastKwargs,
@@ -110,6 +111,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "environment",
+    "find_executable_batch_size",
     "gather",
     "gather_object",
     "get_start_method",
@@ -165,6 +167,7 @@ _LAZY: dict[str, str] = {
     "WorkerPool": "launch.pool.worker_pool",
     "broadcast": "accelerator.operations",
     "broadcast_object_list": "accelerator.operations",
+    "find_executable_batch_size": "accelerator.batch_size",
     "gather": "accelerator.operations",
     "gather_object": "accelerator.operations",
     "get_start_method": "launch.template",

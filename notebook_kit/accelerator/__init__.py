@@ -9,6 +9,7 @@ torchrun); it never starts or stops processes. May import :mod:`notebook_kit.int
 """
 
 from notebook_kit.accelerator.accelerator import Accelerator
+from notebook_kit.accelerator.batch_size import find_executable_batch_size
 from notebook_kit.accelerator.configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -38,4 +39,5 @@ __all__ = [
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",
+    "find_executable_batch_size",
 ]

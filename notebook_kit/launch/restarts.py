@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from notebook_kit.errors import WorkerError
+from notebook_kit.launch.batch_sizes import BatchSizeAgreement
 
 __all__ = ["AttemptEnding", "RestartPolicy"]
 
@@ -58,16 +59,29 @@ class RestartPolicy:
     timeout: float | None
     run: str
     everyone: str
+    agrees_batch_size: bool = False
 
     def run_attempts(
         self, attempt: Callable[[int], Generator[Any, Any, AttemptEnding]]
     ) -> Generator[Any, Any, Any]:
-        """Drive ``attempt(restart_count)`` until one ends for good; its value, or raise."""
-        restart = 0
+        """Drive ``attempt(restart_count)`` until one ends for good; its value, or raise.
+
+        With ``agrees_batch_size`` (a launch whose every rank this policy starts), a rank out
+        of memory in ``find_executable_batch_size`` restarts every worker at a smaller size
+        without charging ``max_restarts``: each such restart is smaller, so they end.
+        """
+        restart = 0  # restarts of every worker so far: each attempt's restart_count
+        charged = 0  # those max_restarts counts: after a failure
+        agreement = BatchSizeAgreement() if self.agrees_batch_size else None
         while True:
-            ending = yield from attempt(restart)
-            if not self.restarts_after(ending, restart):
-                return self.conclude(ending)
+            steps = attempt(restart)
+            if agreement is not None:
+                steps = agreement.forked_with_sizes(steps)
+            ending = yield from steps
+            if agreement is None or not agreement.agrees_after(_failure_of(ending)):
+                if not self.restarts_after(ending, charged):
+                    return self.conclude(ending)
+                charged += 1
             restart += 1
 
     def restarts_after(self, ending: AttemptEnding, restart: int) -> bool:
@@ -97,3 +111,8 @@ class RestartPolicy:
         if ending.bring_home is not None:
             ending.bring_home()
         return ending.value
+
+
+def _failure_of(ending: AttemptEnding) -> WorkerError | None:
+    """The failure that ended the attempt; None when Ctrl-C or the timeout did (never retried)."""
+    return None if ending.error is not None or ending.timed_out else ending.failure

@@ -102,6 +102,7 @@ class ForkedLauncher(Launcher):
             self.plan.timeout,
             run="launch",
             everyone="all workers",
+            agrees_batch_size=self.seat is None,  # a cluster's kernel restarts its nodes
         )
 
         def attempt(restart: int) -> Generator[WaitRequest, list[Any], AttemptEnding]:

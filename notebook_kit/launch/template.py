@@ -24,10 +24,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Generator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,8 +46,10 @@ __all__ = [
     "START_METHODS",
     "TemplateError",
     "TemplateRoute",
+    "end_template",
     "get_start_method",
     "set_start_method",
+    "template_pid",
 ]
 
 START_METHODS = ("auto", "fork", "template")
@@ -167,9 +171,20 @@ def _kernel_template() -> _Template:
 
 
 @atexit.register
-def _end_template() -> None:
-    if _template is not None:
-        _template.close()
+def end_template() -> None:
+    """End the kernel's template process, if it has one (at exit; a later launch makes a new
+    one when it needs it)."""
+    global _template
+    with _lock:
+        if _template is not None:
+            _template.close()
+        _template = None
+
+
+def template_pid() -> int | None:
+    """The pid of the kernel's template process while one runs, else None."""
+    template = _template
+    return template.process.pid if template is not None and template.alive() else None
 
 
 class TemplateRoute:
@@ -208,11 +223,12 @@ class TemplateRoute:
             path=tuple(sys.path),
             cwd=os.getcwd(),
             has_weights=weights_fd is not None,
+            argv=tuple(sys.argv),
         )
         fds = [stop_flag_fd] + ([weights_fd] if weights_fd is not None else [])
         reply, ends = self.template.fork(request, fds)
         self.home_ids = dict(zip(reply.model_ids, self.kernel_ids, strict=True))
-        link = GuardianLink(reply.pid, ends[0], ends[1])
+        link = _AdoptedGuardian(reply.pid, ends[0], ends[1])
         os.set_blocking(link.status_fd, False)
         at = 2
         for rank, answers in zip(reply.ranks, reply.answers, strict=True):
@@ -223,6 +239,34 @@ class TemplateRoute:
     def kernel_weights(self, weights: dict[int, Any]) -> dict[int, Any]:
         """Rank 0's weights, keyed by the template's ids, keyed by the kernel's models."""
         return {self.home_ids[i]: state for i, state in weights.items() if i in self.home_ids}
+
+
+class _AdoptedGuardian(GuardianLink):
+    """A guardian the template forked: the template reaps it, the kernel waits until it has."""
+
+    def release(self, limit: float) -> bool:
+        deadline = time.monotonic() + limit
+        exited = True
+        while _exists(self.pid):
+            if time.monotonic() > deadline:
+                exited = False
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+                break
+            time.sleep(0.002)
+        for fd in (self.control_fd, self.status_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.closed = self.released = True
+        return exited
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _handle(rank: int, fds: list[int]) -> WorkerProcess:

@@ -59,11 +59,17 @@ def _serve(sock: socket.socket, parent: int) -> None:
     from notebook_kit.launch.template_wire import receive, send
 
     guardians: set[int] = set()
+    # A guardian that ended is reaped at once: the kernel waits until it is gone.
+    wake, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     try:
         while os.getppid() == parent:
-            ready, _, _ = select.select([sock], [], [], _CHECK_SECONDS)
+            ready, _, _ = select.select([sock, wake], [], [], _CHECK_SECONDS)
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake, 4096)
             _reap(guardians)
-            if not ready:
+            if sock not in ready:
                 continue
             try:
                 request, fds = receive(sock)
@@ -157,11 +163,12 @@ def _close_handles(workers: list[Any]) -> None:
 
 
 def _adopt(request: Any) -> None:
-    """Take the kernel's environment, import path and folder: the call is rebuilt, and the
-    workers run, as in the kernel."""
+    """Take the kernel's environment, import path, arguments and folder: the call is rebuilt,
+    and the workers run, as in the kernel."""
     os.environ.clear()
     os.environ.update(request.env)
     sys.path[:] = list(request.path)
+    sys.argv[:] = list(request.argv)
     with contextlib.suppress(OSError):
         os.chdir(request.cwd)
 

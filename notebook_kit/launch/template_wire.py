@@ -48,6 +48,7 @@ class ForkRequest:
     path: tuple[str, ...]  # the kernel's sys.path: the user's modules import as there
     cwd: str
     has_weights: bool  # the second descriptor sent is the kernel's weights file
+    argv: tuple[str, ...] = ()  # the kernel's sys.argv, which a forked worker would see
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,18 @@ from notebook_kit.node.protocol import (
 )
 from notebook_kit.node.zygote import ZygoteChild
 
-__all__ = ["NODE_PROCESS_NAME", "SIGTERM_AGAIN_SECONDS", "NodeLink", "serve_node"]
+__all__ = [
+    "NODE_PROCESS_MAIN",
+    "NODE_PROCESS_NAME",
+    "SIGTERM_AGAIN_SECONDS",
+    "NodeLink",
+    "serve_node",
+]
 
 NODE_PROCESS_NAME = "nk-node"  # a node process's name (/proc/PID/comm)
+# What the zygote runs as the node process, by name: benchmarks.scale puts a simulated node
+# (ranks as threads, no torch) here in its workers, so all from this relay on is the real code.
+NODE_PROCESS_MAIN = "notebook_kit.launch.node_process.process:main"
 
 _BATCH_SECONDS = 0.25  # events leave in one batch this often
 _HEARTBEAT_SECONDS = 1.0  # an empty batch leaves this often when the node has nothing to say
@@ -210,7 +219,7 @@ class _Relay:
         try:
             self.process = ZygoteChild(
                 self.link.zygote(env),
-                "notebook_kit.launch.node_process.process:main",
+                NODE_PROCESS_MAIN,
                 [orders_read.fileno(), events_write.fileno()],
                 env,
                 name=NODE_PROCESS_NAME,

@@ -1,0 +1,163 @@
+"""The clusters ``benchmarks.scale`` drives: a Dask scheduler and light workers, or Ray.
+
+Dask: the scheduler runs in a process of its own (so its CPU share is measured apart from the
+kernel's), and each worker process runs several Dask ``Worker`` objects on one event loop,
+each a worker of its own address, so a handful of processes play 64 nodes. Ray: a local
+instance whose worker processes start with the same setup. Either way, each worker process
+sets :data:`notebook_kit.node.task.NODE_PROCESS_MAIN` to the simulated node before any node
+task runs, and nothing else of the node task, the links or the kernel changes.
+
+Run as ``python -m benchmarks._scale_cluster scheduler FILE`` or ``... workers ADDRESS COUNT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+__all__ = ["DaskScale", "RayScale", "simulate_nodes"]
+
+SIMULATED_NODE = "benchmarks._scale_node:main"
+_REPO = str(Path(__file__).resolve().parent.parent)
+_START_SECONDS = 120.0
+
+
+def simulate_nodes() -> None:
+    """In a worker process: its node tasks start the simulated node instead of a real one.
+
+    Ray calls it as the ``worker_process_setup_hook`` of every worker process it starts.
+    """
+    import notebook_kit.node.task as task
+
+    task.NODE_PROCESS_MAIN = SIMULATED_NODE
+
+
+def _environment() -> dict[str, str]:
+    """This environment, with the repository first on the path (the node processes import
+    ``benchmarks._scale_node`` by name) and Dask's logging at warnings."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
+    env["DASK_LOGGING__DISTRIBUTED"] = "warning"  # one line per task and variable otherwise
+    return env
+
+
+class DaskScale:
+    """A scheduler process and ``processes`` worker processes of ``per_process`` workers."""
+
+    def __init__(self, workers: int, per_process: int, folder: Path) -> None:
+        self.folder, self.children = folder, []
+        address_file = folder / "scheduler-address"
+        self.scheduler = self._spawn("scheduler", str(address_file))
+        deadline = time.monotonic() + _START_SECONDS
+        while not address_file.exists() or not address_file.read_text():
+            self._check_started(deadline)
+            time.sleep(0.1)
+        self.address = address_file.read_text()
+        for start in range(0, workers, per_process):
+            self._spawn("workers", self.address, str(min(per_process, workers - start)))
+        from distributed import Client
+
+        self.client = Client(self.address, timeout=_START_SECONDS)
+        self.client.wait_for_workers(workers, timeout=_START_SECONDS)
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks._scale_cluster", *args], env=_environment()
+        )
+        self.children.append(child)
+        return child
+
+    def _check_started(self, deadline: float) -> None:
+        if self.scheduler.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the Dask scheduler of benchmarks.scale did not start")
+
+    @property
+    def cluster(self) -> Any:
+        return self.client
+
+    def scheduler_processes(self) -> list[psutil.Process]:
+        return [psutil.Process(self.scheduler.pid)]
+
+    def close(self) -> None:
+        self.client.close()
+        for child in reversed(self.children):
+            child.terminate()
+        for child in self.children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+class RayScale:
+    """A local Ray instance whose worker processes run simulated nodes."""
+
+    def __init__(self, workers: int, per_process: int, folder: Path) -> None:
+        import ray
+
+        os.environ["PYTHONPATH"] = _environment()["PYTHONPATH"]
+        ray.init(
+            num_cpus=workers,  # one node task per logical CPU: Ray places one per worker
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={
+                "worker_process_setup_hook": "benchmarks._scale_cluster.simulate_nodes",
+                "env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]},
+            },
+        )
+        self.cluster = "ray"
+
+    def scheduler_processes(self) -> list[psutil.Process]:
+        """Ray's own processes: its control store, raylet, and the run's hub actor."""
+        names = ("gcs_server", "raylet", "RunHub")
+        found = []
+        for process in psutil.process_iter(["name", "cmdline"]):
+            text = " ".join(process.info["cmdline"] or [process.info["name"] or ""])
+            if any(name in text for name in names):
+                found.append(process)
+        return found
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+
+
+async def _serve_workers(address: str, count: int) -> None:
+    from distributed import Worker
+
+    workers = [
+        Worker(address, nthreads=1, host="127.0.0.1", dashboard=False, memory_limit=0)
+        for _ in range(count)
+    ]
+    await asyncio.gather(*workers)
+    await asyncio.gather(*(worker.finished() for worker in workers))
+
+
+async def _serve_scheduler(address_file: str) -> None:
+    from distributed import Scheduler
+
+    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard=False)
+    await scheduler
+    Path(address_file).write_text(scheduler.address)
+    await scheduler.finished()
+
+
+def _main(argv: list[str]) -> None:
+    if argv[0] == "scheduler":
+        asyncio.run(_serve_scheduler(argv[1]))
+    else:
+        simulate_nodes()
+        asyncio.run(_serve_workers(argv[1], int(argv[2])))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

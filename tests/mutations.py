@@ -3273,7 +3273,10 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_pool,
     mutations_r53,
     mutations_storage,
+    mutations_t54,
+    mutations_v55,
     mutations_w54,
+    mutations_z54,
 )
 
 MUTATIONS = (
@@ -3300,4 +3303,7 @@ MUTATIONS = (
     + mutations_r53.MUTATIONS
     + mutations_m53.MUTATIONS
     + mutations_f53.MUTATIONS
+    + mutations_t54.MUTATIONS
+    + mutations_v55.MUTATIONS
+    + mutations_z54.MUTATIONS
 )

@@ -12,6 +12,7 @@ import pytest
 
 import notebook_kit.live.notebook_view as notebook_view
 from notebook_kit.errors import WorkerFailure
+from notebook_kit.live.grouped_output import heading
 from notebook_kit.live.headless import HeadlessObserver
 from notebook_kit.live.notebook_view import LiveObserver
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, RankSummary
@@ -91,6 +92,17 @@ def test_lines_alike_share_one_line_in_the_order_they_first_came() -> None:
         ("stderr", "slow disk"),
         ("stdout", "epoch 1"),
     ]
+
+
+def test_distinct_lines_past_the_bound_are_counted_and_let_go_the_oldest_first() -> None:
+    lines = RankLines(range(16))
+    for number in range(2100):
+        lines.take(number % 16, "stdout", f"line {number}")
+    groups = lines.groups()
+    assert len(groups) == 2000 and lines.dropped_groups == 100
+    assert groups[0].text == "line 100" and groups[-1].text == "line 2099"
+    assert heading(lines) == "16 ranks · 2100 lines, 2100 distinct"
+    assert len(lines.own(0)) == 132  # each rank keeps its own newest lines (all of them here)
 
 
 def _speed(ranks: int, slow: int, per_node: int = 1) -> MetricsBatch:
@@ -224,7 +236,8 @@ def test_512_ranks_printing_100_lines_each_save_under_a_megabyte(
     for step in range(100):
         for rank in range(512):
             text = f"epoch {step // 10} step {step}" if alike else f"rank {rank} loss {step}.{rank}"
-            observer.on_output(rank, "stdout", f"{text} " + "·" * 40)
+            # lines as long as a log line or a progress bar: 2,000 of them would pass 1 MB
+            observer.on_output(rank, "stdout", f"{text} " + "·" * 120)
         observer.on_tick()
         observer._last_refresh = 0.0
     mid_run = _view_widgets(observer.box, {})

@@ -18,7 +18,10 @@ the last one), ``--local`` runs it in the kernel too, after the ranks, ``--out N
 every rank's value in the kernel as ``NAME = {rank: value}``, and ``--interleave`` prints the
 workers' lines as they arrive, each after its rank, instead of rank by rank
 (``--group-outputs``, the default), and ``--pdb`` opens pdb in the failing rank's frame, in
-the cell, when the cell fails (``pool.debug()`` at once).
+the cell, when the cell fails (``pool.debug()`` at once). Edited modules of the user's own are
+reloaded on the ranks before each cell (the pool's ``reload``, as ``%autoreload`` by default);
+``--reload off`` runs a cell on the code the workers hold, and ``%distributed --reload off``
+(or ``auto``) sets it for the default pool, or ``--pool NAME``'s, from then on.
 
 Example:
     %load_ext notebook_kit
@@ -55,6 +58,7 @@ from notebook_kit.launch.magic_options import (
     out_name,
     parse_ranks,
     refuse_cell_options,
+    reload_word,
     usage_error,
 )
 from notebook_kit.launch.magic_result import DistributedResult, start_in_background
@@ -73,6 +77,7 @@ class DistributedMagics(Magics):
         # its Dask client's name in the notebook and its --num-nodes, when on a cluster
         self.default_place: tuple[str | None, int | None] = (None, None)
         self.last_noblock: tuple[WorkerPool, DistributedResult] | None = None
+        self.reload: Any = None  # %distributed --reload: the default pool's, kept for new ones
         self._cells = itertools.count(1)
 
     @magic_arguments()
@@ -89,6 +94,7 @@ class DistributedMagics(Magics):
     @argument("--group-outputs", action="store_true", help="print lines rank by rank (default)")
     @argument("--interleave", action="store_true", help="print lines as they come, with rank")
     @argument("--pdb", action="store_true", help="on a failure, pdb in the failing rank's frame")
+    @argument("--reload", type=reload_word, default=None, help="reload edited modules: auto|off")
     @argument("action", nargs="?", default=None, help="line form: 'close', 'restart' or 'wait'")
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None) -> Any:
@@ -132,7 +138,9 @@ class DistributedMagics(Magics):
         compile(cell, "<distributed cell>", "exec")  # a syntax error shows here, nothing runs
 
         def run() -> Any:
-            return pool.run_cell(cell, ranks, every=every, interleave=chosen.interleave)
+            return pool.run_cell(
+                cell, ranks, every=every, interleave=chosen.interleave, reload=chosen.reload
+            )
 
         def keep(values: dict[int, Any]) -> None:
             if chosen.out is not None:
@@ -207,7 +215,19 @@ class DistributedMagics(Magics):
             raise UsageError(
                 f"%distributed knows 'close', 'restart' and 'wait', got {options.action!r}."
             )
+        if options.reload is not None:
+            return self._set_reload(options)
         return self._pool(options)
+
+    def _set_reload(self, options: Any) -> None:
+        """``%distributed --reload auto|off``: the pool's reload from now on (a default pool
+        not started yet gets it when it starts)."""
+        if options.pool is not None:
+            self._pool(options).reload = options.reload
+            return
+        self.reload = options.reload
+        if self.default_pool is not None:
+            self.default_pool.reload = options.reload
 
     def _pool(self, options: Any, noblock: bool = False) -> WorkerPool:
         return self._choose(options, noblock)[0]
@@ -254,9 +274,12 @@ class DistributedMagics(Magics):
             pool.close()
             self.default_pool = None
         if client is not None:
-            pool = WorkerPool(num_processes=wanted, num_nodes=options.num_nodes, cluster=client)
+            pool = WorkerPool(
+                num_processes=wanted, num_nodes=options.num_nodes, cluster=client,
+                reload=self.reload,
+            )  # fmt: skip
         else:
-            pool = WorkerPool(num_processes=wanted or _default_size())
+            pool = WorkerPool(num_processes=wanted or _default_size(), reload=self.reload)
         self.default_pool, self.default_place = pool, place
         where = pool.where
         more = " (`-n 2` for two ranks)" if pool.world_size == 1 else ""

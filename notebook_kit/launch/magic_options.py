@@ -4,7 +4,9 @@ They follow ipyparallel's ``%%px`` (``--targets``, ``--noblock``, ``--local``, `
 ``--group-outputs``), with this pool's words: ``--ranks 1,2`` or ``--ranks 0:4:2`` (a Python
 slice of the pool's ranks), ``--noblock``, ``--local``, ``--out NAME``, ``--group-outputs``
 (rank by rank, the default) or ``--interleave`` (lines as they arrive, each after its rank),
-and ``--pdb`` (a cell that fails on a rank opens pdb in that rank's failing frame, at once).
+``--pdb`` (a cell that fails on a rank opens pdb in that rank's failing frame, at once), and
+``--reload auto|off`` (whether edited modules are reloaded on the ranks first: for this cell;
+on the line form, for the pool from now on).
 Everything here is checked before anything runs, and a bad option is IPython's ``UsageError``
 naming the option and the fix. The magic itself is :mod:`notebook_kit.launch.magic`.
 
@@ -27,6 +29,7 @@ __all__ = [
     "out_name",
     "parse_ranks",
     "refuse_cell_options",
+    "reload_word",
     "usage_error",
 ]
 
@@ -35,7 +38,7 @@ CELL_ONLY = ("ranks", "noblock", "local", "out", "group_outputs", "interleave", 
 
 _OPTIONS = (
     "-n, --pool, --cluster, --num-nodes, --ranks, --noblock, --local, --out, --group-outputs, "
-    "--interleave, --pdb"
+    "--interleave, --pdb, --reload"
 )
 
 
@@ -102,6 +105,22 @@ def parse_ranks(text: str) -> RankChoice:
     return RankChoice(written, listed=listed)
 
 
+def reload_word(text: str) -> str:
+    """``--reload``'s value: ``auto`` or ``off``.
+
+    Example:
+        >>> reload_word("off")
+        'off'
+    """
+    word = text.strip().strip("'\"").lower()
+    if word not in ("auto", "off"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a reload mode; write --reload auto (reload edited modules of "
+            "your own on every rank first) or --reload off (keep the code the workers loaded)."
+        )
+    return word
+
+
 def out_name(text: str) -> str:
     """``--out``'s value: a Python name for the kernel's ``{rank: value}``.
 
@@ -126,6 +145,7 @@ class CellOptions:
     out: str | None
     interleave: bool
     pdb: bool = False  # a failure opens pdb on the failing rank, in this cell
+    reload: str | None = None  # "auto"/"off" for this cell; None: the pool's setting
 
     @classmethod
     def from_arguments(cls, options: Any) -> CellOptions:
@@ -149,7 +169,7 @@ class CellOptions:
             )
         return cls(
             options.ranks, options.noblock, options.local, options.out, options.interleave,
-            options.pdb,
+            options.pdb, options.reload,
         )  # fmt: skip
 
 

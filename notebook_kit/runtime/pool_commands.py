@@ -28,12 +28,31 @@ __all__ = [
     "PoolPull",
     "PoolPush",
     "PoolRequest",
+    "ReloadOrder",
+    "ShippedSource",
     "decode",
     "encode",
 ]
 
 
 CHECK_SECONDS = 0.4  # the bound of the all-reduce that checks the group after a fault
+
+
+@dataclass(frozen=True)
+class ShippedSource:
+    """A user module's edited file, as the kernel read it: a cluster rank reloads ``module``
+    from this text (its own copy of the file may be old or absent)."""
+
+    module: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ReloadOrder:
+    """Before running the command, reload the user modules whose file changed (mtime) since
+    they were loaded, and those of ``shipped`` from the kernel's text."""
+
+    shipped: tuple[ShippedSource, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,7 @@ class PoolCell:
     source: str
     filename: str
     payload: bytes
+    reload: ReloadOrder | None = None  # None: run on the code the workers hold
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,7 @@ class PoolCall:
 
     payload: bytes
     weights_fd: int | None  # the kernel's weights file, inherited at the fork (local only)
+    reload: ReloadOrder | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,7 @@ class PoolPush:
     """Define names on the worker: ``payload`` pickles ``{name: value}``."""
 
     payload: bytes
+    reload: ReloadOrder | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +121,16 @@ class PoolRequest:
 
 
 KINDS = codec.kinds_of(
-    PoolCell, PoolCall, PoolPush, PoolPull, PoolCheck, PoolDebug, PoolClose, PoolRequest
+    ShippedSource,
+    ReloadOrder,
+    PoolCell,
+    PoolCall,
+    PoolPush,
+    PoolPull,
+    PoolCheck,
+    PoolDebug,
+    PoolClose,
+    PoolRequest,
 )
 
 

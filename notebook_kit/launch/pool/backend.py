@@ -11,6 +11,7 @@ Runs in the kernel (and a cluster's node process, which drives ``PoolProcesses``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -25,7 +26,14 @@ if TYPE_CHECKING:
     from notebook_kit.runtime.pool_commands import PoolCommand
     from notebook_kit.runtime.weights_file import WeightsFile
 
-__all__ = ["PoolBackend", "RunOutcome", "Settle", "WorkersStopped"]
+__all__ = [
+    "LiveProcesses",
+    "PoolBackend",
+    "RunOutcome",
+    "Settle",
+    "WorkersStopped",
+    "stop_at_exit",
+]
 
 
 @dataclass
@@ -146,3 +154,18 @@ class PoolBackend(Protocol):
     def close(self) -> None: ...
 
     def kill(self) -> None: ...
+
+
+class LiveProcesses:
+    """What a pool's finalizer needs, without the pool itself: the running backend."""
+
+    def __init__(self) -> None:
+        self.processes: PoolBackend | None = None
+        self.pid = os.getpid()
+
+
+def stop_at_exit(live: LiveProcesses) -> None:
+    """The pool was collected or the kernel is exiting: stop its workers (in the kernel only)."""
+    if os.getpid() == live.pid and live.processes is not None:
+        live.processes.kill()
+        live.processes = None

@@ -21,6 +21,7 @@ from notebook_kit.config.launch_plan import (
 )
 from notebook_kit.launch.launcher import resolve_plan
 from notebook_kit.launch.pool.backend import PoolBackend
+from notebook_kit.launch.pool.reloads import ReloadMode
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT
 from notebook_kit.launch.pool.workers import PoolProcesses
 from notebook_kit.launch.preflight import check_fork_safety
@@ -115,5 +116,6 @@ def pool_arguments(
     config: LaunchConfig | None = None,
     send_limit: int = DEFAULT_SEND_LIMIT,
     cluster: Any = None,
+    reload: ReloadMode | None = None,
 ) -> None:
     """The arguments of :class:`WorkerPool`, written out for ``help()`` and type checkers."""

@@ -25,9 +25,11 @@ from notebook_kit.config.schema import scoped
 from notebook_kit.launch.interrupts import interrupt_latch, interrupt_taken
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launchers.base import prepare_view
+from notebook_kit.launch.pool import backend as backends
 from notebook_kit.launch.pool.backend import PoolBackend, RunOutcome, WorkersStopped
 from notebook_kit.launch.pool.options import pool_arguments, pool_backend, refuse_launch_only
 from notebook_kit.launch.pool.post_mortem import PostMortems
+from notebook_kit.launch.pool.reloads import ReloadMode, ReloadPolicy, check_reload
 from notebook_kit.launch.pool.results import decode_value, raise_for, run_summary
 from notebook_kit.launch.pool.shipping import (
     WorkerHoldings,
@@ -47,21 +49,6 @@ __all__ = ["WorkerPool"]
 _cells = itertools.count(1)
 
 
-class _LiveProcesses:
-    """What the finalizer needs, without the pool itself: the running backend."""
-
-    def __init__(self) -> None:
-        self.processes: PoolBackend | None = None
-        self.pid = os.getpid()
-
-
-def _stop_at_exit(live: _LiveProcesses) -> None:
-    """The pool was collected or the kernel is exiting: stop its workers (in the kernel only)."""
-    if os.getpid() == live.pid and live.processes is not None:
-        live.processes.kill()
-        live.processes = None
-
-
 class WorkerPool:
     """Workers that stay: run functions and cells on every rank, keeping what they define.
 
@@ -75,6 +62,8 @@ class WorkerPool:
         num_processes: Workers (one per GPU when every worker gets one, else on the CPU).
         send_limit: Bytes above which a value a run would copy to every worker is refused
             with a hint to ``push`` it once instead.
+        reload: ``"auto"`` reloads your edited modules on every rank before each command,
+            ``"off"`` keeps the loaded code, None follows ``%autoreload`` (``pool.reload =``).
         cluster: A cluster, as for ``notebook_launcher`` (a Dask ``Client``, ``"ray"``,
             ...): keep ``num_processes`` ranks warm on each of ``num_nodes`` of its workers
             instead of forking here; every method works there as here, with global ranks
@@ -97,12 +86,13 @@ class WorkerPool:
     @takes_arguments_of(pool_arguments)
     def __init__(self, options: dict[str, Any]) -> None:
         send_limit = arguments.check_int("send_limit", options.pop("send_limit"), minimum=1)
+        self._reloads = ReloadPolicy(options.pop("reload"), ship=options["cluster"] is not None)
         refuse_launch_only(**{name: options.pop(name) for name in scoped("launch")})
         self._plan, self._backend = pool_backend(options.pop("cluster"), options, send_limit)
         prepare_view(self._plan.live)  # seconds the first time, whole: not during a run
         main = sys.modules["__main__"].__dict__
         self._holdings = WorkerHoldings(main, hidden_names(), send_limit)
-        self._live = _LiveProcesses()
+        self._live = backends.LiveProcesses()
         self._generation = 0
         self._stopped_because: str | None = None
         self._turns = Turns()
@@ -153,6 +143,15 @@ class WorkerPool:
         self._ensure_running()
 
     @property
+    def reload(self) -> ReloadMode | None:
+        """``"auto"``, ``"off"`` or None (as ``%autoreload``): see the class's ``reload``."""
+        return self._reloads.mode
+
+    @reload.setter
+    def reload(self, mode: ReloadMode | None) -> None:
+        self._reloads.mode = check_reload(mode)
+
+    @property
     def restarts(self) -> int:
         """How many times the workers were started again after a fault."""
         return self._generation
@@ -187,10 +186,9 @@ class WorkerPool:
         fd = home_file.fd if home and home_file is not None else None
         payload = self._holdings.dumps((shipped, (function, args, kwargs), home), "pool.run")
         what = f"run {getattr(function, '__qualname__', type(function).__name__)}"
+        call = self._reloads.attach(PoolCall(payload, fd))  # a refusal sends nothing
         try:
-            outcome = self._execute(
-                PoolCall(payload, fd), wanted, what, text=False, shipped=shipped
-            )
+            outcome = self._execute(call, wanted, what, text=False, shipped=shipped)
             answers = outcome.answers
             load_home_weights(home, answers[0].weights, fd)
         finally:
@@ -202,7 +200,7 @@ class WorkerPool:
     @one_command_at_a_time
     def run_cell(
         self, source: str, ranks: Sequence[int] | None = None, *, every: bool = False,
-        interleave: bool = False,
+        interleave: bool = False, reload: ReloadMode | None = None,
     ) -> Any:  # fmt: skip
         """Run ``source`` as a cell on every rank; the value of rank 0's last expression.
 
@@ -216,6 +214,7 @@ class WorkerPool:
             every: Return the value of every rank it ran on, as ``{rank: value}`` (a value
                 that cannot be rebuilt here is shown by its text).
             interleave: Print the workers' lines as they arrive, each after its rank.
+            reload: ``"auto"``/``"off"`` for this cell instead of the pool's ``reload``.
 
         Example::
 
@@ -232,6 +231,7 @@ class WorkerPool:
         code = compile(source, filename, "exec")  # a syntax error shows here, nothing is sent
         shipped = self._holdings.needed(code_names(code))
         cell = PoolCell(source, filename, self._holdings.dumps(shipped, "This cell"))
+        cell = self._reloads.attach(cell, reload)  # (before the turn: a refusal sends nothing)
         whole = len(set(on)) == self.world_size  # what only some ranks got is sent again
         try:
             outcome = self._execute(
@@ -258,7 +258,8 @@ class WorkerPool:
                 raise ValueError(f"push names must be Python identifiers, got {name!r}.")
         if values:
             payload = self._holdings.dumps(values, "pool.push", limit=False, by_name=False)
-            self._execute(PoolPush(payload), [], "push", text=True, record=False)
+            push = self._reloads.attach(PoolPush(payload))
+            self._execute(push, [], "push", text=True, record=False)
             for name, value in values.items():
                 self._holdings.remember(name, value)
 
@@ -405,7 +406,7 @@ class WorkerPool:
         anew for each opening (:meth:`_close_now` releases them)."""
         self._closed = False
         self._stop_flag = StopFlag()
-        self._finalizer = weakref.finalize(self, _stop_at_exit, self._live)
+        self._finalizer = weakref.finalize(self, backends.stop_at_exit, self._live)
         self._weights_file = self._backend.weights_file()
 
     def _ensure_running(self) -> PoolBackend:

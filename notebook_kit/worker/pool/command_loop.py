@@ -44,11 +44,17 @@ from notebook_kit.worker.memory_history import note_out_of_memory
 from notebook_kit.worker.pool import namespace as pool_namespace
 from notebook_kit.worker.pool.interrupt import INTERRUPTED, Guard
 from notebook_kit.worker.pool.namespace import namespace, run_cell
+from notebook_kit.worker.pool.reloading import PoolReloader
 
 __all__ = ["PoolChannels", "serve_pool"]
 
 # Frames of these files come before the user's code in a traceback: not shown.
-_HIDDEN_FILES = (__file__, sys.modules[Guard.__module__].__file__, pool_namespace.__file__)
+_HIDDEN_FILES = (
+    __file__,
+    sys.modules[Guard.__module__].__file__,
+    pool_namespace.__file__,
+    sys.modules[PoolReloader.__module__].__file__,
+)
 
 
 @dataclass
@@ -113,6 +119,7 @@ class _Loop:
         # collective that one rank left pending there and pass.
         self.check_group = dist.new_group(backend="gloo")
         self.collective_commands = 0  # commands every rank ran: the same on all of them
+        self.reloader = PoolReloader()  # what the worker holds now is current
 
     def serve(self, request: pool_commands.PoolRequest) -> bool:
         """Run one command; False once the pool closes."""
@@ -131,10 +138,15 @@ class _Loop:
         with active_launch(context):
             status, value = self.guard.run(number, lambda: self._run(command, context))
             context.close()  # metrics still buffered reach the kernel before the answer
+        self.reloader.note_new_modules()  # what this command imported is current
         self._answer_run(number, status, value, request.want_value)
         return True
 
     def _run(self, command: pool_commands.PoolCommand, context: LaunchContext) -> Any:
+        # Edited modules first: the payload's functions and classes then unpickle as new.
+        order = getattr(command, "reload", None)
+        if order is not None:
+            self.reloader.apply(order)
         # The user's objects are unpickled here: their names resolve in the namespace.
         space = namespace()
         if isinstance(command, pool_commands.PoolCell):

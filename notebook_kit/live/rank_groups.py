@@ -29,7 +29,7 @@ __all__ = [
 GROUPED_ABOVE = 8  # more ranks than this: their lines are grouped, not a tab each
 _KEPT_GROUPS = 2000  # distinct lines kept; older ones are counted, then let go
 _KEPT_PER_RANK = 400  # each rank's own newest lines, for the filter (fewer with many ranks)
-_KEPT_LINES = 50_000  # each rank's own lines, all ranks together
+_KEPT_LINES = 51_200  # each rank's own lines, all ranks together (100 each at 512 ranks)
 _SPEC_PIECES = 12  # ranges and single ranks named in a line before the rest are counted
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:[-–]\s*(\d+)\s*)?$")
 

@@ -67,8 +67,13 @@ class Reduction:
         )
 
 
-class BatchSizeReduction(RuntimeError):
-    """Raised by a rank of a launch that ran out of memory: every rank restarts smaller."""
+class BatchSizeReduction(BaseException):
+    """Raised by a rank of a launch that ran out of memory: every rank restarts smaller.
+
+    Not an ``Exception``, as ``SystemExit`` is not: it asks the rank to end, so a user's
+    ``except Exception`` around the call does not swallow it, and ``post_mortem=True`` does
+    not stop the restart at a pdb prompt.
+    """
 
     def __init__(self, rank: int, size: int, next_size: int, name: str, key: str) -> None:
         self.reduction = Reduction(rank, size, next_size, name, key)

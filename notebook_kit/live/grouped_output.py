@@ -18,7 +18,7 @@ from notebook_kit.live.rank_groups import RankLines, parse_ranks, rank_spec
 
 __all__ = ["GroupedOutput", "Row", "grouped_rows", "picked_rows", "rows_html", "rows_text"]
 
-Row = tuple[str, str]  # (kind: "failed", "straggler", "stderr" or "", text)
+Row = tuple[str, str]  # (kind: "failed", "straggler", "stderr", "note" or "", text)
 
 LIVE_ROWS = 200  # rows in the pane while the run goes
 SAVED_ROWS = 300  # rows kept in the saved notebook

@@ -187,8 +187,8 @@ class RankOutputPanel(Panel):
         error."""
         failures = list(summary.failures)
         root = choose_root_cause(failures) if failures else None
-        order = [failure for failure in failures if failure is root]
-        order += [failure for failure in failures if failure is not root]
+        # The root cause, then the other ranks' own errors, then those caused by another's.
+        order = sorted(failures, key=lambda f: (f is not root, f.is_secondary))
         self.lines.failed = tuple(
             dict.fromkeys(f.rank for f in order if f.rank in self.lines.counts)
         )

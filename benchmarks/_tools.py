@@ -32,12 +32,15 @@ class Tool:
     launch: Callable[[Task], None]
     module: str  # the user's import; also tells whether the tool is installed
     names: tuple[str, ...] = ()  # what the import cell takes from it
+    setup: Callable[[], None] | None = None  # the kernel's state before the launch cell
 
     def load(self) -> None:
         """The user's import cell: done before timing, as a notebook does it before launching."""
         module = importlib.import_module(self.module)
         for name in self.names:
             getattr(module, name)
+        if self.setup is not None:
+            self.setup()
 
     def unavailable(self) -> str | None:
         """Why this tool cannot run here, or None."""
@@ -92,6 +95,11 @@ def _launch_notebook_kit(task: Task) -> None:
     notebook_launcher(
         _notebook_kit_entry, args=(task,), num_processes=NUM_PROCESSES, observer=_Silent()
     )
+
+
+def _process_group_in_kernel() -> None:
+    """What makes a kernel unsafe to fork: its workers start from the clean template."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 # -- raw torch: start_processes + init_process_group + DDP by hand --------------------------
@@ -207,6 +215,14 @@ TOOLS: dict[str, Tool] = {
             _launch_notebook_kit,
             "notebook_kit",
             ("notebook_launcher",),
+        ),
+        Tool(
+            "notebook_kit-template",
+            "notebook_launcher from a kernel holding a process group (clean template)",
+            _launch_notebook_kit,
+            "notebook_kit",
+            ("notebook_launcher",),
+            _process_group_in_kernel,
         ),
         Tool(
             "torch-fork",

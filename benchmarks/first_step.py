@@ -10,7 +10,9 @@ one SGD step. Reported per tool: the import cell (the tool's own import; torch i
 imported), the first launch right after it (same cell), the first launch after a 2-second
 pause (the next cell), and the median of repeated launches.
 Rounds interleave the tools; every figure is the median over rounds, with the ratio to
-notebook_kit (higher is slower).
+notebook_kit (higher is slower). ``notebook_kit-template`` launches from a kernel that holds
+a process group, so its workers start from the clean template process: its first launch also
+starts the template (a fresh interpreter importing torch), and later launches reuse it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-TOOLS = ("notebook_kit", "torch-fork", "accelerate", "fabric")
+TOOLS = ("notebook_kit", "notebook_kit-template", "torch-fork", "accelerate", "fabric")
 PAUSE_SECONDS = 2.0
 
 

@@ -138,7 +138,7 @@ class ForkedLauncher(Launcher):
                 self.plan,
                 stop_flag.fd,
                 self.weights_file.fd if self.weights_file is not None else None,
-                self.restarts_before + restart_count,
+                restart_count,  # never a cluster node's (those fork): no count from before
                 supervisor.workers,
             )
             return

@@ -127,7 +127,7 @@ class GroupedOutput:
             _dom_classes=("nk-rank-filter",),
         )
         self.note = shared.html(HINT, ("nk-rank-filter-note",))
-        self.pane = shared.html("", ("nk-rank-groups",))
+        self.pane = shared.html(_pane([]), ("nk-rank-groups",))
         row = widgets.HBox([self.filter, self.note], layout=shared.layout)
         self.box = widgets.VBox([row, self.pane], layout=shared.layout)
         self.asked = ""  # the filter's text, as the handler noted it
@@ -160,8 +160,14 @@ class GroupedOutput:
             rows = grouped_rows(lines, nodes)
         else:
             rows = picked_rows(lines, self._picked)
-        rows = rows or [("note", "nothing printed yet")]
-        self.pane.value = (
-            f'<div style="height:{PANE_HEIGHT};overflow:auto;display:flex;'
-            f'flex-direction:column-reverse">{rows_html(rows)}</div>'
-        )
+        self.pane.value = _pane(rows)
+
+
+def _pane(rows: list[Row]) -> str:
+    """The pane's HTML: its height fixed from the start, the newest rows kept in view."""
+    shown = rows_html(rows or [("note", "nothing printed yet")])
+    # column-reverse keeps the newest lines in view as the pane is refilled
+    return (
+        f'<div style="height:{PANE_HEIGHT};overflow:auto;display:flex;'
+        f'flex-direction:column-reverse">{shown}</div>'
+    )

@@ -17,6 +17,11 @@ Part 2, from plain Python: a model compiled with ``torch.compile`` on the worker
 count (dynamo's unique graphs) and the time of each ``pool.run`` of a training step, against a
 ``notebook_launcher`` per step, which compiles in fresh workers every time.
 
+Part 3 (:mod:`benchmarks.pool_reload`): an edited module on a warm pool, 2 local ranks and a
+2-node Dask ``LocalCluster``: the cell right after the edit (every rank answering with the new
+code) against the same cell with nothing edited, as a ratio and in seconds (goal: <= 1 s).
+``--reload-only`` runs this part alone.
+
 Results go to ``benchmarks/results/pool.json`` and ``pool.md`` (``--out`` to change). Timings
 on a shared machine vary; the JSON keeps every sample.
 """
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import run_cell
+from benchmarks.pool_reload import reload_part, reload_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_MS = 5.0
@@ -169,7 +175,7 @@ def _report(figures: dict[str, Any]) -> str:
         later = statistics.median(seconds for seconds, _ in runs[1:]) if len(runs) > 1 else 0
         graphs = ", ".join(str(count) for _, count in runs)
         lines.append(f"| {label} | {runs[0][0] * 1000:.0f} ms | {later * 1000:.1f} ms | {graphs} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + reload_report(figures["reload"])
 
 
 def main() -> None:
@@ -177,13 +183,20 @@ def main() -> None:
     cli.add_argument("--cells", type=int, default=200)
     cli.add_argument("--launches", type=int, default=5)
     cli.add_argument("--compile-runs", type=int, default=3)
+    cli.add_argument("--reload-runs", type=int, default=5)
+    cli.add_argument("--reload-only", action="store_true", help="only the edited-module part")
     cli.add_argument("--quick", action="store_true", help="few samples: checks it runs")
     cli.add_argument("--out", type=Path, default=RESULTS)
     arguments = cli.parse_args()
     if arguments.quick:
         arguments.cells, arguments.launches, arguments.compile_runs = 20, 1, 2
+        arguments.reload_runs = 2
+    if arguments.reload_only:
+        print(reload_report(reload_part(arguments.reload_runs)))
+        return
     figures: dict[str, Any] = _kernel_part(arguments.cells, arguments.launches)
     figures.update(_compile_part(arguments.compile_runs))
+    figures["reload"] = reload_part(arguments.reload_runs)
     figures["machine"] = {"cpus": os.cpu_count(), "load_average": os.getloadavg()}
     arguments.out.mkdir(parents=True, exist_ok=True)
     (arguments.out / "pool.json").write_text(json.dumps(figures, indent=1))

@@ -1304,6 +1304,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "cluster-nodes-drop-post-mortem",
+        "post_mortem=True reaches a cluster node's ranks (launch and pool)",
+        (
+            Edit(
+                "launch/node_process/process.py",
+                "    return dataclasses.replace(plan, post_mortem=order.settings.post_mortem)",
+                "    return plan",
+            ),
+        ),
+        (
+            "tests/test_debugger_cluster_kernel_integration.py::"
+            "test_post_mortem_opens_pdb_in_the_failing_frame_of_a_nodes_rank_and_q_ends_the_run",
+            "tests/test_cluster.py::test_each_setting_given_to_a_cluster_launch_is_honoured_or_"
+            "refused_before_start",
+        ),
+    ),
+    Mutation(
         "shield-ends-with-the-cells-code",
         "a repeat press after the cell's code, before its reply, is absorbed too",
         (
@@ -3259,6 +3276,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_arch_p,
     mutations_arch_s,
     mutations_b53,
+    mutations_b54,
     mutations_c53,
     mutations_events,
     mutations_export,
@@ -3306,4 +3324,5 @@ MUTATIONS = (
     + mutations_t54.MUTATIONS
     + mutations_v55.MUTATIONS
     + mutations_z54.MUTATIONS
+    + mutations_b54.MUTATIONS
 )

@@ -23,6 +23,7 @@ from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, check_argument
 from notebook_kit.launch.debugger_desk import can_type
 from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.template_choice import get_start_method
 
 __all__ = [
     "Call",
@@ -197,10 +198,11 @@ def _gpus_for(kernel: KernelState, in_kernel: bool) -> int:
     """GPUs the run can use: a forked worker sees the probe's count; the kernel its own.
 
     A kernel that already holds a CUDA context (an earlier run here on the GPU, or another
-    library's) cannot fork workers onto the GPU, but can still train in itself: then torch's
-    count is asked directly, which costs nothing more in a kernel CUDA already tainted.
+    library's) cannot fork workers onto the GPU, but can still train in itself, and workers
+    started from its clean template process can use every GPU: then torch's count is asked
+    directly, which costs nothing more in a kernel CUDA already tainted.
     """
-    if in_kernel and kernel.cuda_bad_fork:
+    if kernel.cuda_bad_fork and (in_kernel or get_start_method() != "fork"):
         import torch
 
         return torch.cuda.device_count()

@@ -13,10 +13,8 @@ whenever it starts, so nothing is gained by starting it earlier, and a kernel th
 needs it pays nothing) and kept for the kernel's later launches; one that died is replaced
 by the next launch. It ends with the kernel.
 
-:func:`set_start_method` chooses, as ``torch.multiprocessing.set_start_method`` does:
-``"auto"`` (the default: fork when safe, else the template), ``"fork"`` (always fork; an
-unsafe kernel raises :class:`~notebook_kit.launch.preflight.ForkSafetyError`) or
-``"template"`` (always the template). ``NOTEBOOK_KIT_START_METHOD`` sets the default.
+:func:`set_start_method` (:mod:`notebook_kit.launch.template_choice`) chooses between the
+two: ``"auto"`` (the default), ``"fork"`` or ``"template"``.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.line_reader import LineReader
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.supervisor import WorkerProcess
+from notebook_kit.launch.template_choice import START_METHODS, get_start_method, set_start_method
 from notebook_kit.launch.template_shipping import ship_call
 from notebook_kit.launch.template_wire import ForkReply, ForkRequest, Ready, receive, send
 
@@ -52,41 +51,11 @@ __all__ = [
     "template_pid",
 ]
 
-START_METHODS = ("auto", "fork", "template")
-_ENV = "NOTEBOOK_KIT_START_METHOD"
 _MAIN = "notebook_kit.launch.template_process"
-_chosen: str | None = None
 
 
 class TemplateError(RuntimeError):
     """The template process could not start a launch's workers."""
-
-
-def set_start_method(method: str) -> None:
-    """Choose how launches start their workers: ``"auto"``, ``"fork"`` or ``"template"``.
-
-    Example:
-        >>> set_start_method("auto")
-    """
-    global _chosen
-    _chosen = _check(method, "set_start_method")
-
-
-def get_start_method() -> str:
-    """The chosen start method; else ``NOTEBOOK_KIT_START_METHOD``; else ``"auto"``."""
-    if _chosen is not None:
-        return _chosen
-    return _check(os.environ.get(_ENV, "auto") or "auto", _ENV)
-
-
-def _check(method: Any, name: str) -> str:
-    if method not in START_METHODS:
-        raise ValueError(
-            f"{name}: start method {method!r} is not one of {', '.join(START_METHODS)}. Use "
-            "'auto' (fork when the kernel is safe to fork, else start workers from a clean "
-            "process), 'fork' (always fork the kernel) or 'template' (always the clean process)."
-        )
-    return str(method)
 
 
 class _Template:

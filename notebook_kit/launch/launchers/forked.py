@@ -24,7 +24,8 @@ from notebook_kit.launch.plan import Call
 from notebook_kit.launch.preflight import check_fork_safety, check_not_in_a_launch, fork_hazard
 from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
-from notebook_kit.launch.template import TemplateRoute, get_start_method
+from notebook_kit.launch.template import TemplateRoute
+from notebook_kit.launch.template_choice import get_start_method
 from notebook_kit.launch.template_wire import SharedStopFlag
 from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary

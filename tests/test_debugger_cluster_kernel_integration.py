@@ -155,3 +155,47 @@ def test_a_cluster_pool_command_opens_pdb_on_rank_1s_node_and_q_fails_the_comman
     assert "quit the debugger" in quit_cell.error["evalue"], quit_cell.error
     assert _run(kernel, "pool.close()", timeout=60).error is None
     assert_nothing_left(cluster)
+
+
+POST_MORTEM = """\
+from notebook_kit import notebook_launcher
+
+def broken():
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    doomed = 100 + rank
+    if rank == 1:
+        raise ValueError("rank 1 broke")
+    dist.barrier()  # rank 0 waits here while rank 1 is at its post-mortem
+    return rank
+
+print("result", notebook_launcher(broken, post_mortem=True{options}))
+"""
+
+
+POST_MORTEM_POOL = """\
+from notebook_kit import WorkerPool
+pm = WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False, post_mortem=True)
+"""
+
+
+def test_post_mortem_opens_pdb_in_the_failing_frame_of_a_nodes_rank_and_q_ends_the_run(
+    cluster, kernel
+):
+    answers = iter(["p doomed", "q"])
+    cell = _run(kernel, POST_MORTEM.format(options=ON_NODES), lambda p, c: next(answers))
+    assert cell.prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "], (cell.text, cell.error)
+    assert "\n101\n" in cell.text, cell.text  # rank 1's local, in the frame that raised
+    assert cell.error is not None and cell.error["ename"] == "ClusterWorkerError", cell
+    assert "rank 1" in cell.error["evalue"] and "rank 1 broke" in cell.error["evalue"], cell.error
+    assert_nothing_left(cluster)
+    # A cluster pool's command opens it the same way, before the kernel hears of the failure.
+    made = _run(kernel, POST_MORTEM_POOL, timeout=120)
+    assert made.error is None, made
+    answers = iter(["p doomed", "c"])
+    failed = _run(kernel, "pm.run(broken)", lambda p, c: next(answers), timeout=120)
+    assert failed.prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "], (failed.text, failed.error)
+    assert "\n101\n" in failed.text and failed.error is not None, failed
+    assert "rank 1 broke" in failed.error["evalue"], failed.error
+    assert _run(kernel, "pm.close()", timeout=60).error is None
+    assert_nothing_left(cluster)

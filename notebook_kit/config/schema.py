@@ -266,12 +266,11 @@ CALL_SETTINGS: dict[str, Setting] = _declare(
         "Fewest nodes a cluster run restarts on after losing some; empty = num_nodes.",
         int | None, optional=True, minimum=1, ceiling=MAX_NODES, scope=("kernel", "launch"),
     ),
-    # Asked at the kernel's prompt, by forked ranks; not yet by a cluster's.
+    # Asked at the kernel's prompt: a cluster node's rank through its node, as its breakpoint().
     Setting(
         "post_mortem", "bool", False,
         "A rank that raises opens pdb in its failing frame, in the cell.",
-        bool, scope=("cluster",),
-        cluster_decides="a cluster's ranks open no post-mortem yet; debug it in a local run",
+        bool,
     ),
 )  # fmt: skip
 

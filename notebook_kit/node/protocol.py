@@ -353,6 +353,7 @@ class NodeSettings:
     config: LaunchConfig
     rendezvous_timeout: float
     stall_seconds: float | None
+    post_mortem: bool = False  # a rank that raises opens pdb in its frame, asked in the cell
 
     @property
     def num_processes(self) -> int:

@@ -116,6 +116,7 @@ def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]
         resolved.replace(**kept),
         check_argument(CALL_SETTINGS["rendezvous_timeout"], rendezvous),
         check_argument(CALL_SETTINGS["stall_seconds"], stall),
+        check_argument(CALL_SETTINGS["post_mortem"], options.get("post_mortem")) or False,
     )
     num_nodes = check_argument(SETTINGS["num_nodes"], options.get("num_nodes"))
     if num_nodes is None and stored["num_nodes"] != SETTINGS["num_nodes"].default:

@@ -10,6 +10,7 @@ no gap between choosing the port and listening on it.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import traceback
@@ -105,11 +106,12 @@ def node_plan(order: NodeOrder, master: Rendezvous) -> LaunchPlan:
         master_addr=master.host,  # as node 0 bound it (a loopback one included)
         master_port=master.port,
     )
-    return make_plan(
+    plan = make_plan(
         config,
         rendezvous_timeout=order.settings.rendezvous_timeout,
         stall_seconds=order.settings.stall_seconds,
     )
+    return dataclasses.replace(plan, post_mortem=order.settings.post_mortem)
 
 
 def node_threads(order: NodeOrder) -> int:

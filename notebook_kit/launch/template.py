@@ -82,6 +82,7 @@ class _Template:
             theirs.close()
         self.sock = ours
         self.ready = False
+        self._asking = threading.Lock()  # one request and its reply at a time on the socket
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -102,8 +103,9 @@ class _Template:
 
     def fork(self, request: ForkRequest, fds: list[int]) -> tuple[ForkReply, list[int]]:
         try:
-            send(self.sock, request, fds)
-            reply, ends = receive(self.sock)
+            with self._asking:
+                send(self.sock, request, fds)
+                reply, ends = receive(self.sock)
         except (OSError, EOFError) as error:
             raise TemplateError(
                 f"The clean process that starts the workers is gone ({error}); the next launch "

@@ -89,7 +89,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "                select.select([], [], [], 3600)",
             ),
         ),
-        (_FROM_PG,),
+        (_KILLED,),
     ),
     Mutation(
         "template-guardian-not-awaited",

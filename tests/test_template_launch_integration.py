@@ -154,10 +154,24 @@ def _fails_on_rank_1():
     dist.barrier()
 
 
-def test_failures_stop_and_a_dead_template_behave_as_in_a_forked_launch(from_template):
+def _fails_once(marker):
+    if not os.path.exists(marker):
+        dist.barrier()
+        if dist.get_rank() == 1:
+            open(marker, "w").close()
+            raise ValueError("the first attempt fails")
+        dist.barrier()
+    return "second attempt"
+
+
+def test_failures_stop_and_a_dead_template_behave_as_in_a_forked_launch(from_template, tmp_path):
     with pytest.raises(WorkerError, match="rank 1") as failed:
         notebook_launcher(_fails_on_rank_1, num_processes=2)
     assert "rank one is broken" in str(failed.value)
+    marker = str(tmp_path / "failed-once")
+    assert notebook_launcher(_fails_once, args=(marker,), num_processes=2, max_restarts=1) == (
+        "second attempt"
+    )
     assert notebook_launcher(_until_stopped, num_processes=2, observer=_PressStop()) == (
         "stopped at rank 0"
     )

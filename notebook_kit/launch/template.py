@@ -48,6 +48,7 @@ __all__ = [
     "end_template",
     "get_start_method",
     "set_start_method",
+    "start_template",
     "template_pid",
 ]
 
@@ -127,6 +128,11 @@ class _Template:
 
 _template: _Template | None = None
 _lock = threading.Lock()
+
+
+def start_template() -> None:
+    """Start the kernel's template process now (it imports in the background), if it has none."""
+    _kernel_template()
 
 
 def _kernel_template() -> _Template:

@@ -22,11 +22,19 @@ _chosen: str | None = None
 def set_start_method(method: str) -> None:
     """Choose how launches start their workers: ``"auto"``, ``"fork"`` or ``"template"``.
 
+    ``"template"`` also starts the template process now, in the background (a fresh
+    interpreter importing torch takes seconds): called in the import cell, it is ready by the
+    first launch.
+
     Example:
         >>> set_start_method("auto")
     """
     global _chosen
     _chosen = _check(method, "set_start_method")
+    if _chosen == "template":
+        from notebook_kit.launch.template import start_template  # it imports the launch's code
+
+        start_template()
 
 
 def get_start_method() -> str:

@@ -51,8 +51,11 @@ def main(argv: list[str]) -> None:
     from notebook_kit.launch.warmup import start_warmup
 
     start_warmup()
-    send(sock, Ready(here))
-    _serve(sock, parent)
+    try:
+        send(sock, Ready(here))
+        _serve(sock, parent)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the kernel went while this answered: nothing is left to serve
 
 
 def _serve(sock: socket.socket, parent: int) -> None:

@@ -1321,6 +1321,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "profiler-notes-shown-as-rank-output",
+        "torch's profiler notes to itself on a rank's stderr are not shown as its output",
+        (
+            Edit(
+                "launch/line_reader.py",
+                'if self.stream == "stderr" and _PROFILER_NOTES.match(line):',
+                "if False:",
+            ),
+        ),
+        (
+            "tests/test_line_reader.py::"
+            "test_the_profilers_notes_to_itself_on_stderr_are_not_a_ranks_output",
+            "tests/test_view_buttons_kernel_integration.py::"
+            "test_clicking_profile_mid_run_shows_each_ranks_operators_and_timeline_and_keeps_them",
+        ),
+    ),
+    Mutation(
         "shield-ends-with-the-cells-code",
         "a repeat press after the cell's code, before its reply, is absorbed too",
         (

@@ -78,3 +78,18 @@ def test_one_read_takes_a_bounded_amount(pipe):
     os.close(write)
     reader.read(lambda rank, stream, line: lines.append(line))
     assert "".join(lines) == data.decode()
+
+
+def test_the_profilers_notes_to_itself_on_stderr_are_not_a_ranks_output(pipe):
+    read, write = pipe
+    notes = (
+        b"USDT:2026-12-06 12:25:35 13018:13018 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+        b"STAGE:2026-12-06 12:25:47 13092:13092 SyncActivityProfilerHandler.cpp:51] Completed\n"
+        b"ERROR: External init callback must run in same thread as registerClient (-18 != -24)\n"
+    )
+    kept = b"ERROR: my own error\nUSDT: a line of mine\n"
+    assert _collect(LineReader(read, 0, "stderr"), write, [notes + kept]) == [
+        "ERROR: my own error",
+        "USDT: a line of mine",
+    ]
+    assert len(_collect(LineReader(read, 0, "stdout"), write, [notes])) == 3  # printed: kept

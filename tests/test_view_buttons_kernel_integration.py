@@ -9,6 +9,8 @@ block showed as plain text, as ``last_run()`` does.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.kernel_cells import real_kernel, run_cell
@@ -109,6 +111,8 @@ def test_clicking_profile_mid_run_shows_each_ranks_operators_and_timeline_and_ke
             and m["content"]["data"].get("text/plain", "").startswith("Profile\n")
         ]
         assert len(saved) == 1, [m["content"] for m in messages if m["msg_type"] == "display_data"]
+        shown = json.dumps([m["content"] for m in messages])  # the ranks' output included
+        assert "USDT:" not in shown and "registerClient" not in shown  # the profiler's notes
         kept = run_cell(
             client,
             "profile = notebook_kit.last_run().profile\n"

@@ -8,6 +8,7 @@ kernel's memory nor holds up everything else: each wake-up reads a bounded amoun
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,14 @@ _READ_BUDGET = 1 << 20
 _CHUNK = 1 << 16
 
 Emit = Callable[[int, Stream, str], None]
+# torch's profiler (kineto) writes a trace marker to the process's stderr at every start and
+# stop, and an "ERROR" at its first start in a process forked after torch was imported (its
+# thread check compares the kernel's thread with the rank's): notes to itself, never the rank's
+# output, and the profile is whole. Not shown, wherever the profiler was started.
+_PROFILER_NOTES = re.compile(
+    rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] "
+    rb"|ERROR: External init callback must run in same thread as registerClient \("
+)
 
 
 @dataclass
@@ -86,6 +95,8 @@ class LineReader:
             del self._pending[:cut]
 
     def _emit(self, line: bytes, emit: Emit) -> None:
+        if self.stream == "stderr" and _PROFILER_NOTES.match(line):
+            return
         emit(self.rank, self.stream, line.decode("utf-8", "backslashreplace"))
 
 

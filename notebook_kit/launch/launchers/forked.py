@@ -21,7 +21,12 @@ from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred,
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launchers.base import Launcher, Steps, WaitRequest, prepare_view
 from notebook_kit.launch.plan import Call
-from notebook_kit.launch.preflight import check_fork_safety, check_not_in_a_launch, fork_hazard
+from notebook_kit.launch.preflight import (
+    ForkSafetyError,
+    check_fork_safety,
+    check_not_in_a_launch,
+    fork_hazard,
+)
 from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
 from notebook_kit.launch.template import TemplateRoute
@@ -81,7 +86,16 @@ class ForkedLauncher(Launcher):
         method = "fork" if self.seat is not None else get_start_method()
         hazard = None if method == "fork" else fork_hazard(self.plan.kernel)
         if method == "fork" or (method == "auto" and hazard is None):
-            check_fork_safety(self.plan.kernel)
+            try:
+                check_fork_safety(self.plan.kernel)
+            except ForkSafetyError as error:
+                if self.seat is not None:
+                    raise
+                raise ForkSafetyError(
+                    f"{error} (The start method is 'fork', from set_start_method or "
+                    "NOTEBOOK_KIT_START_METHOD: with 'auto' the workers would start from a clean "
+                    "process instead.)"
+                ) from None
             return None
         reason = hazard or "the start method is 'template'"
         return TemplateRoute(reason, call, kernel_models)

@@ -10,6 +10,7 @@ it, its type, and the fix.
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,7 +54,7 @@ def _explain(call: Call, error: Exception, reason: str) -> str:
 def _fix(culprit: Any) -> str:
     """What to do instead, for the usual culprits."""
     module, name = type(culprit).__module__, type(culprit).__name__.lower()
-    if culprit is not None and module in ("_io", "io"):
+    if isinstance(culprit, io.IOBase) or module in ("_io", "io"):
         return "Pass the file's path instead and open it inside the function."
     if any(word in name for word in ("lock", "condition", "semaphore")):
         return "Create the lock inside the function (each worker needs its own anyway)."

@@ -131,7 +131,12 @@ _lock = threading.Lock()
 
 
 def start_template() -> None:
-    """Start the kernel's template process now (it imports in the background), if it has none."""
+    """Start the kernel's template process now (it imports in the background), if it has none.
+
+    Example::
+
+        start_template()  # in the import cell: the first template launch finds it ready
+    """
     _kernel_template()
 
 
@@ -150,7 +155,13 @@ def _kernel_template() -> _Template:
 @atexit.register
 def end_template() -> None:
     """End the kernel's template process, if it has one (at exit; a later launch makes a new
-    one when it needs it)."""
+    one when it needs it).
+
+    Example::
+
+        end_template()
+        assert template_pid() is None
+    """
     global _template
     with _lock:
         if _template is not None:
@@ -159,7 +170,13 @@ def end_template() -> None:
 
 
 def template_pid() -> int | None:
-    """The pid of the kernel's template process while one runs, else None."""
+    """The pid of the kernel's template process while one runs, else None.
+
+    Example::
+
+        start_template()
+        os.kill(template_pid(), 0)  # it runs
+    """
     template = _template
     return template.process.pid if template is not None and template.alive() else None
 
@@ -168,6 +185,12 @@ class TemplateRoute:
     """One launch's way through the template: the shipped call, and its models' two ids.
 
     Built before anything starts, so what cannot be shipped is named first.
+
+    Example::
+
+        route = TemplateRoute(fork_hazard(), call, find_kernel_models(*call))
+        yield from route.wait_ready()
+        supervisor.guardian = route.fork(plan, stop_flag.fd, None, 0, supervisor.workers)
     """
 
     def __init__(self, reason: str, call: Call, kernel_models: dict[int, Any]) -> None:

@@ -1338,6 +1338,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "cluster-profiles-never-reach-the-request",
+        "profile() during a cluster run gets every node's ranks' profiles",
+        (
+            Edit(
+                "launch/cluster/attempt.py",
+                "self.stacks.on_node_profiles(event)",
+                "pass",
+            ),
+        ),
+        (
+            "tests/test_stacks_cluster_integration.py::"
+            "test_profile_of_a_cluster_run_comes_from_every_node",
+        ),
+    ),
+    Mutation(
+        "node-ignores-the-profile-ask",
+        "a node task passes the kernel's profile() request on to its node process",
+        (
+            Edit(
+                "node/task.py",
+                "        if control.profile is not None:\n            self.profile = control.profile\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_stacks_cluster_integration.py::"
+            "test_profile_of_a_cluster_run_comes_from_every_node",
+        ),
+    ),
+    Mutation(
         "shield-ends-with-the-cells-code",
         "a repeat press after the cell's code, before its reply, is absorbed too",
         (

@@ -8,6 +8,7 @@ asks its own rank and sends the text home. Then the run is interrupted and nothi
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -20,6 +21,7 @@ from notebook_kit.launch.stack_requests import RankStacks
 from tests.optional import needs
 from tests.test_cluster_integration import assert_nothing_left, local_cluster
 from tests.test_stacks_integration import SLACK, TIMEOUT, _both_in_place, _sleep_or_reduce
+from tests.test_step_profile_integration import _profile_when_running
 
 pytestmark = [pytest.mark.integration, needs("distributed", what="cluster runs")]
 
@@ -85,4 +87,51 @@ def test_stacks_during_a_cluster_pool_command_come_from_every_node(client) -> No
             pool.run(_sleep_or_reduce)
         thread.join(5)
     _check(found)
+    assert_nothing_left(client)
+
+
+def _train_steps(total: int) -> int:
+    """A prepared loader's batches, ``total`` steps: the steps profile() counts."""
+    import torch
+
+    from notebook_kit.accelerator import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps = 0
+    while steps < total:
+        for inputs, targets in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+            time.sleep(0.01)
+    return steps
+
+
+def test_profile_of_a_cluster_run_comes_from_every_node(client, tmp_path) -> None:
+    found: dict = {}
+    asker = threading.Thread(
+        target=_profile_when_running, args=(found, threading.Event(), tmp_path)
+    )
+    asker.start()
+    ran = notebook_launcher(
+        _train_steps, args=(400,), num_processes=1, num_nodes=2, cluster=client, live=False
+    )
+    asker.join(10)
+    assert ran == 400
+    results = found.get("profile")
+    assert results is not None, found
+    assert sorted(results) == [0, 1]
+    for rank, result in results.items():  # each written on its node (this machine, here)
+        assert result.trace == tmp_path / f"profile_{rank}.json" and result.steps == 3
+        names = {e.get("name") for e in json.loads(result.trace.read_text())["traceEvents"]}
+        assert {"ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"} <= names, rank
+        assert len(result.table) == 10 and len(result.step_spans) == 3
+    record = notebook_kit.last_run()
+    assert record is not None and record.profile == results
     assert_nothing_left(client)

@@ -165,5 +165,5 @@ def test_a_run_in_this_process_is_refused_saying_so() -> None:
         asker.join(10)
 
     notebook_launcher(train, num_processes=1, live=False)
-    assert "this run is in this process or on a cluster" in found["error"], found
+    assert "this run is in this process." in found["error"], found
     assert "accelerator.profile()" in found["error"]

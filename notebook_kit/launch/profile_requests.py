@@ -6,7 +6,8 @@ each rank its order (:func:`~notebook_kit.worker.step_profiler.write_order`) and
 :data:`~notebook_kit.worker.step_profiler.PROFILE_SIGNAL`; each rank's answer, a
 :class:`~notebook_kit.runtime.messages.ProfileDone`, is handed to the request as the loop reads
 it. A forked launch's and a pool's supervisor keep a :class:`RunDesk`, the stacks desk that
-also takes these; a run in this process or on a cluster is refused, saying so.
+also takes these; a cluster run's desk asks its nodes, whose node processes ask their ranks so
+(:mod:`notebook_kit.launch.cluster.cluster_stacks`); a run in this process is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from notebook_kit.live.profile_panel import profile_taken
 from notebook_kit.runtime.messages import ProfileDone, ProfileOrder
 from notebook_kit.worker.step_profiler import PROFILE_SIGNAL, write_order
 
-__all__ = ["ProfileRequest", "ProfileResult", "RankProfiles", "RunDesk", "ask_profile", "profile"]
+__all__ = [
+    "ProfileRequest",
+    "ProfileResult",
+    "RankProfiles",
+    "RunDesk",
+    "ask_profile",
+    "post_profile",
+    "profile",
+]
 
 DEFAULT_TIMEOUT = 120.0
 _numbers = itertools.count(1)
@@ -40,7 +49,7 @@ NO_RUN = (
 )
 NOT_FORKED = (
     "notebook_kit.profile() profiles the forked ranks of a launch or a WorkerPool command; "
-    "this run is in this process or on a cluster. Profile it from inside the function with "
+    "this run is in this process. Profile it from inside the function with "
     "accelerator.profile() instead."
 )
 
@@ -155,6 +164,8 @@ class ProfileRequest:
 class RunDesk(StackDesk):
     """A forked run's desk: the stacks requests, and these."""
 
+    profile_request = ProfileRequest  # the kind its loop knows how to ask
+
     def post(self, request: ProfileRequest) -> None:
         """From any thread: a request the loop takes at its next turn."""
         self._pending.append(request)  # deque appends are atomic: no lock with the loop
@@ -221,9 +232,15 @@ def _request(
         raise RuntimeError(NO_RUN) from None
     if not isinstance(desk, RunDesk):
         raise RuntimeError(NOT_FORKED)
-    request = ProfileRequest(steps, float(timeout), None if folder is None else Path(folder))
+    request = desk.profile_request(steps, float(timeout), None if folder is None else Path(folder))
     desk.post(request)
     return request, desk
+
+
+def post_profile(steps: int, timeout: float, folder: str) -> ProfileRequest:
+    """Leave the run in progress here a request, without waiting (a cluster node's answer to
+    its kernel's ``profile()``); :class:`RuntimeError` when there is no such run."""
+    return _request(steps, timeout, folder)[0]
 
 
 def _check_steps(steps: Any) -> None:

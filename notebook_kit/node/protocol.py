@@ -30,6 +30,7 @@ from notebook_kit.runtime.messages import (
     MetricsBatch,
     OutputLine,
     PoolAnswer,
+    ProfileDone,
     Progress,
     RankSpeed,
 )
@@ -56,12 +57,14 @@ __all__ = [
     "NodeOrder",
     "NodeOutcome",
     "NodePrint",
+    "NodeProfiles",
     "NodeReady",
     "NodeReport",
     "NodeSettings",
     "NodeStacks",
     "NodeValue",
     "ProbeReport",
+    "ProfileAsk",
     "ProtocolError",
     "Rendezvous",
     "RunCommand",
@@ -118,6 +121,7 @@ class Control:
     abort: str = ""
     stacks: int = 0  # the latest stacks() request: each node answers a number once
     stacks_seconds: float = 0.0  # how long a node's ranks get to answer it
+    profile: ProfileAsk | None = None  # the latest profile() request, answered once
 
 
 def control_frame(control: Control) -> bytes:
@@ -152,6 +156,17 @@ class StacksAsk:
 
     number: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class ProfileAsk:
+    """``notebook_kit.profile()``: the node's ranks profile their next ``steps`` steps within
+    ``seconds``, each writing its trace into ``folder`` on its node (``steps`` 0: stop)."""
+
+    number: int
+    steps: int
+    seconds: float
+    folder: str
 
 
 @dataclass(frozen=True)
@@ -249,17 +264,30 @@ class NodeStacks:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class NodeProfiles:
+    """A node's answer to :class:`ProfileAsk` ``number``: each of its ranks' profile, by
+    global rank (an error in one names why it could not), or why none was asked."""
+
+    node: int
+    number: int
+    done: dict[int, ProfileDone]
+    error: str = ""
+
+
 # A rank's lines, metrics and pdb prompts travel as the runtime's own messages (global ranks).
 NodeEvent = (
     OutputLine | MetricsBatch | NodePrint | NodeReady | NodeAnswer | NodeFinished | NodeStacks
-    | DebuggerPrompt | DebuggerLeft
+    | NodeProfiles | DebuggerPrompt | DebuggerLeft
 )  # fmt: skip
 NODE_EVENTS = (
     OutputLine, MetricsBatch, NodePrint, NodeReady, NodeAnswer, NodeFinished, NodeStacks,
-    DebuggerPrompt, DebuggerLeft,
+    NodeProfiles, DebuggerPrompt, DebuggerLeft,
 )  # fmt: skip
 # Events the kernel waits for: the task sends them on at once, with every event before them.
-URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished, NodeStacks, DebuggerPrompt, DebuggerLeft)
+URGENT_EVENTS = (
+    NodeReady, NodeAnswer, NodeFinished, NodeStacks, NodeProfiles, DebuggerPrompt, DebuggerLeft,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -403,8 +431,8 @@ class NodeReport:
 
 # Every dataclass a frame may hold: :func:`decode` rebuilds none but these.
 _KINDS = codec.kinds_of(
-    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, StacksAsk, Rendezvous, NodeOrder,
-    Control, DebuggerAnswer, DebuggerLine,
+    *NODE_EVENTS, *NODE_COMMANDS, *NODE_OUTCOMES, LaunchStop, StacksAsk, ProfileAsk, ProfileDone,
+    Rendezvous, NodeOrder, Control, DebuggerAnswer, DebuggerLine,
     NodeSettings, WorkerFailure, Failure, PoolAnswer, Progress, RankSpeed,
     *pool_commands.KINDS.values(),
 )  # fmt: skip

@@ -37,6 +37,7 @@ from notebook_kit.node.protocol import (
     LaunchStop,
     NodeOrder,
     NodeReport,
+    ProfileAsk,
     ProtocolError,
     Rendezvous,
     Seal,
@@ -123,6 +124,7 @@ class _Control(threading.Thread):
         self.stop_requested = False
         self.abort = ""
         self.stacks = StacksAsk(0, 0.0)  # the kernel's latest stacks() request
+        self.profile: ProfileAsk | None = None  # and its latest profile() request
         self.finished = threading.Event()
 
     def run(self) -> None:
@@ -143,6 +145,8 @@ class _Control(threading.Thread):
         self.abort = self.abort or control.abort
         if control.stacks > self.stacks.number:
             self.stacks = StacksAsk(control.stacks, control.stacks_seconds)
+        if control.profile is not None:
+            self.profile = control.profile
 
     def ending(self) -> str:
         """Why the node must end now ("" while it may go on)."""
@@ -187,6 +191,7 @@ class _Relay:
         self.ended_by = ""
         self.stop_sent = False
         self.stacks_sent = 0  # the latest stacks() request passed on to the node process
+        self.profile_sent: ProfileAsk | None = None  # and the latest profile() request
         self.interrupted_at: float | None = None
         self.urgent = False  # an event the kernel waits for is in the batch: send it now
         self.forged = False  # a command that was not the kernel's came (and was dropped)
@@ -320,6 +325,11 @@ class _Relay:
             self.stacks_sent = ask.number
             with contextlib.suppress(OSError):
                 orders.send_bytes(encode(ask, self.seal))
+        profile = self.control.profile
+        if profile is not None and profile != self.profile_sent and self.master_sent:
+            self.profile_sent = profile  # a new request, or the same one cancelled
+            with contextlib.suppress(OSError):
+                orders.send_bytes(encode(profile, self.seal))
         while self.master_sent and self.commands:
             with contextlib.suppress(OSError):
                 orders.send_bytes(self.commands.popleft())

@@ -55,12 +55,14 @@ from notebook_kit.node.protocol import (
     NodeFinished,
     NodeOrder,
     NodePrint,
+    NodeProfiles,
     NodeReady,
     NodeReport,
     NodeSettings,
     NodeStacks,
     NodeValue,
     ProbeReport,
+    ProfileAsk,
     ProtocolError,
     RunNames,
     Seal,
@@ -134,6 +136,7 @@ class ClusterAttempt:
         self.failed_nodes: set[int] = set()
         self.stacks = ClusterStackDesk()  # stacks() asks here (a pool: during each command)
         self._stacks_asked = (0, 0.0)  # the latest request's number and a node's seconds
+        self._profile_asked: ProfileAsk | None = None  # the latest profile() request
         self.debugger = DebuggerDesk()  # the nodes' ranks' pdb prompts, asked in the cell
         self.debugged = 0.0  # seconds spent at those prompts: nobody's timeout
         self._lease = 0
@@ -207,6 +210,11 @@ class ClusterAttempt:
         """The line typed at ``rank``'s prompt, to every node (the one holding it writes it):
         on the command topic, pushed and sealed, as a pool's commands."""
         self.engine.command(self.names, encode(DebuggerAnswer(rank, line), self.seal))
+
+    def ask_profile(self, ask: ProfileAsk) -> None:
+        """Publish a profile() request (or its cancellation: no steps) for every node."""
+        self._profile_asked = ask
+        self._publish()
 
     def ask_stacks(self, seconds: float) -> int:
         """Publish a new stacks() request, ``seconds`` for each node; its number."""
@@ -299,6 +307,8 @@ class ClusterAttempt:
             self.answers[event.node] = event
         elif isinstance(event, NodeStacks):
             self.stacks.on_stacks(event)
+        elif isinstance(event, NodeProfiles):
+            self.stacks.on_node_profiles(event)
         elif isinstance(event, (DebuggerPrompt, DebuggerLeft)):  # a rank's pdb, on its node
             self.debugger.receive(event)
         elif isinstance(event, NodeFinished):
@@ -382,7 +392,9 @@ class ClusterAttempt:
     # -- control and cleanup --------------------------------------------------------------
 
     def _publish(self) -> None:
-        control = Control(self._lease, self.result.stopped, self.abort, *self._stacks_asked)
+        control = Control(
+            self._lease, self.result.stopped, self.abort, *self._stacks_asked, self._profile_asked
+        )
         self.engine.publish(self.names, control_frame(control))
 
     def _renew(self) -> None:

@@ -1,11 +1,14 @@
-"""``notebook_kit.stacks()`` during a cluster run: the kernel's side.
+"""``notebook_kit.stacks()`` and ``profile()`` during a cluster run: the kernel's side.
 
 The kernel cannot signal a rank on another machine. It raises the ``stacks`` number of the
 control value it publishes (with the seconds a node gets); each node task reads the value
 within a quarter second and passes the request to its node process, which asks its own ranks
 as a local run does and sends their texts home as one urgent event
 (:mod:`notebook_kit.launch.node_process.node_stacks`). The request here collects one answer per
-node; a node that does not answer by the deadline gets a line for each of its ranks.
+node; a node that does not answer by the deadline gets a line for each of its ranks. A
+``profile()`` request travels in the same value (its number, steps, seconds and the folder on
+each node); each node answers with its ranks' profiles, tables and timelines included (the
+traces stay on the node's disk, where its ranks wrote them).
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import threading
 import time
 from typing import Any, Protocol
 
-from notebook_kit.launch.stack_requests import StackDesk
-from notebook_kit.node.protocol import NodeStacks
+from notebook_kit.launch.profile_requests import ProfileRequest, RunDesk
+from notebook_kit.node.protocol import NodeProfiles, NodeStacks, ProfileAsk
 
 __all__ = ["ClusterStackDesk", "ClusterStackRequest"]
 
@@ -26,6 +29,8 @@ _NODE_SHARE = 0.5
 
 class _Attempt(Protocol):
     def ask_stacks(self, seconds: float) -> int: ...
+
+    def ask_profile(self, ask: ProfileAsk) -> None: ...
 
     def rank_nodes(self) -> tuple[int, ...]: ...
 
@@ -90,8 +95,47 @@ class ClusterStackRequest:
             return "\n".join(self._notes) or None
 
 
-class ClusterStackDesk(StackDesk):
+class ClusterProfileRequest(ProfileRequest):
+    """One ``profile()`` request to every node of a cluster run."""
+
+    _attempt: _Attempt | None = None
+
+    def ask(self, attempt: _Attempt) -> None:  # type: ignore[override]
+        """On the kernel's loop: publish the request; every rank of the run is asked."""
+        seconds = max(0.05, (self.deadline - time.monotonic()) * _NODE_SHARE)
+        self._attempt, self._rank_nodes = attempt, attempt.rank_nodes()
+        self._pids = dict.fromkeys(range(len(self._rank_nodes)), 0)
+        attempt.ask_profile(ProfileAsk(self.number, self.steps, seconds, str(self.folder)))
+        self.asked.set()
+        self._check()
+
+    def node_answer(self, event: NodeProfiles) -> None:
+        """On the kernel's loop: one node's profiles, or why its ranks could not be asked."""
+        if event.number != self.number:
+            return
+        if event.error:
+            ranks = [rank for rank, node in enumerate(self._rank_nodes) if node == event.node]
+            self.why_not.update(dict.fromkeys(ranks, event.error))
+        for rank, done in event.done.items():
+            self.profiled(int(rank), done)
+        self._check()
+
+    def cancel(self) -> None:
+        """The caller stops waiting: the nodes' ranks still profiling stop at their next step."""
+        if self._attempt is not None:
+            self._attempt.ask_profile(ProfileAsk(self.number, 0, 0.0, str(self.folder)))
+
+
+class ClusterStackDesk(RunDesk):
     """The desk of a cluster run: its requests go out through the control value."""
+
+    profile_request = ClusterProfileRequest
 
     def new_request(self, timeout: float) -> Any:
         return ClusterStackRequest(timeout)
+
+    def on_node_profiles(self, event: NodeProfiles) -> None:
+        """On the loop's thread: a node's answer, for every profile request still open."""
+        for request in self._open:
+            if isinstance(request, ClusterProfileRequest):
+                request.node_answer(event)

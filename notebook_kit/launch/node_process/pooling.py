@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.forking import NodeSeat
 from notebook_kit.launch.launchers.driver import run_blocking
+from notebook_kit.launch.node_process.node_stacks import ASKS
 from notebook_kit.launch.node_process.relay import RelayObserver
 from notebook_kit.launch.pool.backend import RunOutcome, WorkersStopped
 from notebook_kit.launch.pool.workers import PersistentLauncher, PoolProcesses
@@ -37,7 +38,6 @@ from notebook_kit.node.protocol import (
     NodeReady,
     NodeValue,
     RunCommand,
-    StacksAsk,
     StopCommand,
     decode,
 )
@@ -88,9 +88,9 @@ class _NodeView:
 
     def _read(self) -> NodeCommand | None:
         seal = self.relay.seal
-        kinds = (*NODE_COMMANDS, LaunchStop, StacksAsk, DebuggerAnswer)
+        kinds = (*NODE_COMMANDS, LaunchStop, *ASKS, DebuggerAnswer)
         order = decode(self.orders.recv_bytes(), *kinds, seal=seal)
-        if isinstance(order, StacksAsk):  # the kernel's stacks() during a command
+        if isinstance(order, ASKS):  # the kernel's stacks() or profile() during a command
             self.relay.ask_stacks(order)
             return None
         if isinstance(order, DebuggerAnswer):  # a line typed at a rank's pdb prompt

@@ -13,7 +13,7 @@ from __future__ import annotations
 from multiprocessing.connection import Connection
 
 from notebook_kit.launch.node_process.node_debugger import RelayedDesk
-from notebook_kit.launch.node_process.node_stacks import NodeStackAnswers
+from notebook_kit.launch.node_process.node_stacks import ASKS, NodeStackAnswers
 from notebook_kit.live.observer import LaunchInfo, LaunchSummary, Stream
 from notebook_kit.node.protocol import (
     EVENT,
@@ -24,6 +24,7 @@ from notebook_kit.node.protocol import (
     NodeEvent,
     NodeFinished,
     NodePrint,
+    ProfileAsk,
     Seal,
     StacksAsk,
     decode,
@@ -89,8 +90,8 @@ class RelayObserver:
         try:
             while self.orders.poll(0):
                 data = self.orders.recv_bytes()
-                order = decode(data, LaunchStop, StacksAsk, DebuggerAnswer, seal=self.seal)
-                if isinstance(order, StacksAsk):
+                order = decode(data, LaunchStop, *ASKS, DebuggerAnswer, seal=self.seal)
+                if isinstance(order, ASKS):
                     self.ask_stacks(order)
                 elif isinstance(order, DebuggerAnswer):  # written by the supervisor's next turn
                     self.debugger.take(order)
@@ -99,8 +100,9 @@ class RelayObserver:
         except (EOFError, OSError):
             self.orders_ended = True  # the task is gone: nothing more to wait for there
 
-    def ask_stacks(self, order: StacksAsk) -> None:
-        """The kernel's stacks(): gathered off the loop, sent by :meth:`send_stacks`."""
+    def ask_stacks(self, order: StacksAsk | ProfileAsk) -> None:
+        """The kernel's stacks() or profile(): answered off the loop, sent by
+        :meth:`send_stacks`."""
         self._stacks.ask(order)
         self.send_stacks()  # at once when there is no run to ask
 

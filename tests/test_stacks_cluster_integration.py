@@ -135,3 +135,19 @@ def test_profile_of_a_cluster_run_comes_from_every_node(client, tmp_path) -> Non
     record = notebook_kit.last_run()
     assert record is not None and record.profile == results
     assert_nothing_left(client)
+
+
+def test_profile_during_a_cluster_pool_command_comes_from_every_node(client, tmp_path) -> None:
+    found: dict = {}
+    with WorkerPool(cluster=client, num_nodes=2, num_processes=1, live=False) as pool:
+        pool.run(lambda: 1)  # the nodes are up: the next command is the one asked
+        asking = (found, threading.Event(), tmp_path)
+        asker = threading.Thread(target=_profile_when_running, args=asking)
+        asker.start()
+        assert pool.run(_train_steps, 400) == 400
+        asker.join(10)
+    results = found.get("profile")
+    assert results is not None, found
+    assert sorted(results) == [0, 1] and all(r.steps == 3 for r in results.values())
+    assert all(r.trace.exists() for r in results.values())
+    assert_nothing_left(client)

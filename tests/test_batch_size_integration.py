@@ -1,0 +1,97 @@
+"""find_executable_batch_size across real forked ranks: one size, agreed through restarts.
+
+Rank 1 runs out of memory while rank 0 already waits for it in an all-reduce, the case where
+each rank searching alone hangs: the launch restarts both at half the size, and both end on
+the same size. A pool, whose ranks cannot be restarted without losing their state, refuses.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from notebook_kit import WorkerError, WorkerPool, find_executable_batch_size, notebook_launcher
+from notebook_kit.runtime.context import current_launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+def _search(folder: Path, fits: int, start: int) -> tuple[int, int]:
+    """Rank 1 runs out of memory above ``fits``, once rank 0 waits in the all-reduce."""
+
+    @find_executable_batch_size(starting_batch_size=start)
+    def step(batch_size: int) -> tuple[int, int]:
+        context = current_launch()
+        assert context is not None
+        tried = folder / f"{context.restart_count}-{context.rank}-{batch_size}"
+        if context.rank == 0:
+            tried.touch()  # then straight into the collective
+        else:
+            waiting = folder / f"{context.restart_count}-0-{batch_size}"
+            deadline = time.monotonic() + 20
+            while not waiting.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # rank 0 is inside all_reduce by now
+            tried.touch()
+            if batch_size > fits:
+                raise torch.OutOfMemoryError(f"CUDA out of memory at {batch_size} (test)")
+        total = torch.tensor([batch_size])
+        dist.all_reduce(total)  # both ranks: the same size, so twice it
+        return batch_size, int(total)
+
+    return step()
+
+
+@pytest.mark.timeout(150)
+def test_rank_1_out_of_memory_while_rank_0_waits_in_all_reduce_restarts_both_at_half(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    value = notebook_launcher(
+        _search, (tmp_path, 16, 64), num_processes=2, max_restarts=0, timeout=120, live=False
+    )
+    assert value == (16, 32)  # rank 0's value: the size both ran, summed over both
+    tried = {path.name for path in tmp_path.iterdir()}
+    # Each attempt, both ranks at one size: 64, then 32, then 16; max_restarts=0 not charged.
+    assert tried == {f"{attempt}-{rank}-{size}" for attempt, size in enumerate((64, 32, 16))
+                     for rank in (0, 1)}  # fmt: skip
+    said = capfd.readouterr().out
+    assert "rank 1 ran out of memory at batch size 64: restarting every rank at 32" in said
+    assert "rank 1 ran out of memory at batch size 32: restarting every rank at 16" in said
+
+
+@pytest.mark.timeout(150)
+def test_a_search_that_reaches_zero_ends_the_launch_naming_the_function(tmp_path: Path) -> None:
+    with pytest.raises(WorkerError, match=r"reached zero\. step ran out .*starting_batch_size=2"):
+        notebook_launcher(_search, (tmp_path, 0, 2), num_processes=2, timeout=120, live=False)
+    tried = {path.name for path in tmp_path.iterdir()}
+    assert {"0-1-2", "1-1-1"} <= tried and not any(name.endswith("-0") for name in tried)
+
+
+def _decorated_step() -> int:
+    @find_executable_batch_size(starting_batch_size=8)
+    def step(batch_size: int) -> int:
+        return batch_size
+
+    return step()
+
+
+@pytest.mark.timeout(150)
+def test_a_pool_refuses_a_search_on_several_ranks_and_keeps_its_workers() -> None:
+    pool = WorkerPool(num_processes=2, live=False)
+    try:
+        pids = pool.pids
+        pool.run_cell("kept = 41")
+        with pytest.raises(WorkerError) as refused:
+            pool.run(_decorated_step)
+        message = str(refused.value)
+        assert "find_executable_batch_size of step cannot search" in message
+        assert "notebook_launcher(function, num_processes=2)" in message
+        assert pool.run(lambda: os.getpid(), ranks="all") == pids
+        assert pool.run_cell("kept + 1") == 42
+    finally:
+        pool.close()

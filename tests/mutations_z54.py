@@ -74,6 +74,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             _UNIT + "test_the_policy_restarts_every_rank_smaller_without_charging_max_restarts",
             _HARD_CASE,
+            _REAL + "test_workers_started_from_the_clean_template_agree_on_the_size_too",
         ),
     ),
     Mutation(

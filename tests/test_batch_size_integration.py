@@ -8,6 +8,9 @@ the same size. A pool, whose ranks cannot be restarted without losing their stat
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import torch.distributed as dist
 
 from notebook_kit import WorkerError, WorkerPool, find_executable_batch_size, notebook_launcher
 from notebook_kit.runtime.context import current_launch
+from tests.processes import clean_environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -70,6 +74,40 @@ def test_a_search_that_reaches_zero_ends_the_launch_naming_the_function(tmp_path
         notebook_launcher(_search, (tmp_path, 0, 2), num_processes=2, timeout=120, live=False)
     tried = {path.name for path in tmp_path.iterdir()}
     assert {"0-1-2", "1-1-1"} <= tried and not any(name.endswith("-0") for name in tried)
+
+
+TEMPLATE_PATH = textwrap.dedent(
+    """
+    import pathlib, sys
+    import torch.distributed as dist
+    from notebook_kit import notebook_launcher
+    from tests.test_batch_size_integration import _search
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    folder = pathlib.Path(sys.argv[1])
+    print("value", notebook_launcher(_search, (folder, 16, 32), num_processes=2, timeout=120))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.timeout(150)
+def test_workers_started_from_the_clean_template_agree_on_the_size_too(tmp_path: Path) -> None:
+    folder = tmp_path / "tried"
+    folder.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", TEMPLATE_PATH, str(folder)],
+        env=clean_environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=140,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting workers from a clean process" in done.stdout  # the template's path
+    assert "rank 1 ran out of memory at batch size 32: restarting every rank at 16" in done.stdout
+    assert "value (16, 32)" in done.stdout
+    assert {path.name for path in folder.iterdir()} == {"0-0-32", "0-1-32", "1-0-16", "1-1-16"}
 
 
 def _decorated_step() -> int:

@@ -109,6 +109,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "batch-size-agreed-across-machines",
+        "a launch over several machines refuses the search: each kernel restarts only its ranks",
+        (
+            Edit(
+                "accelerator/batch_size.py",
+                "if context is None or context.num_nodes == 1 else None",
+                "if True else None",
+            ),
+        ),
+        (
+            _UNIT
+            + "test_several_ranks_outside_a_restarting_launch_are_refused_before_the_function_runs",
+        ),
+    ),
+    Mutation(
         "torch-out-of-memory-error-not-caught",
         "torch.OutOfMemoryError reduces the batch size, whatever its message",
         (

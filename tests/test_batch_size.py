@@ -130,6 +130,11 @@ def test_several_ranks_outside_a_restarting_launch_are_refused_before_the_functi
         ),
     ):
         train()
+    # Two machines, each kernel restarting its own ranks only: refused though sizes are set.
+    two_machines = active_launch(LaunchContext(rank=1, world_size=4, num_nodes=2))
+    agreed = temporary_environment({AGREED_SIZES_VARIABLE: "{}"})
+    with agreed, two_machines, pytest.raises(RuntimeError, match="without cluster="):
+        train()
     assert ran == []
     with active_launch(LaunchContext(rank=0, world_size=1)):  # one rank: searched in place
         train()

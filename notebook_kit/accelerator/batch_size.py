@@ -227,15 +227,16 @@ def _launch_agreement(name: str) -> tuple[int, dict[str, int] | None]:
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return rank, None
-    agreed = agreed_sizes()
+    # Each machine's kernel restarts only its own ranks: across machines none can agree.
+    agreed = agreed_sizes() if context is None or context.num_nodes == 1 else None
     if agreed is None:
         raise RuntimeError(
             f"find_executable_batch_size of {name} cannot search for a batch size on these "
             f"{world_size} ranks: a rank out of memory would leave the others waiting in a "
-            f"collective, and only notebook_launcher on one machine restarts every rank at "
-            f"the smaller size. Here (a WorkerPool or %%distributed cell, a cluster run, "
-            f"torchrun) restarting them would lose their state. Run it with "
-            f"notebook_launcher(function, num_processes={world_size}), or call the function "
-            f"undecorated with a batch size that fits."
+            f"collective, so every rank must restart at the smaller size, which only "
+            f"notebook_launcher on one machine does (a WorkerPool or %%distributed cell would "
+            f"lose its workers' state; a cluster run or torchrun cannot). Run it with "
+            f"notebook_launcher(function, num_processes={world_size}) without cluster=, or "
+            f"call the function undecorated with a batch size that fits."
         )
     return rank, agreed

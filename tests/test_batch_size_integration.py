@@ -1,8 +1,9 @@
 """find_executable_batch_size across real forked ranks: one size, agreed through restarts.
 
-Rank 1 runs out of memory while rank 0 already waits for it in an all-reduce, the case where
-each rank searching alone hangs: the launch restarts both at half the size, and both end on
-the same size. A pool, whose ranks cannot be restarted without losing their state, refuses.
+Rank 1 runs out of memory in its forward while rank 0 already waits for it in DDP's gradient
+all-reduce, the case where each rank searching alone hangs: the launch restarts both at half
+the size, and both end on the same size. A pool, whose ranks cannot be restarted without
+losing their state, refuses.
 """
 
 from __future__ import annotations
@@ -25,25 +26,38 @@ from tests.processes import clean_environment
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_leftover_processes")]
 
 
+class _Model(torch.nn.Module):
+    """A linear layer whose forward on rank 1 runs out of memory above ``fits`` samples."""
+
+    def __init__(self, fits: int) -> None:
+        super().__init__()
+        self.fits = fits
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if dist.get_rank() == 1 and inputs.shape[0] > self.fits:
+            raise torch.OutOfMemoryError(f"CUDA out of memory at {inputs.shape[0]} (test)")
+        return self.linear(inputs)
+
+
 def _search(folder: Path, fits: int, start: int) -> tuple[int, int]:
-    """Rank 1 runs out of memory above ``fits``, once rank 0 waits in the all-reduce."""
+    """One DDP step: rank 1 runs out of memory in its forward once rank 0 is in its backward,
+    where DDP's gradient all-reduce waits for rank 1."""
 
     @find_executable_batch_size(starting_batch_size=start)
     def step(batch_size: int) -> tuple[int, int]:
         context = current_launch()
         assert context is not None
+        model = torch.nn.parallel.DistributedDataParallel(_Model(fits))
         tried = folder / f"{context.restart_count}-{context.rank}-{batch_size}"
-        if context.rank == 0:
-            tried.touch()  # then straight into the collective
-        else:
+        if context.rank == 1:  # until rank 0 is in its backward's all-reduce
             waiting = folder / f"{context.restart_count}-0-{batch_size}"
             deadline = time.monotonic() + 20
             while not waiting.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            time.sleep(0.2)  # rank 0 is inside all_reduce by now
-            tried.touch()
-            if batch_size > fits:
-                raise torch.OutOfMemoryError(f"CUDA out of memory at {batch_size} (test)")
+            time.sleep(0.2)
+        tried.touch()
+        model(torch.ones(batch_size, 4)).sum().backward()
         total = torch.tensor([batch_size])
         dist.all_reduce(total)  # both ranks: the same size, so twice it
         return batch_size, int(total)
@@ -56,7 +70,7 @@ def test_rank_1_out_of_memory_while_rank_0_waits_in_all_reduce_restarts_both_at_
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     value = notebook_launcher(
-        _search, (tmp_path, 16, 64), num_processes=2, max_restarts=0, timeout=120, live=False
+        _search, (tmp_path, 16, 64), num_processes=2, max_restarts=0, timeout=60, live=False
     )
     assert value == (16, 32)  # rank 0's value: the size both ran, summed over both
     tried = {path.name for path in tmp_path.iterdir()}

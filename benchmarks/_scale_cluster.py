@@ -25,7 +25,8 @@ import psutil
 __all__ = ["DaskScale", "RayScale", "simulate_nodes"]
 
 SIMULATED_NODE = "benchmarks._scale_node:main"
-_REPO = str(Path(__file__).resolve().parent.parent)
+# Not resolved: under tests.bite this folder is a link beside a broken copy of the package.
+_REPO = str(Path(__file__).absolute().parent.parent)
 _START_SECONDS = 120.0
 
 
@@ -42,8 +43,12 @@ def simulate_nodes() -> None:
 def _environment() -> dict[str, str]:
     """This environment, with the repository first on the path (the node processes import
     ``benchmarks._scale_node`` by name) and Dask's logging at warnings."""
+    import notebook_kit
+
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
+    package = str(Path(notebook_kit.__file__).parent.parent)  # the one this process runs
+    folders = (package, _REPO, env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in folders if p)
     env["DASK_LOGGING__DISTRIBUTED"] = "warning"  # one line per task and variable otherwise
     return env
 
@@ -86,15 +91,17 @@ class DaskScale:
         return [psutil.Process(self.scheduler.pid)]
 
     def close(self) -> None:
+        """The workers first (they would try to reach a scheduler gone), then the scheduler."""
         self.client.close()
-        for child in reversed(self.children):
-            child.terminate()
-        for child in self.children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        for group in (self.children[1:], self.children[:1]):
+            for child in group:
+                child.terminate()
+            for child in group:
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
 
 
 class RayScale:
@@ -145,7 +152,7 @@ async def _serve_workers(address: str, count: int) -> None:
 async def _serve_scheduler(address_file: str) -> None:
     from distributed import Scheduler
 
-    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard=False)
+    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0")
     await scheduler
     Path(address_file).write_text(scheduler.address)
     await scheduler.finished()

@@ -8,10 +8,13 @@ only a reading of the plot feed's newest point at each tick.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -62,6 +65,7 @@ class ScaleResult:
     stop: float | None = None  # Stop to the last rank stopped; None: not every rank stopped
     ranks_stopped: int = 0
     failure_named: float | None = None  # None: the error did not name the failed rank
+    failure_raised: float | None = None  # the failed rank's raise to the WorkerError
     failed_rank_named: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -206,8 +210,25 @@ def _watch(
     _interrupt_unless(returned, rates.patience)
 
 
+class _Notices(io.TextIOBase):
+    """The kernel's printed lines, passed on, with when the first naming ``rank`` came."""
+
+    def __init__(self, rank: int, out: Any) -> None:
+        self.words, self.out, self.at = f"Rank {rank} (", out, None
+
+    def write(self, text: str) -> int:
+        if self.at is None and self.words in text:
+            self.at = time.time()
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
 def _failing_run(cluster: Any, result: ScaleResult, per_node: int, rates: Rates) -> None:
-    """The last rank raises a few seconds in: seconds until the kernel's error names it."""
+    """The last rank raises a few seconds in: seconds until the kernel names it (the notice
+    printed while the other nodes end, or the ``WorkerError``, whichever comes first) and
+    until the error is raised."""
     from notebook_kit.errors import WorkerError, choose_root_cause
 
     run_dir = Path(tempfile.mkdtemp(prefix="nk_scale_fail_"))
@@ -218,18 +239,21 @@ def _failing_run(cluster: Any, result: ScaleResult, per_node: int, rates: Rates)
     )  # fmt: skip
     returned = threading.Event()
     _interrupt_unless(returned, rates.start_timeout + rates.fail_after + rates.patience)
+    notices = _Notices(failing, sys.stdout)
     try:
-        _launch(cluster, spec, result.nodes, per_node, QuietObserver())
+        with contextlib.redirect_stdout(notices):
+            _launch(cluster, spec, result.nodes, per_node, QuietObserver())
     except KeyboardInterrupt:
         result.notes.append("the failing run was interrupted: no error named the failure")
         return
     except WorkerError as error:
-        named = time.time()
+        raised = time.time()
         root = choose_root_cause(list(error.failures))
         result.failed_rank_named = root.rank
         failed = _read_nodes(run_dir, "failed")
         if root.rank == failing and failed:
-            result.failure_named = named - failed[0]
+            result.failure_raised = raised - failed[0]
+            result.failure_named = min(notices.at or raised, raised) - failed[0]
         return
     finally:
         returned.set()

@@ -171,7 +171,7 @@ def _verdicts(result: ScaleResult) -> str:
 def _table(results: list[ScaleResult]) -> str:
     lines = [
         "| ranks (nodes) | kernel cpu | scheduler cpu | newest point p95 (median, max) "
-        "| stop | failure named | kernel rss | points from / lines |",
+        "| stop | failure named (error raised) | kernel rss | points from / lines |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -179,7 +179,8 @@ def _table(results: list[ScaleResult]) -> str:
             f"| {r.ranks} ({r.nodes}) | {r.kernel_cpu * 100:.0f}% | {r.scheduler_cpu * 100:.0f}% "
             f"| {r.newest_point:.2f} s ({r.newest_point_median:.2f}, {r.newest_point_max:.2f}) "
             f"| {_figure(r.stop)} ({r.ranks_stopped}/{r.ranks} ranks) "
-            f"| {_figure(r.failure_named)} (rank {r.failed_rank_named}) "
+            f"| {_figure(r.failure_named)} ({_figure(r.failure_raised)}, "
+            f"rank {r.failed_rank_named}) "
             f"| +{r.kernel_rss_growth:.0f} MiB | {r.ranks_seen} ranks / {r.lines_seen} |"
         )
     return "\n".join(lines)

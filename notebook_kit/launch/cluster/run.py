@@ -21,6 +21,7 @@ from typing import Any
 
 import cloudpickle
 
+from notebook_kit.errors import choose_root_cause
 from notebook_kit.launch.cluster.attempt import END_GRACE_SECONDS as _END_GRACE_SECONDS
 from notebook_kit.launch.cluster.attempt import AttemptResult, ClusterAttempt
 from notebook_kit.launch.cluster.cluster_plan import ClusterPlan, check_cluster_mesh
@@ -41,6 +42,7 @@ __all__ = ["cluster_steps"]
 
 _TICK_SECONDS = 0.1
 _WAIT_SECONDS = 0.5  # how often the workers present are read while too few are there
+_NOTICE_SECONDS = 0.5  # a failure whose run takes longer to end is named before the error
 
 Steps = Generator[tuple[list[Any], float], list[Any], Any]  # as a launcher's steps
 
@@ -214,7 +216,11 @@ def _attempt(
                 break
             yield [attempt.wake], _TICK_SECONDS
         grace = time.monotonic() + _END_GRACE_SECONDS  # the others report how they ended
+        notice = time.monotonic() + _NOTICE_SECONDS
         while time.monotonic() < grace and attempt.step(0.0):
+            if attempt.result.failures and time.monotonic() >= notice:
+                notice = grace  # once
+                print(_failure_notice(attempt), flush=True)
             yield [attempt.wake], min(_TICK_SECONDS, grace - time.monotonic())
     except BaseException as raised:  # Ctrl-C: every node ends, then it is raised again
         error = raised
@@ -226,6 +232,19 @@ def _attempt(
         observer.on_finish(_summary(attempt.result, reports, settings, started, error))
         stop_flag.close()
     return attempt.result, error
+
+
+def _failure_notice(attempt: ClusterAttempt) -> str:
+    """The failed rank, named while the other nodes are still being ended: on many nodes that
+    takes seconds, and the error that names it comes only once every node has reported."""
+    root = choose_root_cause(attempt.result.failures)
+    running = attempt.num_nodes - len(attempt.ended) - len(attempt.result.lost_nodes)
+    why = f"{root.exception_type}: {root.message}" if root.exception_type else root.message
+    node = root.rank // attempt.settings.num_processes
+    return (
+        f"Rank {root.rank} (node {node}) failed ({why.splitlines()[0] if why else 'no message'}"
+        f"); ending the {running} {'node' if running == 1 else 'nodes'} still running."
+    )
 
 
 def _summary(

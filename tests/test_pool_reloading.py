@@ -143,10 +143,10 @@ def test_one_broken_module_among_edited_ones_reloads_none_of_them(module):
     importlib.import_module("nk_reload_other")
     try:
         reloader = PoolReloader()
-        edit(other, SECOND)
-        edit(module, BROKEN)
-        with pytest.raises(ModuleReloadError, match="nk_reload_unit"):
+        edit(module, SECOND)  # (reloaded first: imported first)
+        edit(other, BROKEN)
+        with pytest.raises(ModuleReloadError, match="nk_reload_other"):
             reloader.apply(ReloadOrder())
-        assert sys.modules["nk_reload_other"].f() == 1  # not half the edit: none of it
+        assert sys.modules["nk_reload_unit"].f() == 1  # not half the edit: none of it
     finally:
         sys.modules.pop("nk_reload_other", None)

@@ -115,8 +115,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "node/protocol.py",
-                "URGENT_EVENTS = (NodeReady, NodeAnswer, NodeFinished, NodeStacks,",
-                "URGENT_EVENTS = (NodeReady, NodeFinished, NodeStacks,",
+                "    NodeReady, NodeAnswer, NodeFinished, NodeStacks, NodeProfiles,",
+                "    NodeReady, NodeFinished, NodeStacks, NodeProfiles,",
             ),
         ),
         (_SECURITY + "test_twenty_calls_on_a_cluster_pool_each_answer_at_once",),

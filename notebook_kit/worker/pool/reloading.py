@@ -23,6 +23,7 @@ Runs in a pool worker.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -59,6 +60,7 @@ def _library_folders() -> tuple[str, ...]:
 _LIBRARIES = _library_folders()
 
 
+@functools.cache  # checked before every command for every module: resolve each path once
 def is_user_file(path: str) -> bool:
     """Whether ``path`` is one of the user's own Python files (what a pool reloads).
 

@@ -21,7 +21,7 @@ import pytest
 import torch.distributed as dist
 
 from notebook_kit import WorkerError, notebook_launcher, set_start_method, should_stop
-from notebook_kit.launch import template
+from notebook_kit.launch import template, template_choice
 from notebook_kit.launch.template_shipping import UnshippableError
 from notebook_kit.live.observer import LaunchObserver
 from tests.processes import clean_environment
@@ -131,7 +131,7 @@ def from_template():
     try:
         yield
     finally:
-        set_start_method("auto")
+        template_choice._chosen = None  # back to NOTEBOOK_KIT_START_METHOD, as later tests set it
         template.end_template()  # a later module's count of this process's children is its own
 
 

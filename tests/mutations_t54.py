@@ -109,4 +109,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (_UNSHIPPABLE,),
     ),
+    Mutation(
+        "template-hit-by-the-kernels-interrupt",
+        "Ctrl-C in the kernel stops the launch, never the template (its own session, SIGINT off)",
+        (
+            Edit(
+                "launch/template_process.py",
+                "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n",
+                "",
+            ),
+            Edit(
+                "launch/template.py",
+                "start_new_session=True,",
+                "start_new_session=False,",
+            ),
+        ),
+        (_KERNEL,),
+    ),
 )

@@ -19,8 +19,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "worker/pool/reloading.py",
-                "            if mtime > self.mtimes.setdefault(name, mtime):\n",
-                "            if mtime < self.mtimes.setdefault(name, mtime):\n",
+                "mtime is not None and mtime > known:\n",
+                "mtime is not None and mtime < known:\n",
             ),
         ),
         (_UNIT + "test_an_edited_user_module_is_reloaded_and_old_objects_take_the_new_code",),
@@ -127,7 +127,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/pool/reloads.py",
-                "        shipped = self._ship() if self.ship else ()\n",
+                "        shipped = self._ship() if self._shipped is not None else ()\n",
                 "        shipped = ()\n",
             ),
         ),

@@ -30,7 +30,7 @@ from notebook_kit.runtime.pool_commands import (
     ReloadOrder,
     ShippedSource,
 )
-from notebook_kit.worker.pool.reloading import ModuleReloadError, source_file
+from notebook_kit.worker.pool.reloading import ModuleReloadError, PoolReloader, source_file_of
 
 __all__ = ["RELOAD_CHOICES", "ReloadMode", "ReloadPolicy", "check_reload", "kernel_autoreload"]
 
@@ -76,10 +76,9 @@ class ReloadPolicy:
 
     def __init__(self, mode: ReloadMode | None, ship: bool) -> None:
         self.mode = check_reload(mode)
-        self.ship = ship
-        self._shipped: dict[str, float] = {}  # module -> its file's mtime when last shipped
-        if ship:
-            self._changed()  # what the kernel holds now is what the nodes start from
+        # The kernel's user modules and their files' mtimes when last shipped (or first seen:
+        # what the kernel holds at the start is what the nodes start from).
+        self._shipped = PoolReloader() if ship else None
 
     def active(self, override: ReloadMode | None = None) -> bool:
         """Whether a command now reloads: ``override``, else the setting, else %autoreload."""
@@ -96,7 +95,7 @@ class ReloadPolicy:
         """
         if not isinstance(command, PoolCell | PoolCall | PoolPush) or not self.active(override):
             return command
-        shipped = self._ship() if self.ship else ()
+        shipped = self._ship() if self._shipped is not None else ()
         return dataclasses.replace(command, reload=ReloadOrder(shipped))
 
     def _ship(self) -> tuple[ShippedSource, ...]:
@@ -110,23 +109,26 @@ class ReloadPolicy:
             except (SyntaxError, ValueError) as error:
                 raise ModuleReloadError(_not_importing(name, filename, error)) from None
             sources.append(ShippedSource(name, text))
+        assert self._shipped is not None
         for name, (_, mtime) in changed.items():  # sent: the next change is news again
-            self._shipped[name] = mtime
+            self._shipped.mtimes[name] = mtime
         return tuple(sources)
 
     def _changed(self) -> dict[str, tuple[str, float]]:
         """The kernel's user modules whose file changed since last shipped; new ones are
         recorded as they are (the nodes import those files themselves)."""
+        assert self._shipped is not None
+        self._shipped.note_new_modules()
         changed = {}
-        for name, module in list(sys.modules.items()):
-            filename = source_file(module) if module is not None else None
+        for name, known in list(self._shipped.mtimes.items()):
+            filename = source_file_of(name)
             if filename is None:
                 continue
             try:
                 mtime = os.stat(filename).st_mtime
             except OSError:
                 continue
-            if mtime > self._shipped.setdefault(name, mtime):
+            if mtime > known:
                 changed[name] = (filename, mtime)
         return changed
 

@@ -109,12 +109,13 @@ class PoolReloader:
     def note_new_modules(self) -> None:
         """Record the mtime of modules imported since the last call (autoreload's
         post-execute hook): an edit after this is what the next command reloads."""
-        new = set(sys.modules) - self.seen
-        self.seen.update(new)
-        for name in new:
+        names = set(sys.modules)
+        self.seen &= names  # one removed since, and imported again later, is new then
+        for name in names - self.seen:
             mtime = _mtime(sys.modules.get(name))
-            if mtime is not None:
+            if mtime is not None:  # only the user's modules are watched: a few stats a command
                 self.mtimes.setdefault(name, mtime)
+        self.seen = names
 
     def apply(self, order: ReloadOrder) -> list[str]:
         """Reload the changed modules (``order.shipped`` from the kernel's text); their names.
@@ -134,11 +135,10 @@ class PoolReloader:
 
     def _changed(self, shipped: dict[str, str]) -> list[str]:
         changed = [name for name in shipped if source_file_of(name) is not None]
-        for name in list(sys.modules):
+        self.note_new_modules()  # imported since the last command (a thread): as they are
+        for name, known in list(self.mtimes.items()):
             mtime = _mtime(sys.modules.get(name))
-            if mtime is None or name in shipped:
-                continue
-            if mtime > self.mtimes.setdefault(name, mtime):
+            if name not in shipped and mtime is not None and mtime > known:
                 changed.append(name)
         return changed
 

@@ -303,6 +303,8 @@ class _Server:
 
     def _heard(self, connection: socket.socket, pid: int) -> None:
         """Signals from the starter; its end closed: it is gone, and so must the child be."""
+        if connection.fileno() == -1:  # reaped earlier in the same select: its pid is reused
+            return
         try:
             data = connection.recv(64)
         except BlockingIOError:

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from notebook_kit.launch.preflight import ForkSafetyError
     from notebook_kit.launch.profile_requests import profile
     from notebook_kit.launch.stack_requests import stacks
-    from notebook_kit.launch.template import get_start_method, set_start_method
+    from notebook_kit.launch.template_choice import get_start_method, set_start_method
     from notebook_kit.live.record import RunRecord, last_run
     from notebook_kit.runtime.loop import (
         log,
@@ -170,7 +170,7 @@ _LAZY: dict[str, str] = {
     "find_executable_batch_size": "accelerator.batch_size",
     "gather": "accelerator.operations",
     "gather_object": "accelerator.operations",
-    "get_start_method": "launch.template",
+    "get_start_method": "launch.template_choice",
     "last_run": "live.record",
     "local_cluster": "launch.cluster.engines.dask_local",
     "log": "runtime.loop",
@@ -183,7 +183,7 @@ _LAZY: dict[str, str] = {
     "reduce": "accelerator.operations",
     "send_to_device": "accelerator.operations",
     "set_seed": "runtime.seeding",
-    "set_start_method": "launch.template",
+    "set_start_method": "launch.template_choice",
     "set_flops_per_sample": "runtime.loop",
     "should_stop": "runtime.loop",
     "skip_first_batches": "accelerator.data_loader",

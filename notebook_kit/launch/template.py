@@ -35,19 +35,15 @@ from typing import Any
 from notebook_kit.config.launch_plan import LaunchPlan
 from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.line_reader import LineReader
-from notebook_kit.launch.plan import Call
 from notebook_kit.launch.supervisor import WorkerProcess
-from notebook_kit.launch.template_choice import START_METHODS, get_start_method, set_start_method
 from notebook_kit.launch.template_shipping import ship_call
 from notebook_kit.launch.template_wire import ForkReply, ForkRequest, Ready, receive, send
+from notebook_kit.worker.guardian import Call
 
 __all__ = [
-    "START_METHODS",
     "TemplateError",
     "TemplateRoute",
     "end_template",
-    "get_start_method",
-    "set_start_method",
     "start_template",
     "template_pid",
 ]

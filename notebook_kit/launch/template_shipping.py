@@ -17,7 +17,7 @@ from typing import Any
 
 import cloudpickle
 
-from notebook_kit.launch.plan import Call
+from notebook_kit.worker.guardian import Call
 
 __all__ = ["UnshippableError", "ship_call"]
 

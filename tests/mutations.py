@@ -3337,6 +3337,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_parallel,
     mutations_pool,
     mutations_r53,
+    mutations_s55,
     mutations_storage,
     mutations_t54,
     mutations_v55,
@@ -3372,4 +3373,5 @@ MUTATIONS = (
     + mutations_v55.MUTATIONS
     + mutations_z54.MUTATIONS
     + mutations_b54.MUTATIONS
+    + mutations_s55.MUTATIONS
 )

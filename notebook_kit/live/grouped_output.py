@@ -28,7 +28,7 @@ _OWN_LINES = 8  # a failed rank's or the straggler's own newest lines shown
 _TRACE_LINES = 15  # the end of a failed rank's traceback shown
 _COLOURS = {"failed": "#b00020", "stderr": "#b00020", "straggler": "#b26a00", "note": "#666"}
 _PRE_STYLE = "margin:0;font-size:12px;line-height:1.3;white-space:pre-wrap"
-PANE_HEIGHT = "7.6em"
+PANE_HEIGHT = "6.4em"  # under the filter, within the tabs' fixed height
 HINT = "filter by rank: 0-7,12 · empty: every rank, grouped"
 
 

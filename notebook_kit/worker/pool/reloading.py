@@ -136,9 +136,12 @@ class PoolReloader:
     def _changed(self, shipped: dict[str, str]) -> list[str]:
         changed = [name for name in shipped if source_file_of(name) is not None]
         self.note_new_modules()  # imported since the last command (a thread): as they are
-        for name, known in list(self.mtimes.items()):
+        for name in list(sys.modules):  # in import order, as autoreload: dependencies first
+            known = self.mtimes.get(name)
+            if known is None or name in shipped:
+                continue
             mtime = _mtime(sys.modules.get(name))
-            if name not in shipped and mtime is not None and mtime > known:
+            if mtime is not None and mtime > known:
                 changed.append(name)
         return changed
 

@@ -33,6 +33,7 @@ __all__ = ["Rates", "ScaleResult", "measure_size", "warm_up"]
 
 _SAMPLE_SECONDS = 0.1  # the newest point's age is read this often
 _SETTLE_SECONDS = 2.0  # after every rank's first point, before the measured window
+_POINTS_DUE_SECONDS = 10.0  # every rank's lines came: its points come within this, or never
 MIB = 1 << 20
 
 
@@ -78,6 +79,7 @@ class Watched(QuietObserver):
         self.newest = 0.0  # the "sent" value of the plot's newest point (seconds since epoch)
         self.ranks: set[int] = set()
         self.lines = 0
+        self.printing: set[int] = set()  # ranks whose lines arrived
         self.info: LaunchInfo | None = None
 
     def on_start(self, info: LaunchInfo) -> None:
@@ -91,6 +93,7 @@ class Watched(QuietObserver):
     def on_output(self, rank: int, stream: Any, line: str) -> None:
         super().on_output(rank, stream, line)
         self.lines += 1
+        self.printing.add(rank)
 
     def on_tick(self) -> None:
         super().on_tick()
@@ -186,6 +189,8 @@ def _watch(
     """Wait for every rank's first point, measure the window, press Stop."""
     deadline = time.monotonic() + rates.start_timeout
     while len(observer.ranks) < result.ranks or observer.info is None:
+        if len(observer.printing) == result.ranks:  # every rank runs: its points are due
+            deadline = min(deadline, time.monotonic() + _POINTS_DUE_SECONDS)
         if time.monotonic() > deadline:
             os.kill(os.getpid(), signal.SIGINT)  # the launch ends; the notes say why
             return

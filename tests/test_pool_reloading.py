@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from notebook_kit import WorkerPool
 from notebook_kit.launch.magic_options import reload_word
 from notebook_kit.launch.pool.reloads import ReloadPolicy, check_reload
 from notebook_kit.runtime import pool_commands
@@ -110,6 +111,8 @@ def test_the_reload_setting_and_the_magic_option_refuse_other_words():
     assert reload_word("OFF") == "off"
     with pytest.raises(argparse.ArgumentTypeError, match="--reload auto"):
         reload_word("sometimes")
+    with pytest.raises(ValueError, match="reload='yes'"):  # before anything is forked
+        WorkerPool(num_processes=2, live=False, reload="yes")
 
 
 def test_a_command_carries_an_order_only_when_reloading_is_on():

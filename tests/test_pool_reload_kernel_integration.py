@@ -67,8 +67,9 @@ def test_an_edited_module_reaches_the_ranks_of_a_local_pool(tmp_path: Path):
         bad = _run(client, "%%distributed --pool pool --reload sometimes\n1")
         assert "UsageError" in bad.text and "--reload auto" in bad.text, bad.text
         edit(path, THIRD)
-        off = _ok(client, "pool.reload = 'off'\nprint('off', pool.run_cell('mod.f()'))")
-        assert "off 2" in off, off
+        off = "%distributed --pool pool --reload off\n"
+        off += "print('off', pool.reload, pool.run_cell('mod.f()'))"
+        assert "off off 2" in _ok(client, off)
         follow = "pool.reload = None\n%load_ext autoreload\n%autoreload 0\n"
         assert "zero 2" in _ok(client, follow + "print('zero', pool.run_cell('mod.f()'))")
         text = _ok(

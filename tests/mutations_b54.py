@@ -145,4 +145,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (_LOCAL,),
     ),
+    Mutation(
+        "magic-reload-line-ignored",
+        "%distributed --pool NAME --reload off sets that pool's reload from then on",
+        (
+            Edit(
+                "launch/magic.py",
+                "            self._pool(options).reload = options.reload\n",
+                "            self._pool(options)\n",
+            ),
+        ),
+        (_LOCAL,),
+    ),
 )

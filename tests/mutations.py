@@ -1358,7 +1358,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "node/task.py",
-                "        if control.profile is not None:\n            self.profile = control.profile\n",
+                "        if control.profile is not None:\n"
+                "            self.profile = control.profile\n",
                 "",
             ),
         ),

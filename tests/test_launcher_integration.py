@@ -274,7 +274,7 @@ def test_existing_process_group_in_kernel_is_refused_when_fork_is_asked(tmp_path
     monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")  # "auto" starts from the template
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.raises(ForkSafetyError, match="destroy_process_group.*'auto' the workers"):
+        with pytest.raises(ForkSafetyError, match=r"destroy_process_group.*'auto' the workers"):
             notebook_launcher((tmp_path / "ran").touch, num_processes=2)
     finally:
         dist.destroy_process_group()

@@ -112,6 +112,7 @@ class RayScale:
 
         os.environ["PYTHONPATH"] = _environment()["PYTHONPATH"]
         ray.init(
+            address="local",  # its own instance, never another one running on this machine
             num_cpus=workers,  # one node task per logical CPU: Ray places one per worker
             include_dashboard=False,
             log_to_driver=False,

@@ -1369,6 +1369,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "nodes-keep-torchs-collective-timeout-under-pdb",
+        "a cluster node's ranks wait in collectives as long as the kernel's cell can answer pdb",
+        (
+            Edit(
+                "launch/node_process/process.py",
+                "collective_timeout=settings.collective_timeout",
+                "collective_timeout=plan.collective_timeout",
+            ),
+        ),
+        (
+            "tests/test_cluster.py::"
+            "test_the_nodes_ranks_wait_in_collectives_as_long_as_the_kernels_cell_can_answer_pdb",
+        ),
+    ),
+    Mutation(
         "shield-ends-with-the-cells-code",
         "a repeat press after the cell's code, before its reply, is absorbed too",
         (

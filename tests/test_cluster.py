@@ -227,3 +227,14 @@ def test_a_node_plans_from_its_typed_settings_and_node_0s_address():
     plan = node_plan(order, Rendezvous("10.1.2.3", 29501))
     assert (plan.master_addr, plan.port) == ("10.1.2.3", 29501)
     assert (plan.num_nodes, plan.node_rank, plan.max_restarts) == (2, 1, 0)
+
+
+@pytest.mark.parametrize(("cell_can_type", "waits"), [(True, 7 * 24 * 3600.0), (False, None)])
+def test_the_nodes_ranks_wait_in_collectives_as_long_as_the_kernels_cell_can_answer_pdb(
+    monkeypatch, cell_can_type, waits
+):
+    """A node has no cell; the kernel's answers its ranks' pdb, so the kernel's choice goes."""
+    monkeypatch.setattr("notebook_kit.launch.plan.can_type", lambda: cell_can_type)
+    settings, _ = _settings({})
+    monkeypatch.setattr("notebook_kit.launch.plan.can_type", lambda: not cell_can_type)
+    assert _node_plan(settings).collective_timeout == waits

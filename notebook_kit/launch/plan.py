@@ -29,6 +29,7 @@ __all__ = [
     "Call",
     "check_explicit_settings",
     "check_memory_history",
+    "collective_timeout",
     "make_plan",
     "parallelism_sizes",
 ]
@@ -38,6 +39,13 @@ Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # function, a
 # user reads its locals while the others wait in a collective: torch's 30 minutes would end the
 # run under them. The stall report names that rank and Stop ends the run; nothing else must.
 DEBUGGING_COLLECTIVE_TIMEOUT = 7 * 24 * 3600.0
+
+
+def collective_timeout() -> float | None:
+    """The ranks' collective timeout for a run started here (None: torch's default)."""
+    return DEBUGGING_COLLECTIVE_TIMEOUT if can_type() else None
+
+
 _PLAN_FIELDS = tuple(field.name for field in dataclasses.fields(LaunchPlan))
 
 
@@ -112,7 +120,7 @@ def make_plan(
         "kernel": kernel,
         "cores": usable_cpu_count(),
         "stall_seconds": stall_seconds,
-        "collective_timeout": DEBUGGING_COLLECTIVE_TIMEOUT if can_type() else None,
+        "collective_timeout": collective_timeout(),
     }
     # The other settings the plan has a field for go in as they are (mesh sizes checked above).
     as_given = {name: getattr(config, name) for name in _PLAN_FIELDS if name in SETTINGS}

@@ -382,6 +382,7 @@ class NodeSettings:
     rendezvous_timeout: float
     stall_seconds: float | None
     post_mortem: bool = False  # a rank that raises opens pdb in its frame, asked in the cell
+    collective_timeout: float | None = None  # the kernel's: its cell answers the ranks' pdb
 
     @property
     def num_processes(self) -> int:

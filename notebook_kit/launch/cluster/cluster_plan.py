@@ -30,6 +30,7 @@ from notebook_kit.launch.cluster.engine import Engine, engine_for
 from notebook_kit.launch.plan import (
     check_explicit_settings,
     check_memory_history,
+    collective_timeout,
     parallelism_sizes,
 )
 from notebook_kit.node.protocol import NodeSettings, ProbeReport
@@ -117,6 +118,7 @@ def _settings(options: Mapping[str, Any]) -> tuple[NodeSettings, dict[str, Any]]
         check_argument(CALL_SETTINGS["rendezvous_timeout"], rendezvous),
         check_argument(CALL_SETTINGS["stall_seconds"], stall),
         check_argument(CALL_SETTINGS["post_mortem"], options.get("post_mortem")) or False,
+        collective_timeout(),
     )
     num_nodes = check_argument(SETTINGS["num_nodes"], options.get("num_nodes"))
     if num_nodes is None and stored["num_nodes"] != SETTINGS["num_nodes"].default:

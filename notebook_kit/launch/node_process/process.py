@@ -111,7 +111,10 @@ def node_plan(order: NodeOrder, master: Rendezvous) -> LaunchPlan:
         rendezvous_timeout=order.settings.rendezvous_timeout,
         stall_seconds=order.settings.stall_seconds,
     )
-    return dataclasses.replace(plan, post_mortem=order.settings.post_mortem)
+    settings = order.settings
+    return dataclasses.replace(
+        plan, post_mortem=settings.post_mortem, collective_timeout=settings.collective_timeout
+    )
 
 
 def node_threads(order: NodeOrder) -> int:

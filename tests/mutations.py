@@ -1264,8 +1264,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/plan.py",
-                '"collective_timeout": DEBUGGING_COLLECTIVE_TIMEOUT if can_type() else None,',
-                '"collective_timeout": None,',
+                "    return DEBUGGING_COLLECTIVE_TIMEOUT if can_type() else None",
+                "    return None",
             ),
         ),
         (
@@ -1309,8 +1309,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/node_process/process.py",
-                "    return dataclasses.replace(plan, post_mortem=order.settings.post_mortem)",
-                "    return plan",
+                "plan, post_mortem=settings.post_mortem,",
+                "plan, post_mortem=False,",
             ),
         ),
         (

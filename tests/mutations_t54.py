@@ -94,7 +94,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "template-guardian-not-awaited",
         "A template launch returns once its guardian is gone, so nothing of it is left",
-        (Edit("launch/template.py", "        while _exists(self.pid):", "        while False:"),),
+        (
+            Edit(
+                "launch/template.py",
+                "            os.kill(self.pid, 0)\n        except ProcessLookupError:",
+                "            return False\n        except ProcessLookupError:",
+            ),
+        ),
         (_SAME,),
     ),
     Mutation(

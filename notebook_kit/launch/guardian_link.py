@@ -57,13 +57,12 @@ class GuardianLink:
         pipes. False if it had to be killed (something below it could not be stopped)."""
         deadline = time.monotonic() + limit
         exited = True
-        while _running(self.pid):
+        while self._alive():
             if time.monotonic() > deadline:
                 exited = False
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(self.pid, 0)
+                self._reap()
                 break
             time.sleep(0.002)
         for fd in (self.control_fd, self.status_fd):
@@ -71,6 +70,15 @@ class GuardianLink:
                 os.close(fd)
         self.closed = self.released = True
         return exited
+
+    def _alive(self) -> bool:
+        """False once the guardian has exited (reaped then: it is this process's child)."""
+        return _running(self.pid)
+
+    def _reap(self) -> None:
+        """Collect the killed guardian's exit."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
 
 
 def _running(pid: int) -> bool:

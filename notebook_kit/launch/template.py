@@ -22,12 +22,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Generator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -240,29 +238,15 @@ class TemplateRoute:
 class _AdoptedGuardian(GuardianLink):
     """A guardian the template forked: the template reaps it, the kernel waits until it has."""
 
-    def release(self, limit: float) -> bool:
-        deadline = time.monotonic() + limit
-        exited = True
-        while _exists(self.pid):
-            if time.monotonic() > deadline:
-                exited = False
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-                break
-            time.sleep(0.002)
-        for fd in (self.control_fd, self.status_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.closed = self.released = True
-        return exited
+    def _alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    def _reap(self) -> None:
+        """The template, its parent, reaps it."""
 
 
 def _handle(rank: int, fds: list[int]) -> WorkerProcess:

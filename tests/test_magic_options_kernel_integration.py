@@ -168,7 +168,9 @@ def test_distributed_wait_raises_the_noblock_error_and_out_lands_later(kernel: K
     error = _error(kernel.run("%distributed wait")[1])
     assert error["ename"] == "PoolRunError" and "late failure" in error["evalue"]
     assert error["evalue"].startswith("Rank 2 of 3 failed")
-    _, started = kernel.run("%%distributed --noblock --out later --ranks 1:\nrank * 3")
+    # A cell that takes a moment: its handle is shown before it ends, on a busy machine too.
+    slow = "%%distributed --noblock --out later --ranks 1:\ntime.sleep(1)\nrank * 3"
+    _, started = kernel.run(slow)
     assert "running" in _value(started)
     _, waited = kernel.run("%distributed wait")
     assert _value(waited) == "3"

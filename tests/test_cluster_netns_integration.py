@@ -124,6 +124,10 @@ def test_two_hosts_meet_on_their_own_interface_and_a_cut_link_is_node_lost(tmp_p
         cut = time.time()
         net.link_down(2)
         line = kernel.stdout.readline()
+        while line and not line.startswith("ERROR "):
+            # The cell's word on the failed rank while the other node is ended, before the error.
+            assert "Rank 1 (node 1) failed (node 1 lost" in line, line
+            line = kernel.stdout.readline()
         assert line.startswith("ERROR "), line
         error = json.loads(line.removeprefix("ERROR "))
         assert "node 1 lost" in error["text"]

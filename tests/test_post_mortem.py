@@ -86,15 +86,13 @@ def test_a_process_the_kernel_cannot_prompt_for_has_no_post_mortem(
 # -- bad input, before anything is sent or started ---------------------------------------
 
 
-def test_post_mortem_must_be_true_or_false_and_has_no_meaning_on_a_cluster():
+def test_post_mortem_must_be_true_or_false():
     from notebook_kit import WorkerPool, notebook_launcher
 
     with pytest.raises(TypeError, match=r"post_mortem must be True or False, got 'yes'"):
         notebook_launcher(lambda: 1, num_processes=2, post_mortem="yes")
-    with pytest.raises(ValueError, match=r"post_mortem=True has no meaning with cluster="):
-        notebook_launcher(lambda: 1, cluster=object(), post_mortem=True)
-    with pytest.raises(ValueError, match=r"post_mortem=True has no meaning with cluster="):
-        WorkerPool(cluster=object(), post_mortem=True)
+    with pytest.raises(TypeError, match=r"post_mortem must be True or False, got 'yes'"):
+        WorkerPool(num_processes=2, post_mortem="yes")
 
 
 def _fail_on_rank_1() -> None:

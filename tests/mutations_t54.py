@@ -92,18 +92,6 @@ MUTATIONS: tuple[Mutation, ...] = (
         (_KILLED,),
     ),
     Mutation(
-        "template-guardian-not-awaited",
-        "A template launch returns once its guardian is gone, so nothing of it is left",
-        (
-            Edit(
-                "launch/template.py",
-                "            os.kill(self.pid, 0)\n        except ProcessLookupError:",
-                "            return False\n        except ProcessLookupError:",
-            ),
-        ),
-        (_SAME,),
-    ),
-    Mutation(
         "template-unshippable-not-named",
         "What cannot be shipped is named (closure variable, argument) with the fix",
         (

@@ -164,7 +164,18 @@ def _fails_once(marker):
     return "second attempt"
 
 
+def _ours(before: set[int]) -> list[psutil.Process]:
+    """The live processes below this one that were not there before the test (an earlier
+    test's cluster may still be ending its own)."""
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and not _zombie(p.pid)
+    ]
+
+
 def test_failures_stop_and_a_dead_template_behave_as_in_a_forked_launch(from_template, tmp_path):
+    before = {p.pid for p in psutil.Process().children(recursive=True)} - {template.template_pid()}
     with pytest.raises(WorkerError, match="rank 1") as failed:
         notebook_launcher(_fails_on_rank_1, num_processes=2)
     assert "rank one is broken" in str(failed.value)
@@ -177,7 +188,7 @@ def test_failures_stop_and_a_dead_template_behave_as_in_a_forked_launch(from_tem
     )
     first = template.template_pid()
     assert first is not None
-    below = [p.pid for p in psutil.Process().children(recursive=True) if not _zombie(p.pid)]
+    below = [p.pid for p in _ours(before)]
     assert below == [first], "a launch returned before its guardian was gone"
     os.kill(first, signal.SIGKILL)  # a template that died is replaced by the next launch
     assert _gone([first], within=5)
@@ -186,11 +197,7 @@ def test_failures_stop_and_a_dead_template_behave_as_in_a_forked_launch(from_tem
     # What the killed template had below it may take a moment to exit once orphaned.
     deadline = time.monotonic() + 10
     while True:
-        left = [
-            p
-            for p in psutil.Process().children(recursive=True)
-            if p.pid != first and not _zombie(p.pid)
-        ]
+        left = [p for p in _ours(before) if p.pid != first]
         if [p.pid for p in left] == [template.template_pid()] or time.monotonic() > deadline:
             break
         time.sleep(0.1)

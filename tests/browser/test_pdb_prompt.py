@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import nbformat
 import pytest
 
 from tests.browser.lab import LabNotebook
@@ -29,16 +28,6 @@ print("result", notebook_launcher(train, num_processes=2))""",
 ]
 
 
-def _open(page: Any, lab_server: LabServer) -> LabNotebook:
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    notebook.metadata["kernelspec"] = {
-        "display_name": "Python 3", "language": "python", "name": "python3"
-    }  # fmt: skip
-    nbformat.write(notebook, lab_server.root / "pdb.ipynb")
-    return LabNotebook.open(page, lab_server, "pdb.ipynb")
-
-
 def _type_at_the_prompt(notebook: LabNotebook, index: int, number: int, line: str) -> None:
     """Wait for the cell's ``number``-th input box (from 0), naming rank 1; type ``line`` and
     press Enter. An answered box stays in the output, read-only, with what was typed."""
@@ -51,9 +40,9 @@ def _type_at_the_prompt(notebook: LabNotebook, index: int, number: int, line: st
 
 
 def test_typing_into_rank_1s_pdb_box_prints_its_variable_and_c_ends_the_run(
-    page: Any, lab_server: LabServer
+    page: Any, lab_server: LabServer, write_notebook: Any
 ) -> None:
-    notebook = _open(page, lab_server)
+    notebook = LabNotebook.open(page, lab_server, write_notebook("pdb.ipynb", CELLS))
     notebook.run_cell(0)
     notebook.wait_for_cell(0, timeout=120)
     notebook.run_cell(1)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from notebook_kit.config.environment import KernelState, _cuda_compiled, probe_kernel
 from notebook_kit.errors import PortInUseError
+from notebook_kit.launch.template_choice import get_start_method
 from notebook_kit.runtime.context import current_launch
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "fork_hazard",
     "note_gpu_run_in_kernel",
     "open_rendezvous_socket",
+    "start_route",
 ]
 
 
@@ -99,6 +101,35 @@ def fork_hazard(state: KernelState | None = None) -> str | None:
         return "the kernel holds a CUDA context (made by torch)"
     if state.cuda_bad_fork:
         return "the kernel holds a CUDA context (made by cupy, numba, jax or a driver call)"
+    return None
+
+
+def start_route(state: KernelState | None = None, caller: str = "WorkerPool") -> str | None:
+    """None when workers fork from this process; else why they start from its clean template
+    (the words of the start line). The start method (``set_start_method``) decides:
+    ``"auto"`` forks only a kernel safe to fork, ``"template"`` never forks, ``"fork"`` always
+    does.
+
+    Raises:
+        ForkSafetyError: the start method is ``"fork"`` and the kernel is unsafe to fork.
+
+    Example:
+        >>> start_route() is None  # a kernel that made no process group and ran no CUDA code
+        True
+    """
+    check_not_in_a_launch(caller)
+    method = get_start_method()
+    hazard = None if method == "fork" else fork_hazard(state)
+    if method == "template" or hazard is not None:
+        return hazard or "the start method is 'template'"
+    try:
+        check_fork_safety(state)
+    except ForkSafetyError as error:
+        raise ForkSafetyError(
+            f"{error} (The start method is 'fork', from set_start_method or "
+            "NOTEBOOK_KIT_START_METHOD: with 'auto' the workers would start from a clean "
+            "process instead.)"
+        ) from None
     return None
 
 

@@ -191,7 +191,8 @@ class TemplateRoute:
         self.reason = reason
         self.models = list(kernel_models.values())
         self.kernel_ids = list(kernel_models)
-        self.payload = ship_call(call, self.models, reason)
+        self.passed: list[int] = []  # the call's own descriptors (a pool's pipes), sent along
+        self.payload = ship_call(call, self.models, reason, self.passed)
         self.template = _kernel_template()
         self.home_ids: dict[int, int] = {}  # the template's id of each model -> the kernel's
 
@@ -219,7 +220,7 @@ class TemplateRoute:
             has_weights=weights_fd is not None,
             argv=tuple(sys.argv),
         )
-        fds = [stop_flag_fd] + ([weights_fd] if weights_fd is not None else [])
+        fds = [stop_flag_fd] + ([weights_fd] if weights_fd is not None else []) + self.passed
         reply, ends = self.template.fork(request, fds)
         self.home_ids = dict(zip(reply.model_ids, self.kernel_ids, strict=True))
         link = _AdoptedGuardian(reply.pid, ends[0], ends[1])

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import select
 import signal
 import socket
@@ -103,6 +102,7 @@ def _reap(guardians: set[int]) -> None:
 def _fork_for(request: Any, fds: list[int]) -> tuple[Any, list[int]]:
     """Fork the guardian for ``request``; the reply and the kernel's ends to send with it."""
     from notebook_kit.launch.forking import fork_workers, open_listener
+    from notebook_kit.launch.template_shipping import unship
     from notebook_kit.launch.template_wire import ForkReply, SharedStopFlag
     from notebook_kit.launch.warmup import wait_for_warmup
 
@@ -112,7 +112,7 @@ def _fork_for(request: Any, fds: list[int]) -> tuple[Any, list[int]]:
         _adopt(request)
         stop_flag = SharedStopFlag(fds[0])
         weights_fd = fds[1] if request.has_weights else None
-        call, models = pickle.loads(request.payload)
+        call, models = unship(request.payload, fds[2 if request.has_weights else 1 :])
         wait_for_warmup()
         with open_listener(request.plan) or contextlib.nullcontext() as listener:
             link = fork_workers(

@@ -90,7 +90,12 @@ class ClusterNodes:
 
     @classmethod
     def start(
-        cls, plan: ClusterPlan, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
+        cls,
+        plan: ClusterPlan,
+        stop_flag: StopFlag,
+        generation: int,
+        holdings: WorkerHoldings,
+        weights: None = None,  # a node's ranks send weights in their answers
     ) -> ClusterNodes:
         """Choose and probe the workers, start every node, wait until its ranks have grouped
         (``generation``: a new pool chooses its nodes anew, whichever it is)."""

@@ -107,7 +107,8 @@ class PoolBackend(Protocol):
     lost then. :meth:`start` also tells the pool's ``holdings`` what of the kernel's
     namespace the new workers hold; :meth:`check_start` refuses a start before the running
     workers are stopped for it (a kernel that can no longer fork); :meth:`weights_file` is
-    where rank 0 writes trained weights, when the workers can share a file with the kernel.
+    where rank 0 writes trained weights, when the workers can share a file with the kernel
+    (:meth:`start` gets it: workers that were not forked from the kernel are sent it).
     :meth:`execute` raises :class:`WorkersStopped` when the workers had to be stopped.
     """
 
@@ -118,7 +119,12 @@ class PoolBackend(Protocol):
 
     @classmethod
     def start(
-        cls, plan: Any, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
+        cls,
+        plan: Any,
+        stop_flag: StopFlag,
+        generation: int,
+        holdings: WorkerHoldings,
+        weights: WeightsFile | None = None,
     ) -> PoolBackend: ...
 
     @staticmethod

@@ -24,7 +24,7 @@ from notebook_kit.launch.pool.backend import PoolBackend
 from notebook_kit.launch.pool.reloads import ReloadMode
 from notebook_kit.launch.pool.shipping import DEFAULT_SEND_LIMIT
 from notebook_kit.launch.pool.workers import PoolProcesses
-from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.preflight import start_route
 
 if TYPE_CHECKING:
     from notebook_kit.launch.cluster.cluster_plan import ClusterPlan
@@ -36,7 +36,7 @@ def pool_backend(
     cluster: Any, options: dict[str, Any], send_limit: int
 ) -> tuple[LaunchPlan | ClusterPlan, type[PoolBackend]]:
     """The plan a pool's workers start from, and the backend that starts them: the nodes of
-    ``cluster``, or processes forked from this kernel."""
+    ``cluster``, or processes forked from this kernel (or by its clean template process)."""
     if cluster is not None:
         from notebook_kit.launch.cluster.pool import ClusterNodes  # the engine, only when asked
 
@@ -48,7 +48,7 @@ def pool_backend(
             "Use notebook_launcher (or `notebook-kit launch`) for a job across nodes, "
             "or cluster= for a pool on a Dask cluster's machines."
         )
-    check_fork_safety(plan.kernel)
+    start_route(plan.kernel, "WorkerPool")  # 'fork' on an unsafe kernel: refused before all
     return plan, PoolProcesses
 
 

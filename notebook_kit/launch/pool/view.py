@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import warnings
+from typing import Any
 
 from notebook_kit.launch.interrupts import interrupts_deferred
 from notebook_kit.live.display import default_observer
@@ -31,12 +32,19 @@ from notebook_kit.live.observer import (
     rank_label,
 )
 from notebook_kit.live.record import RunRecorder
-from notebook_kit.runtime.messages import MetricsBatch, OutputLine
+from notebook_kit.runtime.messages import (
+    MetricsBatch,
+    OutputLine,
+    PoolAnswer,
+    Started,
+    WorkerMessage,
+)
 
 __all__ = [
     "LIVE_AFTER",
     "GroupedText",
     "InterleavedText",
+    "PoolRelay",
     "RunForward",
     "RunView",
     "interrupt_with",
@@ -90,6 +98,35 @@ class RunForward:
     def on_tick(self) -> None:
         if self.view is not None:
             self.view.on_tick()
+
+
+class PoolRelay(RunForward):
+    """A local pool's supervisor's observer: answers and readiness to the pool, the rest
+    forwarded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: dict[int, PoolAnswer] = {}
+        self.ready: set[int] = set()
+
+    def on_start(self, info: Any) -> None:
+        """The pool tells each run's view itself."""
+
+    def on_other(self, rank: int, message: WorkerMessage) -> None:
+        """The supervisor hands over what a launch does not know: answers and readiness."""
+        if isinstance(message, PoolAnswer):
+            self.answers[rank] = message
+        elif isinstance(message, Started):
+            self.ready.add(rank)
+
+    def on_tick(self) -> None:
+        """The pool ticks the view itself (:meth:`tick`), outside the part that defers Ctrl-C."""
+
+    def tick(self) -> None:
+        super().on_tick()
+
+    def on_finish(self, summary: Any) -> None:
+        """The pool tells each run's view itself."""
 
 
 class GroupedText:

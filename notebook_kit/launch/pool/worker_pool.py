@@ -40,8 +40,8 @@ from notebook_kit.launch.pool.shipping import (
 )
 from notebook_kit.launch.pool.turns import Turns, one_command_at_a_time
 from notebook_kit.launch.pool.view import RunView
+from notebook_kit.launch.template_wire import SharedStopFlag
 from notebook_kit.live.observer import LaunchInfo
-from notebook_kit.runtime.context import StopFlag
 from notebook_kit.runtime.pool_commands import PoolCall, PoolCell, PoolCommand, PoolPull, PoolPush
 
 __all__ = ["WorkerPool"]
@@ -405,7 +405,7 @@ class WorkerPool:
         """What the workers share with the kernel, and the finalizer that ends them: made
         anew for each opening (:meth:`_close_now` releases them)."""
         self._closed = False
-        self._stop_flag = StopFlag()
+        self._stop_flag = SharedStopFlag()  # a memory file: the template's workers map it too
         self._finalizer = weakref.finalize(self, backends.stop_at_exit, self._live)
         self._weights_file = self._backend.weights_file()
 
@@ -434,7 +434,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         self._live.processes = self._backend.start(
-            self._plan, self._stop_flag, self._generation, self._holdings
+            self._plan, self._stop_flag, self._generation, self._holdings, self._weights_file
         )
         self._shape = self._live.processes
         self._stopped_because = None

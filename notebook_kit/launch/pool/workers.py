@@ -2,8 +2,12 @@
 
 The workers are forked by the forked launcher's own fork, through :class:`PersistentLauncher`
 (same fork-time hygiene, process groups, death signal): what differs is what they run, the
-pool's command loop, and that they stay, so its ``run`` returns them running once every rank has
-formed the group and said so. They are watched by its
+pool's command loop, and that they stay. A kernel that cannot fork safely (a CUDA context, a
+process group; :func:`~notebook_kit.launch.preflight.start_route`) has its clean template
+process fork them instead (:mod:`notebook_kit.launch.template`): the command pipes and the
+weights file travel there as descriptors, and the workers start from an empty namespace,
+sent what each command needs as a cluster pool's are. Either way ``run`` returns them
+running once every rank has formed the group and said so. They are watched by its
 :class:`~notebook_kit.launch.supervisor.Supervisor`, which relays their output and messages.
 Here a relay observer sorts those messages: command answers and readiness come to this module,
 everything else (metrics, progress) goes to the view of the run in progress.
@@ -35,14 +39,16 @@ from notebook_kit.launch.launchers.forked import ForkedLauncher
 from notebook_kit.launch.plan import Call
 from notebook_kit.launch.pool.backend import RunOutcome, Settle, WorkersStopped
 from notebook_kit.launch.pool.shipping import WorkerHoldings
-from notebook_kit.launch.pool.view import RunForward
-from notebook_kit.launch.preflight import check_fork_safety
+from notebook_kit.launch.pool.view import PoolRelay
+from notebook_kit.launch.preflight import start_route
 from notebook_kit.launch.supervisor import Supervisor
+from notebook_kit.launch.template import TemplateRoute
+from notebook_kit.launch.template_shipping import PassedFd
 from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.observer import LaunchObserver
 from notebook_kit.runtime import pool_commands
 from notebook_kit.runtime.context import StopFlag
-from notebook_kit.runtime.messages import OutputLine, PoolAnswer, Started, WorkerMessage
+from notebook_kit.runtime.messages import OutputLine
 from notebook_kit.runtime.weights_file import WeightsFile
 from notebook_kit.worker.pool.command_loop import PoolChannels, serve_pool
 
@@ -74,34 +80,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_kernel_ends)
 
 
-class _Relay(RunForward):
-    """The supervisor's observer: answers and readiness to the pool, the rest forwarded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.answers: dict[int, PoolAnswer] = {}
-        self.ready: set[int] = set()
-
-    def on_start(self, info: Any) -> None:
-        """The pool tells each run's view itself."""
-
-    def on_other(self, rank: int, message: WorkerMessage) -> None:
-        """The supervisor hands over what a launch does not know: answers and readiness."""
-        if isinstance(message, PoolAnswer):
-            self.answers[rank] = message
-        elif isinstance(message, Started):
-            self.ready.add(rank)
-
-    def on_tick(self) -> None:
-        """The pool ticks the view itself (:meth:`tick`), outside the part that defers Ctrl-C."""
-
-    def tick(self) -> None:
-        super().on_tick()
-
-    def on_finish(self, summary: Any) -> None:
-        """The pool tells each run's view itself."""
-
-
 class PoolProcesses:
     """One generation of a pool's workers, from fork to stop.
 
@@ -112,10 +90,11 @@ class PoolProcesses:
         processes.close()
     """
 
-    def __init__(self, plan: LaunchPlan, stop_flag: StopFlag) -> None:
+    def __init__(self, plan: LaunchPlan, stop_flag: StopFlag, clean: str | None = None) -> None:
         self.plan = plan
+        self.clean = clean  # why the template starts them (None: forked from the kernel)
         self.stop_flag = stop_flag
-        self.relay = _Relay()
+        self.relay = PoolRelay()
         self.supervisor = Supervisor([], self.relay, on_other=self.relay.on_other)
         self.channels: PoolChannels | None = None
         self.alive = False
@@ -128,17 +107,28 @@ class PoolProcesses:
 
     @classmethod
     def start(
-        cls, plan: LaunchPlan, stop_flag: StopFlag, generation: int, holdings: WorkerHoldings
+        cls,
+        plan: LaunchPlan,
+        stop_flag: StopFlag,
+        generation: int,
+        holdings: WorkerHoldings,
+        weights: WeightsFile | None = None,
     ) -> PoolProcesses:
-        """Fork a pool's workers and wait until each has joined the process group."""
-        holdings.remember_all()  # forked from here: the workers are about to hold all of this
-        launcher = PersistentLauncher(plan, cls(plan, stop_flag), generation)
-        return run_blocking(launcher.run(launcher.call(), observer=None))
+        """Start a pool's workers (forked here, or by the clean template when this kernel
+        cannot fork safely) and wait until each has joined the process group."""
+        clean = start_route(caller="WorkerPool")  # the kernel now: a restart asks again
+        if clean is None:
+            holdings.remember_all()  # forked from here: the workers are about to hold all this
+        else:
+            holdings.forget_all()  # a clean process holds nothing of the kernel's
+        launcher = PersistentLauncher(plan, cls(plan, stop_flag, clean), generation)
+        return run_blocking(launcher.run(launcher.call(weights), observer=None))
 
     @staticmethod
     def check_start() -> None:
-        """Before workers are stopped for new ones: refuse a kernel that cannot fork them."""
-        check_fork_safety()
+        """Before workers are stopped for new ones: refuse a kernel that cannot fork them,
+        when the start method is ``"fork"`` (else the template starts them)."""
+        start_route(caller="WorkerPool")
 
     @staticmethod
     def weights_file() -> WeightsFile:
@@ -161,7 +151,12 @@ class PoolProcesses:
     stopped_words = LOST
 
     def banner(self) -> str:
-        return self.plan.banner().removeprefix("Launching ")
+        """Where the workers run, and why they started from a clean process if they did."""
+        text = self.plan.banner().removeprefix("Launching ")
+        if self.clean is None:
+            return text
+        why = f"{self.clean[0].upper()}{self.clean[1:]}"
+        return f"{text}. {why}: starting workers from a clean process"
 
     def error(self, failures: list[WorkerFailure], aftermath: str, pool: PoolFate) -> PoolRunError:
         """The error that names a failed rank, and says what became of the workers."""
@@ -385,8 +380,12 @@ class PersistentLauncher(ForkedLauncher):
         self.processes = processes
         self.generation = generation
 
-    def call(self) -> Call:
-        """The workers' function, the command loop, with a command and an interrupt pipe each."""
+    def call(self, weights: WeightsFile | None = None) -> Call:
+        """The workers' function, the command loop, with a command and an interrupt pipe each.
+
+        From the template, the call is shipped: it holds only the workers' read ends (sent
+        as descriptors, as is ``weights``), and the workers take a ``__main__`` of their own.
+        """
         count = self.plan.num_processes
         commands = [multiprocessing.Pipe(duplex=False) for _ in range(count)]
         interrupts = [multiprocessing.Pipe(duplex=False) for _ in range(count)]
@@ -399,7 +398,13 @@ class PersistentLauncher(ForkedLauncher):
         # The kernel's write ends: closed in every child forked from now on.
         _kernel_ends.update(channels.senders + channels.interrupters)
         self.processes.channels = channels
-        return serve_pool, (channels,), {"post_mortem": self.plan.post_mortem}
+        options: dict[str, Any] = {"post_mortem": self.plan.post_mortem}
+        if self.processes.clean is None:
+            return serve_pool, (channels,), options
+        theirs = PoolChannels(channels.commands, channels.interrupts, [], [])
+        if weights is not None:
+            options["weights_fd"] = PassedFd(weights.fd)
+        return serve_pool, (theirs,), {**options, "own_main": True}
 
     def run(self, call: Call, observer: LaunchObserver | None) -> Steps:
         """Fork, then wait until every rank reported it is ready; stop them all on any error.
@@ -409,6 +414,9 @@ class PersistentLauncher(ForkedLauncher):
         processes = self.processes
         try:
             processes.alive = True
+            if processes.clean is not None:
+                self.route = TemplateRoute(processes.clean, call, {})
+                yield from self.route.wait_ready()
             wait_for_warmup()  # here Ctrl-C stops the start; inside os.fork it is swallowed
             try:
                 self.fork(

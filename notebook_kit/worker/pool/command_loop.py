@@ -26,6 +26,7 @@ import functools
 import os
 import pickle
 import sys
+import types
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -87,19 +88,30 @@ class PoolChannels:
             connection.close()
 
 
-def serve_pool(channels: PoolChannels, post_mortem: bool = False) -> None:
+def serve_pool(
+    channels: PoolChannels,
+    post_mortem: bool = False,
+    weights_fd: int | None = None,
+    own_main: bool = False,
+) -> None:
     """A pool worker's function: serve the kernel's commands until the pool closes.
 
     ``post_mortem``: a command that raises opens pdb in its failing frame before answering.
+    ``weights_fd``: this worker's descriptor of the kernel's weights file, when its number
+    differs from the kernel's (a worker the clean template forked); ``own_main``: cells run
+    in a new, empty ``__main__``, not the module of the process this was forked from.
     """
     base = current_launch()
     assert base is not None, "serve_pool runs inside a worker launch"
+    if own_main:
+        sys.modules["__main__"] = types.ModuleType("__main__")
     commands, interrupts = channels.take(base.local_rank)
     if base.device == "cuda":  # the current device is per thread: this one runs every cell
         torch.cuda.set_device(base.local_rank)
     guard = Guard(interrupts)
     guard.watch()
     loop = _Loop(base, guard, post_mortem)
+    loop.weights_fd = weights_fd
     assert base.send is not None, "a pool worker talks to its kernel"
     base.send(Started(base.rank, os.getpid()))
     with contextlib.suppress(EOFError, OSError):  # the kernel went away: leave quietly
@@ -120,6 +132,7 @@ class _Loop:
         self.check_group = dist.new_group(backend="gloo")
         self.collective_commands = 0  # commands every rank ran: the same on all of them
         self.reloader = PoolReloader()  # what the worker holds now is current
+        self.weights_fd: int | None = None  # the kernel's file under this worker's number
 
     def serve(self, request: pool_commands.PoolRequest) -> bool:
         """Run one command; False once the pool closes."""
@@ -156,7 +169,10 @@ class _Loop:
             shipped, (function, args, kwargs), home = pickle.loads(command.payload)
             space.update(shipped)
             value = function(*args, **kwargs)
-            return value, self._weights_home(home, command.weights_fd, context)
+            fd = command.weights_fd
+            if fd is not None and self.weights_fd is not None:
+                fd = self.weights_fd  # the same file, as the template passed it
+            return value, self._weights_home(home, fd, context)
         if isinstance(command, pool_commands.PoolPush):
             space.update(pickle.loads(command.payload))
             return None, {}

@@ -13,11 +13,11 @@ traces stay on the node's disk, where its ranks wrote them).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Protocol
 
 from notebook_kit.launch.profile_requests import ProfileRequest, RunDesk
+from notebook_kit.launch.stack_requests import StackRequest
 from notebook_kit.node.protocol import NodeProfiles, NodeStacks, ProfileAsk
 
 __all__ = ["ClusterStackDesk", "ClusterStackRequest"]
@@ -35,23 +35,18 @@ class _Attempt(Protocol):
     def rank_nodes(self) -> tuple[int, ...]: ...
 
 
-class ClusterStackRequest:
-    """One ``stacks()`` request to every node of a cluster run."""
+class ClusterStackRequest(StackRequest):
+    """One ``stacks()`` request to every node of a cluster run: the nodes answer, not ranks."""
 
     def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
-        self.asked = threading.Event()
-        self.answered = threading.Event()
-        self.ended = ""
-        self._lock = threading.Lock()
+        super().__init__(timeout)
         self._number = -1
         self._rank_nodes: tuple[int, ...] = ()
         self._texts: dict[int, str] = {}
         self._nodes: set[int] = set()
         self._notes: list[str] = []
 
-    def ask(self, attempt: _Attempt) -> None:
+    def ask(self, attempt: _Attempt) -> None:  # type: ignore[override]
         """On the kernel's loop: publish the request for every node."""
         seconds = max(0.05, (self.deadline - time.monotonic()) * _NODE_SHARE)
         with self._lock:
@@ -59,7 +54,7 @@ class ClusterStackRequest:
             self._number = attempt.ask_stacks(seconds)
         self.asked.set()
 
-    def answer(self, event: NodeStacks) -> None:
+    def answer(self, event: NodeStacks) -> None:  # type: ignore[override]
         """On the kernel's loop: one node's texts (an answer to an older request is not ours)."""
         with self._lock:
             if event.number != self._number or event.node in self._nodes:
@@ -70,12 +65,6 @@ class ClusterStackRequest:
                 self._notes.append(event.note)
             if self._nodes >= set(self._rank_nodes):
                 self.answered.set()
-
-    def end(self, why: str) -> None:
-        with self._lock:
-            self.ended = self.ended or why
-        self.asked.set()
-        self.answered.set()
 
     def pids(self) -> dict[int, int]:
         """None here: the ranks' processes are on other machines (their node reads them)."""

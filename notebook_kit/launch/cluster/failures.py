@@ -45,15 +45,11 @@ class ClusterWorkerError(WorkerError):
         node = self.node_of(root.rank)
         if node in self.lost_nodes:
             return root.summary()
-        where = f"node {node}, {self.worker_noun} {self.nodes[node]}"
-        return f"Rank {root.rank} ({where}) failed ({root.summary()})"
+        return f"{self._named(root.rank)} failed ({root.summary()})"
 
-    def _format(self) -> str:
-        root = self.failure
-        node = self.node_of(root.rank)
-        text = super()._format()
-        where = f"Rank {root.rank} (node {node}, {self.worker_noun} {self.nodes[node]})"
-        return text.replace(f"Rank {root.rank}", where, 1)
+    def _named(self, rank: int) -> str:
+        node = self.node_of(rank)
+        return f"Rank {rank} (node {node}, {self.worker_noun} {self.nodes[node]})"
 
 
 def node_lost(node: int, rank: int, worker: str, why: str, noun: str) -> WorkerFailure:

@@ -157,17 +157,9 @@ class ZygoteChild:
         self._socket.settimeout(None)
 
     def poll(self) -> int | None:
-        with self._lock:
-            if self.returncode is None:
-                self._socket.setblocking(False)
-                try:
-                    self._settle()
-                except BlockingIOError:
-                    pass
-                finally:
-                    if self.returncode is None:
-                        self._socket.setblocking(True)
-            return self.returncode
+        with contextlib.suppress(BlockingIOError):  # a timeout of 0: the socket never blocks
+            self.wait(0.0)
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         with self._lock:

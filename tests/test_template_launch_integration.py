@@ -225,5 +225,5 @@ def test_what_cannot_be_shipped_is_named_before_anything_starts(from_template, t
 
 
 def test_a_bad_start_method_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="'spawn' is not one of auto, fork, template"):
+    with pytest.raises(ValueError, match="start_method must be one of 'auto', 'fork', 'template'"):
         set_start_method("spawn")

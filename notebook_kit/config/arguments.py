@@ -11,9 +11,13 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
 Backend = Literal["gloo", "nccl"]
+# How a launch's workers start (launch/template_choice.py): "auto" forks the kernel when that is
+# safe, else starts them from its clean template process; the other two always do one of them.
+StartMethod = Literal["auto", "fork", "template"]
 
 MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "fp16", "bf16")
 BACKEND_CHOICES: tuple[str, ...] = ("gloo", "nccl")
+START_METHOD_CHOICES: tuple[str, ...] = ("auto", "fork", "template")
 
 _Parameters = ParamSpec("_Parameters")
 _Result = TypeVar("_Result")

@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from notebook_kit.atomic_file import replace_atomically
-from notebook_kit.config.arguments import Backend, MixedPrecision, loopback_master_problem
+from notebook_kit.config.arguments import (
+    Backend,
+    MixedPrecision,
+    StartMethod,
+    loopback_master_problem,
+)
 from notebook_kit.config.schema import SETTINGS, check_value, settings_from_environ
 
 __all__ = [
@@ -121,6 +126,7 @@ class LaunchConfig:
     parallelism_config_cp_size: int = 1
     storage_timeout: int = 60
     memory_history: bool = False
+    start_method: StartMethod = "auto"
     _more: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, hash=False)
 
     def __post_init__(self) -> None:

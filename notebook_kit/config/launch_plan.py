@@ -75,6 +75,8 @@ class LaunchPlan:
     post_mortem: bool = False  # a rank that raises opens pdb in its frame before it reports
     # Seconds a collective waits for the other ranks; None: torch's default (30 min for gloo).
     collective_timeout: float | None = None
+    # "auto", "fork" or "template": how the kernel starts the workers (launch/template_choice.py)
+    start_method: str = "auto"
 
     @property
     def parallelism(self) -> dict[str, int]:

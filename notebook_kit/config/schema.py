@@ -31,8 +31,10 @@ from notebook_kit.config import arguments
 from notebook_kit.config.arguments import (
     BACKEND_CHOICES,
     MIXED_PRECISION_CHOICES,
+    START_METHOD_CHOICES,
     Backend,
     MixedPrecision,
+    StartMethod,
 )
 
 __all__ = [
@@ -237,6 +239,12 @@ SETTINGS: dict[str, Setting] = _declare(
         "memory_history", "bool", False,
         "Record CUDA allocations; on out-of-memory, save them and name the largest.",
         bool, widget="choice", switch=True,
+    ),
+    # The kernel forks or asks its template; a cluster's nodes were started clean and fork.
+    Setting(
+        "start_method", "choice", "auto",
+        "Workers fork the kernel or its clean process; auto = fork when that is safe.",
+        StartMethod, choices=START_METHOD_CHOICES, widget="choice", scope=("kernel",),
     ),
 )  # fmt: skip
 

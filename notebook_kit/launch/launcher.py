@@ -22,6 +22,7 @@ from notebook_kit.launch.launchers import run_awaitable, run_blocking, select_la
 from notebook_kit.launch.plan import Call, check_explicit_settings, make_plan
 from notebook_kit.launch.preflight import check_not_in_a_launch
 from notebook_kit.launch.rendezvous_options import translate_rendezvous_options
+from notebook_kit.launch.template_choice import chosen_start_method
 from notebook_kit.launch.warmup import start_warmup
 from notebook_kit.live.observer import LaunchObserver
 
@@ -55,6 +56,7 @@ def _launch_arguments(
     parallelism_config_cp_size: int | None = None,
     storage_timeout: int | None = None,
     memory_history: bool | None = None,
+    start_method: arguments.StartMethod | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = False,
@@ -133,6 +135,11 @@ def notebook_launcher(options: dict[str, Any]) -> Any:
             raises ``torch.OutOfMemoryError`` saves a snapshot (for pytorch.org/memory_viz),
             and its traceback ends with the largest live allocations, the line that made
             each, and the snapshot's path. Refused when the ranks would train on the CPU.
+        start_method: "auto" (default) forks the workers from this kernel when that is safe,
+            else starts them from its clean template process (made at ``import notebook_kit``
+            in a kernel); "fork" always forks (``ForkSafetyError`` on a kernel holding a CUDA
+            context or a process group); "template" always uses the clean process. Unset:
+            ``config=``'s, else ``set_start_method()``'s, else ``NOTEBOOK_KIT_START_METHOD``.
         seed: Seeds torch, numpy and random in every worker before the function starts.
         live: Show live plots, progress and a Stop button (None: when a notebook front end
             is there); False shows nothing but errors.
@@ -231,6 +238,8 @@ def resolve_plan(
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config must be a LaunchConfig, got {type(config).__name__}.")
     explicit = {name: options.get(setting.keyword) for name, setting in SETTINGS.items()}
+    if explicit["start_method"] is None and config is None:  # above the variable, not config=
+        explicit["start_method"] = chosen_start_method()
     settings = resolve_launch_config(config, **check_explicit_settings(explicit))
     if isolate is None:
         isolate = arguments.check_bool("isolate", options.get("isolate", False))

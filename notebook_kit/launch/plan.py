@@ -23,7 +23,6 @@ from notebook_kit.config.process_limits import check_process_count
 from notebook_kit.config.schema import SETTINGS, check_argument
 from notebook_kit.launch.debugger_desk import can_type
 from notebook_kit.launch.preflight import check_fork_safety
-from notebook_kit.launch.template_choice import get_start_method
 
 __all__ = [
     "Call",
@@ -95,7 +94,7 @@ def make_plan(
             "runs in this kernel with nothing to shard over: use num_processes=2 (or more), or "
             "isolate=True to shard over one forked process."
         )
-    gpus = _gpus_for(kernel, in_kernel)
+    gpus = _gpus_for(kernel, in_kernel or config.start_method != "fork")
     if not in_kernel and config.backend == "nccl" and gpus < num_processes:
         check_fork_safety(kernel)  # a tainted kernel sees no GPU: name that cause, not the count
     backend = "gloo" if in_kernel else _choose_backend(config.backend, gpus, num_processes)
@@ -202,15 +201,16 @@ def _refuse_replicas_alone(sizes: Mapping[str, int]) -> None:
     )
 
 
-def _gpus_for(kernel: KernelState, in_kernel: bool) -> int:
-    """GPUs the run can use: a forked worker sees the probe's count; the kernel its own.
+def _gpus_for(kernel: KernelState, not_forked: bool) -> int:
+    """GPUs the run can use: a forked worker sees the probe's count; the kernel (a run in it,
+    ``not_forked``, or one its template starts) its own.
 
     A kernel that already holds a CUDA context (an earlier run here on the GPU, or another
     library's) cannot fork workers onto the GPU, but can still train in itself, and workers
     started from its clean template process can use every GPU: then torch's count is asked
     directly, which costs nothing more in a kernel CUDA already tainted.
     """
-    if kernel.cuda_bad_fork and (in_kernel or get_start_method() != "fork"):
+    if kernel.cuda_bad_fork and not_forked:
         import torch
 
         return torch.cuda.device_count()

@@ -104,9 +104,12 @@ def fork_hazard(state: KernelState | None = None) -> str | None:
     return None
 
 
-def start_route(state: KernelState | None = None, caller: str = "WorkerPool") -> str | None:
+def start_route(
+    state: KernelState | None = None, caller: str = "WorkerPool", method: str | None = None
+) -> str | None:
     """None when workers fork from this process; else why they start from its clean template
-    (the words of the start line). The start method (``set_start_method``) decides:
+    (the words of the start line). The start method (``method``, a plan's ``start_method``;
+    None: this process's, ``set_start_method``) decides:
     ``"auto"`` forks only a kernel safe to fork, ``"template"`` never forks, ``"fork"`` always
     does.
 
@@ -118,7 +121,7 @@ def start_route(state: KernelState | None = None, caller: str = "WorkerPool") ->
         True
     """
     check_not_in_a_launch(caller)
-    method = get_start_method()
+    method = method or get_start_method()
     hazard = None if method == "fork" else fork_hazard(state)
     if method == "template" or hazard is not None:
         return hazard or "the start method is 'template'"
@@ -126,8 +129,8 @@ def start_route(state: KernelState | None = None, caller: str = "WorkerPool") ->
         check_fork_safety(state)
     except ForkSafetyError as error:
         raise ForkSafetyError(
-            f"{error} (The start method is 'fork', from set_start_method or "
-            "NOTEBOOK_KIT_START_METHOD: with 'auto' the workers would start from a clean "
+            f"{error} (start_method is 'fork', from the keyword, config=, set_start_method() "
+            "or NOTEBOOK_KIT_START_METHOD: with 'auto' the workers would start from a clean "
             "process instead.)"
         ) from None
     return None

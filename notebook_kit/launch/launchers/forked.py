@@ -30,7 +30,6 @@ from notebook_kit.launch.preflight import (
 from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
 from notebook_kit.launch.template import TemplateRoute
-from notebook_kit.launch.template_choice import get_start_method
 from notebook_kit.launch.template_wire import SharedStopFlag
 from notebook_kit.launch.warmup import wait_for_warmup
 from notebook_kit.live.observer import LaunchInfo, LaunchObserver, LaunchSummary
@@ -83,7 +82,7 @@ class ForkedLauncher(Launcher):
         A cluster's node process (``seat``) was itself started clean: it always forks.
         """
         check_not_in_a_launch()
-        method = "fork" if self.seat is not None else get_start_method()
+        method = "fork" if self.seat is not None else self.plan.start_method
         hazard = None if method == "fork" else fork_hazard(self.plan.kernel)
         if method == "fork" or (method == "auto" and hazard is None):
             try:
@@ -92,9 +91,9 @@ class ForkedLauncher(Launcher):
                 if self.seat is not None:
                     raise
                 raise ForkSafetyError(
-                    f"{error} (The start method is 'fork', from set_start_method or "
-                    "NOTEBOOK_KIT_START_METHOD: with 'auto' the workers would start from a clean "
-                    "process instead.)"
+                    f"{error} (start_method is 'fork', from the launch's keyword, config=, "
+                    "set_start_method() or NOTEBOOK_KIT_START_METHOD: with 'auto' the workers "
+                    "would start from a clean process instead.)"
                 ) from None
             return None
         reason = hazard or "the start method is 'template'"

@@ -48,7 +48,8 @@ def pool_backend(
             "Use notebook_launcher (or `notebook-kit launch`) for a job across nodes, "
             "or cluster= for a pool on a Dask cluster's machines."
         )
-    start_route(plan.kernel, "WorkerPool")  # 'fork' on an unsafe kernel: refused before all
+    # 'fork' on a kernel that cannot fork safely: refused before anything starts
+    start_route(plan.kernel, "WorkerPool", plan.start_method)
     return plan, PoolProcesses
 
 
@@ -107,6 +108,7 @@ def pool_arguments(
     parallelism_config_cp_size: int | None = None,
     storage_timeout: int | None = None,
     memory_history: bool | None = None,
+    start_method: arguments.StartMethod | None = None,
     timeout: float | None = None,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     isolate: bool = True,

@@ -116,7 +116,7 @@ class PoolProcesses:
     ) -> PoolProcesses:
         """Start a pool's workers (forked here, or by the clean template when this kernel
         cannot fork safely) and wait until each has joined the process group."""
-        clean = start_route(caller="WorkerPool")  # the kernel now: a restart asks again
+        clean = start_route(None, "WorkerPool", plan.start_method)  # asked again at a restart
         if clean is None:
             holdings.remember_all()  # forked from here: the workers are about to hold all this
         else:

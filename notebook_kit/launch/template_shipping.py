@@ -26,7 +26,7 @@ import cloudpickle
 
 from notebook_kit.worker.guardian import Call
 
-__all__ = ["PassedFd", "UnshippableError", "ship_call", "unship"]
+__all__ = ["PassedFd", "UnshippableError", "fix_for", "ship_call", "unship"]
 
 
 class UnshippableError(TypeError):
@@ -41,9 +41,7 @@ class PassedFd:
         self.fd = fd
 
 
-def ship_call(
-    call: Call, models: list[Any], reason: str, passed: list[int] | None = None
-) -> bytes:
+def ship_call(call: Call, models: list[Any], reason: str, passed: list[int] | None = None) -> bytes:
     """``(call, models)`` cloudpickled in one piece, so each model stays the object the
     function reaches (the template maps its weights home by position in ``models``).
 
@@ -109,13 +107,19 @@ def _explain(call: Call, error: Exception, reason: str) -> str:
     function = getattr(call[0], "__qualname__", repr(call[0]))
     return (
         f"{reason}, so the function {function} and its arguments must be sent there by value, "
-        f"but {where} ({kind}) cannot be pickled: {failure}. {_fix(culprit)} Or restart the "
+        f"but {where} ({kind}) cannot be pickled: {failure}. {fix_for(culprit)} Or restart the "
         "kernel and launch before it creates a CUDA context or a process group."
     )
 
 
-def _fix(culprit: Any) -> str:
-    """What to do instead, for the usual culprits."""
+def fix_for(culprit: Any) -> str:
+    """What to do instead of sending ``culprit``, for the usual culprits (a file, a lock).
+
+    Example:
+        >>> import threading
+        >>> fix_for(threading.Lock())
+        'Create the lock inside the function (each worker needs its own anyway).'
+    """
     module, name = type(culprit).__module__, type(culprit).__name__.lower()
     if isinstance(culprit, io.IOBase) or module in ("_io", "io"):
         return "Pass the file's path instead and open it inside the function."

@@ -30,6 +30,7 @@ from typing import Any
 
 import cloudpickle
 
+from notebook_kit.launch.template_shipping import UnshippableError, fix_for
 from notebook_kit.worker.pool.namespace import (
     EMPTY_CELL,
     make_function,
@@ -153,6 +154,8 @@ class WorkerHoldings:
             _ShippingPickler(buffer, refs, send_limit).dump(request)
         except _TooLarge as large:
             raise SendTooLargeError(self._too_large(what, large.obj, large.size)) from None
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            raise UnshippableError(_unpicklable(what, request, error)) from error
         data = buffer.getvalue()
         if send_limit is not None and len(data) > send_limit:
             raise SendTooLargeError(self._too_large(what, None, len(data)))
@@ -218,6 +221,25 @@ class _ShippingPickler(cloudpickle.Pickler):
             if size > self.send_limit:
                 raise _TooLarge(obj, size)
         return super().reducer_override(obj)
+
+
+def _unpicklable(what: str, request: Any, error: Exception) -> str:
+    """Which name or argument of ``request`` cannot be pickled, its type, and the fix."""
+    shipped = request if isinstance(request, dict) else request[0]
+    parts = [(f"`{name}`", value) for name, value in shipped.items()]
+    if isinstance(request, tuple):  # pool.run: the function and its arguments come next
+        _, args, kwargs = request[1]
+        parts += [(f"args[{i}]", value) for i, value in enumerate(args)]
+        parts += [(f"the keyword argument {k!r}", value) for k, value in kwargs.items()]
+    for where, value in parts:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as failure:
+            return (
+                f"{what} sends {where} ({type(value).__qualname__}) to the workers, but it "
+                f"cannot be pickled: {failure}. {fix_for(value)}"
+            )
+    return f"{what} cannot be sent to the workers: {error}"
 
 
 def _function_reduce(function: types.FunctionType) -> tuple[Any, ...]:

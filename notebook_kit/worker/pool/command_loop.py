@@ -19,6 +19,7 @@ command (but a check or a debug) drops it: debug opens pdb on it at the kernel's
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import dataclasses
@@ -103,8 +104,9 @@ def serve_pool(
     """
     base = current_launch()
     assert base is not None, "serve_pool runs inside a worker launch"
-    if own_main:
-        sys.modules["__main__"] = types.ModuleType("__main__")
+    if own_main:  # as a script's: a function sent before any cell ran finds the builtins
+        main = sys.modules["__main__"] = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
     commands, interrupts = channels.take(base.local_rank)
     if base.device == "cuda":  # the current device is per thread: this one runs every cell
         torch.cuda.set_device(base.local_rank)

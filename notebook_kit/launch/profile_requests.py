@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from notebook_kit.launch.stack_requests import StackDesk, current_desk, in_background
+from notebook_kit.launch.stack_requests import StackDesk, StackRequest, current_desk, in_background
 from notebook_kit.live.ask_button import answer_asks
 from notebook_kit.live.profile_panel import profile_taken
 from notebook_kit.runtime.messages import ProfileDone, ProfileOrder
@@ -92,23 +92,18 @@ class RankProfiles(dict[int, ProfileResult]):
         printer.text(str(self))
 
 
-class ProfileRequest:
-    """One ask for a profile of the next ``steps`` steps on every rank."""
+class ProfileRequest(StackRequest):
+    """One ask for a profile of the next ``steps`` steps on every rank (at the stacks' desk)."""
 
     def __init__(self, steps: int, timeout: float, folder: Path | None = None) -> None:
+        super().__init__(timeout)
         self.number, self.steps = next(_numbers), steps
         stamp = f"notebook_kit-profile-{time.strftime('%Y%m%d-%H%M%S')}-{self.number}"
         self.folder = folder if folder is not None else Path(tempfile.gettempdir()) / stamp
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
-        self.asked = threading.Event()
-        self.answered = threading.Event()
-        self.ended = ""
         self.why_not: dict[int, str] = {}  # ranks not asked, and why
         self.errors: dict[int, str] = {}  # ranks that could not profile, and why
         self.results: dict[int, ProfileResult] = {}
         self._pids: dict[int, int] = {}
-        self._lock = threading.Lock()
 
     def ask(self, workers: Sequence[Any]) -> None:
         """On the loop's thread: leave every running rank its order and signal it."""
@@ -138,12 +133,6 @@ class ProfileRequest:
                     rank, Path(done.trace), done.steps, done.table, done.step_spans, done.spans
                 )
         self._check()
-
-    def end(self, why: str) -> None:
-        """The run's loop will not turn again."""
-        self.ended = self.ended or why
-        self.asked.set()
-        self.answered.set()
 
     def missing(self) -> list[int]:
         """The asked ranks that have not answered."""

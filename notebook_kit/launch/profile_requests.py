@@ -155,12 +155,6 @@ class RunDesk(StackDesk):
 
     profile_request = ProfileRequest  # the kind its loop knows how to ask
 
-    def post(self, request: ProfileRequest) -> None:
-        """From any thread: a request the loop takes at its next turn."""
-        self._pending.append(request)  # deque appends are atomic: no lock with the loop
-        if self.closed:
-            request.end("the run ended")
-
     def on_profile(self, rank: int, done: ProfileDone) -> None:
         """On the loop's thread: a rank's answer, for every request still open."""
         for request in self._open:

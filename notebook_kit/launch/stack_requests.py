@@ -173,10 +173,14 @@ class StackDesk:
     def submit(self, timeout: float) -> StackRequest:
         """From any thread: a request the loop takes at its next turn."""
         request = self.new_request(timeout)
+        self.post(request)
+        return request
+
+    def post(self, request: StackRequest) -> None:
+        """From any thread: leave ``request``, made already, for the loop's next turn."""
         self._pending.append(request)  # deque appends are atomic: no lock with the loop
         if self.closed:  # the run ended just now: nobody will take it
             request.end("the run ended")
-        return request
 
     def new_request(self, timeout: float) -> Any:
         """The kind of request this desk's loop knows how to ask."""

@@ -3356,6 +3356,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_s55,
     mutations_storage,
     mutations_t54,
+    mutations_tp59,
     mutations_v55,
     mutations_w54,
     mutations_z54,
@@ -3390,4 +3391,5 @@ MUTATIONS = (
     + mutations_z54.MUTATIONS
     + mutations_b54.MUTATIONS
     + mutations_s55.MUTATIONS
+    + mutations_tp59.MUTATIONS
 )

@@ -40,12 +40,13 @@ def ranks_and_builtins():  # the workers' __main__ is their own: builtins, no te
 
 found["first"] = pool.run(ranks_and_builtins, ranks="all")
 
-def until_stopped():
-    steps = 0
-    while not should_stop():
-        steps += 1
+def until_stopped():  # bounded: a Stop that never arrives fails the test, never hangs it
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if should_stop():
+            return "stopped"
         time.sleep(0.01)
-    return "stopped"
+    return "never stopped"
 
 pressing = threading.Event()
 def press_stop():  # as the Stop button does, until the command has seen it

@@ -201,3 +201,17 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)
+
+
+def _start_template_in_a_kernel() -> None:
+    """In a kernel, the clean process that starts workers when the kernel can no longer fork
+    safely is made now, before the notebook's code runs, so the launch that needs it finds it
+    ready (launch/template_start.py says where and why not; start_method="fork" opts out)."""
+    from notebook_kit.launch.template_choice import get_start_method
+    from notebook_kit.launch.template_start import start_at_import
+
+    start_at_import(get_start_method)
+
+
+_start_template_in_a_kernel()
+del _start_template_in_a_kernel

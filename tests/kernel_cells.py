@@ -7,11 +7,31 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
 from jupyter_client.manager import start_new_kernel
 
 from tests.processes import kernel_environment
 
 Message = dict[str, Any]
+TEMPLATE_MAIN = "notebook_kit.launch.template_process"
+
+
+def is_template(process: psutil.Process) -> bool:
+    """The kernel's clean template process, made at ``import notebook_kit``: not a launch's."""
+    try:
+        return TEMPLATE_MAIN in process.cmdline()
+    except psutil.Error:
+        return False
+
+
+def launched_below(kernel_pid: int) -> list[psutil.Process]:
+    """The kernel's descendants still running that a launch started: its template aside."""
+    below = psutil.Process(kernel_pid).children(recursive=True)
+    return [
+        p
+        for p in below
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and not is_template(p)
+    ]
 
 
 def cell_messages(

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 import pytest
 
-from tests.kernel_cells import real_kernel
+from tests.kernel_cells import launched_below, real_kernel
 
 pytestmark = [
     pytest.mark.integration,
@@ -101,11 +100,11 @@ def _run(
 
 def _no_children(manager: Any) -> None:
     """Nothing the launch started is left below the kernel."""
-    kernel = psutil.Process(manager.provisioner.process.pid)
+    kernel = manager.provisioner.process.pid
     deadline = time.monotonic() + 5.0
-    while kernel.children(recursive=True) and time.monotonic() < deadline:
+    while launched_below(kernel) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert kernel.children(recursive=True) == []
+    assert launched_below(kernel) == []
 
 
 def test_p_prints_rank_1s_variable_while_rank_0_waits_in_all_reduce_and_c_ends_normally():

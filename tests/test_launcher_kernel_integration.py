@@ -9,7 +9,7 @@ import psutil
 import pytest
 from nbclient import NotebookClient
 
-from tests.kernel_cells import real_kernel, run_cell
+from tests.kernel_cells import launched_below, real_kernel, run_cell
 from tests.notebook_text import cell_text, widget_text
 from tests.processes import kernel_environment
 
@@ -56,9 +56,9 @@ def test_plain_printer_prefixes_rank_lines_in_the_cell():
 
 
 def _running_below(kernel_pid: int) -> list[psutil.Process]:
-    """The kernel's descendants still running: the launch's guardian and its workers."""
-    below = psutil.Process(kernel_pid).children(recursive=True)
-    return [p for p in below if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    """The kernel's descendants still running: the launch's guardian and its workers (the
+    kernel's template, made at import, is not the launch's)."""
+    return launched_below(kernel_pid)
 
 
 def _wait_for_workers(kernel_pid: int, count: int) -> None:

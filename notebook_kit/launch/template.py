@@ -8,10 +8,10 @@ shipped by value (:mod:`notebook_kit.launch.template_shipping`). The template se
 kernel's ends of every pipe, so the supervisor, the live view, Stop, interrupts and the weights
 coming home work as in a forked launch.
 
-The template is started by the first launch that needs it (a fresh interpreter is clean
-whenever it starts, so nothing is gained by starting it earlier, and a kernel that never
-needs it pays nothing) and kept for the kernel's later launches; one that died is replaced
-by the next launch. It ends with the kernel.
+In a kernel the template is started at ``import notebook_kit``
+(:mod:`notebook_kit.launch.template_start`), so the first launch that needs it finds it ready;
+elsewhere by that first launch. It is kept for the kernel's later launches; one that died is
+replaced by the next launch. It ends with the kernel.
 
 :func:`set_start_method` (:mod:`notebook_kit.launch.template_choice`) chooses between the
 two: ``"auto"`` (the default), ``"fork"`` or ``"template"``.
@@ -35,6 +35,11 @@ from notebook_kit.launch.guardian_link import GuardianLink
 from notebook_kit.launch.line_reader import LineReader
 from notebook_kit.launch.supervisor import WorkerProcess
 from notebook_kit.launch.template_shipping import ship_call
+from notebook_kit.launch.template_start import (
+    early_template_pid,
+    spawn_template,
+    take_early_template,
+)
 from notebook_kit.launch.template_wire import ForkReply, ForkRequest, Ready, receive, send
 from notebook_kit.worker.guardian import Call
 
@@ -46,8 +51,6 @@ __all__ = [
     "template_pid",
 ]
 
-_MAIN = "notebook_kit.launch.template_process"
-
 
 class TemplateError(RuntimeError):
     """The template process could not start a launch's workers."""
@@ -56,26 +59,9 @@ class TemplateError(RuntimeError):
 class _Template:
     """The kernel's handle on its template process and the socket to it."""
 
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "notebook_kit.launch.template_process",
-                    str(theirs.fileno()),
-                ],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # the kernel's interrupts are not the template's
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock = ours
+    def __init__(self, started: tuple[subprocess.Popen[bytes], socket.socket] | None = None):
+        # The one made at `import notebook_kit` in a kernel, else a new one.
+        self.process, self.sock = started or take_early_template() or spawn_template()
         self.ready = False
         self._asking = threading.Lock()  # one request and its reply at a time on the socket
 
@@ -158,6 +144,8 @@ def end_template() -> None:
     """
     global _template
     with _lock:
+        if _template is None and (early := take_early_template()) is not None:
+            _template = _Template(early)  # the one made at import, never adopted: ended too
         if _template is not None:
             _template.close()
         _template = None
@@ -172,7 +160,9 @@ def template_pid() -> int | None:
         os.kill(template_pid(), 0)  # it runs
     """
     template = _template
-    return template.process.pid if template is not None and template.alive() else None
+    if template is None:
+        return early_template_pid()  # made at import, not adopted by a launch yet
+    return template.process.pid if template.alive() else None
 
 
 class TemplateRoute:

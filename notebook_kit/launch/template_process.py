@@ -24,10 +24,12 @@ import select
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
 
 _CHECK_SECONDS = 0.5  # how often the parent is checked and finished guardians are reaped
+_IMPORT_NICENESS = 10  # the imports' share of a busy CPU: about a tenth of a normal process's
 
 
 def main(argv: list[str]) -> None:
@@ -43,18 +45,50 @@ def main(argv: list[str]) -> None:
                 os.close(sock.fileno())
 
     os.register_at_fork(after_in_child=leave_the_kernels_line)
-    import torch.distributed  # noqa: F401 - paid once here, inherited by every worker
-
-    from notebook_kit.launch import forking  # noqa: F401 - and the Accelerator's modules
+    _import_at_low_priority(sock, parent)
     from notebook_kit.launch.template_wire import Ready, send
-    from notebook_kit.launch.warmup import start_warmup
 
-    start_warmup()
     try:
         send(sock, Ready(here))
         _serve(sock, parent)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the kernel went while this answered: nothing is left to serve
+
+
+def _import_at_low_priority(sock: socket.socket, parent: int) -> None:
+    """Import torch and the launch's code, and start the warm-up imports, in a thread of low
+    CPU priority: a kernel's template is made at ``import notebook_kit``, while the kernel (or
+    a machine's other kernels) may be busy, and most kernels never use it.
+
+    Niceness is a thread's own on Linux, so this thread and the warm-up thread it starts are
+    lowered, never the main thread, which forks every guardian: the workers run at the
+    priority the kernel gave the template. Meanwhile the main thread watches the kernel: one
+    that goes during the imports (seconds, at this priority) ends the template at once.
+    """
+    failed: list[BaseException] = []
+
+    def imports() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _IMPORT_NICENESS)
+        try:
+            import torch.distributed  # noqa: F401 - paid once here, inherited by every worker
+
+            from notebook_kit.launch import forking  # noqa: F401 - and the Accelerator's
+            from notebook_kit.launch.warmup import start_warmup
+
+            start_warmup()
+        except BaseException as error:  # raised in the main thread: the template exits
+            failed.append(error)
+
+    thread = threading.Thread(target=imports, name="template-imports", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        # The kernel sends nothing before Ready: anything readable now is its end closing.
+        ready, _, _ = select.select([sock], [], [], _CHECK_SECONDS / 2)
+        if os.getppid() != parent or (ready and not sock.recv(1, socket.MSG_PEEK)):
+            os._exit(0)  # nothing was forked yet: nothing to end but this process
+    if failed:
+        raise failed[0]
 
 
 def _serve(sock: socket.socket, parent: int) -> None:

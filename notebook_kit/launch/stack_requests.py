@@ -141,6 +141,8 @@ class StackDesk:
         desk.close("the run ended")
     """
 
+    stack_request: type[StackRequest] = StackRequest  # the kind its loop knows how to ask
+
     def __init__(self) -> None:
         self._pending: collections.deque[StackRequest] = collections.deque()
         self._open: list[StackRequest] = []
@@ -172,7 +174,7 @@ class StackDesk:
 
     def submit(self, timeout: float) -> StackRequest:
         """From any thread: a request the loop takes at its next turn."""
-        request = self.new_request(timeout)
+        request = self.stack_request(timeout)
         self.post(request)
         return request
 
@@ -181,10 +183,6 @@ class StackDesk:
         self._pending.append(request)  # deque appends are atomic: no lock with the loop
         if self.closed:  # the run ended just now: nobody will take it
             request.end("the run ended")
-
-    def new_request(self, timeout: float) -> Any:
-        """The kind of request this desk's loop knows how to ask."""
-        return StackRequest(timeout)
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:

@@ -14,7 +14,7 @@ traces stay on the node's disk, where its ranks wrote them).
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from notebook_kit.launch.profile_requests import ProfileRequest, RunDesk
 from notebook_kit.launch.stack_requests import StackRequest
@@ -118,10 +118,8 @@ class ClusterProfileRequest(ProfileRequest):
 class ClusterStackDesk(RunDesk):
     """The desk of a cluster run: its requests go out through the control value."""
 
+    stack_request = ClusterStackRequest
     profile_request = ClusterProfileRequest
-
-    def new_request(self, timeout: float) -> Any:
-        return ClusterStackRequest(timeout)
 
     def on_node_profiles(self, event: NodeProfiles) -> None:
         """On the loop's thread: a node's answer, for every profile request still open."""

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from notebook_kit.accelerator.checkpoint_files import CheckpointSaveError, CheckpointSpaceError
 from notebook_kit.accelerator.operations import world_size
+from notebook_kit.accelerator.save_agreement import first_line
 from notebook_kit.runtime.context import current_launch
 
 __all__ = ["BackgroundSaves", "HostStaging", "SaveAbandoned"]
@@ -172,10 +173,9 @@ class BackgroundSaves:
         if isinstance(error, CheckpointSpaceError):
             message = f"The asynchronous save_state of {self._what} failed: {error}"
             raise CheckpointSpaceError(error.errno, message) from error
-        lines = str(error).strip().splitlines()
         raise CheckpointSaveError(
             f"The asynchronous save_state of {self._what} failed in the background "
-            f"({type(error).__name__}: {lines[0][:300] if lines else ''}); that checkpoint "
+            f"({type(error).__name__}: {first_line(error)}); that checkpoint "
             "was not saved and the checkpoints saved before it are intact. Fix the cause "
             "and call save_state() again."
         ) from error

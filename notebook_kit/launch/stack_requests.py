@@ -373,11 +373,8 @@ def _thread_text(thread: dict[str, Any]) -> str:
 
 def process_state(pid: int) -> str:
     """``S (sleeping)``, ``D (disk sleep)``, ...: what the operating system says ``pid`` does."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("State:"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return ""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("State:"):
+                return line.split(":", 1)[1].strip()
     return ""

@@ -67,10 +67,9 @@ def _too_few(
     available: int, num_nodes: int, min_nodes: int | None, noun: str, grow_hint: str
 ) -> str:
     if min_nodes is not None:
-        needs = f"min_nodes={min_nodes} needs at least {min_nodes}"
+        needs, lower = f"min_nodes={min_nodes} needs at least {min_nodes}", "min_nodes"
     else:
-        needs = f"num_nodes={num_nodes} needs {num_nodes}"
-    lower = "min_nodes" if min_nodes is not None else "num_nodes"
+        needs, lower = f"num_nodes={num_nodes} needs {num_nodes}", "num_nodes"
     return (
         f"{needs} {noun}s (one per node), but the cluster has {available}. {grow_hint}, or "
         f"lower {lower}."

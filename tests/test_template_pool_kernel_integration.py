@@ -91,14 +91,22 @@ class Kernel:
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    """The kernel, its default pool started (``started``: that cell's messages); at the end,
+    closing the pool leaves nothing below the kernel but its template, which ends with it."""
     folder = tmp_path_factory.mktemp("edited")
     (folder / "edited.py").write_text("VALUE = 'old'\n")
     with real_kernel() as (manager, client):
         shell = Kernel(manager, client)
         shell.folder = folder
         assert not _errors(shell.run(SETUP.format(folder=str(folder)), timeout=120))
+        shell.started = shell.run(START, timeout=240)
+        assert not _errors(shell.run(POOL))
+        shell.workers = shell.value("pool.pids")
         yield shell
         template = shell.value("template_pid()")
+        assert not _errors(shell.run("%distributed close"))
+        _wait_for(lambda: _running_below(shell.pid) == [template], 10, "workers outlived close")
+        assert not any(_alive(pid) for pid in shell.workers)
     _wait_for(lambda: not _alive(template), 10, "the template outlived its kernel")
 
 
@@ -110,24 +118,26 @@ def _alive(pid: int) -> bool:
 
 
 def test_cells_run_on_warm_workers_started_from_the_template_with_every_option(kernel):
-    started = kernel.run(START, timeout=240)
+    started = kernel.started
     assert not _errors(started), _errors(started)
     line = "The kernel holds a torch.distributed process group: starting workers from a clean"
     assert line in _text(started), _text(started)
     pid, value = _value(started)
     assert value == "old" and pid != kernel.pid
 
-    assert not _errors(kernel.run("%%distributed --ranks 1 --out seen\nstate += 1\nstate"))
+    assert not _errors(kernel.run("%%distributed --ranks 1 --out seen\nbumped = state + 1\nbumped"))
     assert kernel.value("seen") == {1: 42}
+    kernel.run("%%distributed --out ran\n'bumped' in globals()")
+    assert kernel.value("ran") == {0: False, 1: True}, "--ranks 1 ran on rank 0"
     kernel.run("%%distributed --local\nworld = dist.get_world_size()")
     assert kernel.value("world") == 1  # the kernel's own group ran the cell after the ranks
     kernel.run("%%distributed --noblock\ntime.sleep(0.5)\nstate * 2")
-    assert kernel.value("_.result(timeout=60), _.results()") == (80, {0: 80, 1: 84})
+    assert kernel.value("_.result(timeout=60), _.results()") == (80, {0: 80, 1: 82})
 
     (kernel.folder / "edited.py").write_text("VALUE = 'new'\n")
     kernel.run("%%distributed --out after\n(state, world, os.getpid(), edited.VALUE)")
     after = kernel.value("after")
-    assert after[0][:2] == (40, 2) and after[1][:2] == (42, 2), after
+    assert after[0][:2] == (40, 2) and after[1][:2] == (41, 2), after
     assert after[0][2] == pid and after[0][3] == "new", "the same workers, with the new code"
 
 
@@ -135,17 +145,12 @@ def test_a_failing_rank_is_named_and_weights_come_home_into_the_kernels_model(ke
     failed = _errors(kernel.run("%%distributed\nif rank == 1:\n    raise ValueError('one broke')"))
     assert len(failed) == 1 and "Rank 1 of 2" in failed[0]["evalue"], failed
     assert "one broke" in failed[0]["evalue"]
-    assert not _errors(kernel.run(POOL))
     assert kernel.value("pool.run(train, model), model.weight.tolist()") == (0, [[3.0, 3.0]])
     assert kernel.value("%%distributed --out kept\nstate") == 40
-    assert kernel.value("kept") == {0: 40, 1: 42}
+    assert kernel.value("kept") == {0: 40, 1: 41}
 
 
-def test_an_interrupt_ends_the_command_once_and_the_pool_survives_then_close_leaves_nothing(
-    kernel,
-):
-    assert not _errors(kernel.run(POOL))
-    workers = kernel.value("pool.pids")
+def test_an_interrupt_ends_the_command_once_and_the_pool_keeps_its_workers(kernel):
     spin = "%%distributed\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.01)"
     busy = kernel.client.execute(spin)  # Python code: the interrupt reaches it between sleeps
     _until_printed(kernel.client, busy, "spinning", 60)
@@ -155,13 +160,8 @@ def test_an_interrupt_ends_the_command_once_and_the_pool_survives_then_close_lea
     assert [e["ename"] for e in _errors(ended)] == ["KeyboardInterrupt"], _errors(ended)
     assert time.monotonic() - interrupted < 15
     assert kernel.value("%%distributed --out again\nstate") == 40
-    assert kernel.value("again") == {0: 40, 1: 42}
-    assert kernel.value("pool.pids") == workers, "the interrupt must not cost the workers"
-
-    template = kernel.value("template_pid()")
-    assert not _errors(kernel.run("%distributed close"))
-    _wait_for(lambda: _running_below(kernel.pid) == [template], 10, "workers outlived close")
-    assert not any(_alive(pid) for pid in workers)
+    assert kernel.value("again") == {0: 40, 1: 41}
+    assert kernel.value("pool.pids") == kernel.workers, "the interrupt must not cost the workers"
 
 
 def _until_printed(client: Any, msg_id: str, text: str, within: float) -> None:

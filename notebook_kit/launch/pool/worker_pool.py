@@ -53,10 +53,10 @@ class WorkerPool:
     """Workers that stay: run functions and cells on every rank, keeping what they define.
 
     Takes the settings of :func:`~notebook_kit.notebook_launcher` (and ``config=``), checked
-    before anything is forked. The workers are forked from this kernel when the pool is made,
-    so their namespace starts as a copy of the kernel's; functions and classes defined in
-    kernel cells later are sent along when used, and an object the workers already hold is
-    never copied again.
+    before anything is forked. The workers are forked from this kernel when the pool is made
+    (their namespace starts as a copy of the kernel's), or from its clean template process when
+    it cannot fork safely (empty); kernel definitions are sent along when used, and an object
+    the workers already hold is never copied again.
 
     Args:
         num_processes: Workers (one per GPU when every worker gets one, else on the CPU).

@@ -3347,12 +3347,14 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_g53,
     mutations_k53,
     mutations_l53,
+    mutations_l59,
     mutations_live,
     mutations_m53,
     mutations_p53,
     mutations_parallel,
     mutations_pool,
     mutations_r53,
+    mutations_r59,
     mutations_s55,
     mutations_storage,
     mutations_t54,
@@ -3391,5 +3393,7 @@ MUTATIONS = (
     + mutations_z54.MUTATIONS
     + mutations_b54.MUTATIONS
     + mutations_s55.MUTATIONS
+    + mutations_r59.MUTATIONS
     + mutations_tp59.MUTATIONS
+    + mutations_l59.MUTATIONS
 )

@@ -41,7 +41,14 @@ from notebook_kit.node.protocol import (
 from notebook_kit.node.task import SIGTERM_AGAIN_SECONDS, serve_node
 from notebook_kit.node.zygote import local_zygote
 
-__all__ = ["NodeKeeper", "RayNodeLink", "RunHub", "probe_ray_worker", "run_ray_node"]
+__all__ = [
+    "NodeKeeper",
+    "RayNodeLink",
+    "RunHub",
+    "probe_ray_worker",
+    "run_ray_node",
+    "worker_started",
+]
 
 _RPC_SECONDS = 2.0  # no hub call of a node task waits longer, but the first:
 _HUB_START_SECONDS = 60.0  # the hub's process starts with the node tasks'
@@ -62,6 +69,8 @@ class _RunState:
         self.arrived = asyncio.Event()
         self.commanded = asyncio.Event()
         self.changed = asyncio.Event()  # set when the control value changes but for its lease
+        self.workers = 0  # worker processes started for the node tasks, before they are sent
+        self.workers_ready = asyncio.Event()
 
 
 def _but_lease(control: bytes) -> Control:
@@ -150,6 +159,19 @@ class RunHub:
         state.arrived.clear()
         return taken
 
+    async def worker_started(self, run: str, count: int, wait: float) -> None:
+        """One more worker process for the run's node tasks has started; returns once
+        ``count`` have (or after ``wait`` seconds): a process that returned at once would be
+        given the next start-up task, and the node tasks would find fewer processes ready."""
+        state = self._runs.get(run)
+        if state is None:
+            return
+        state.workers += 1
+        if state.workers >= count:
+            state.workers_ready.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(state.workers_ready.wait(), wait)
+
     def command(self, run: str, data: bytes) -> None:
         state = self._runs.get(run)
         if state is not None:
@@ -178,6 +200,7 @@ class RunHub:
             state.arrived.set()
             state.commanded.set()
             state.changed.set()
+            state.workers_ready.set()
 
 
 class NodeKeeper:
@@ -305,6 +328,15 @@ def run_ray_node(order: NodeOrder, hub: Any, worker: str, zygote: str, secret: b
     """
     link = RayNodeLink(hub, order.run_id, order.node_rank, worker, zygote)
     return serve_node(order, link, secret)
+
+
+def worker_started(hub: Any, run: str, count: int, wait: float) -> int:
+    """A Ray task that starts a worker process for one of ``count`` node tasks of ``run``, and
+    holds it until all ``count`` have one (at most ``wait`` seconds): the process's id."""
+    import ray
+
+    ray.get(hub.worker_started.remote(run, count, wait), timeout=wait + _RPC_SECONDS)
+    return os.getpid()
 
 
 def probe_ray_worker(

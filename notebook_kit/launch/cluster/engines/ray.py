@@ -41,6 +41,12 @@ from notebook_kit.launch.cluster.engines.ray_actors import (
     kernel_hub,
     remote_once,
 )
+from notebook_kit.launch.cluster.engines.ray_placing import (
+    check_room,
+    reserve,
+    start_workers,
+    wait_reserved,
+)
 from notebook_kit.launch.cluster.probing import PROBE_TIMEOUT_SECONDS, ClusterSetupError
 from notebook_kit.node.links.ray import probe_ray_worker, run_ray_node
 from notebook_kit.node.protocol import (
@@ -346,27 +352,17 @@ class RayEngine(Engine):
 
     def _start(self, run: _Run) -> None:
         import ray
-        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         orders = [order for order, _ in run.waiting]
+        workers = [task.worker for _, task in run.waiting]
         shapes = [self._bundle(order, task.worker) for order, task in run.waiting]
         nodes = [self._places[task.worker].node_id for _, task in run.waiting]
-        spread = len(set(nodes)) == len(nodes)
-        run.group = placement_group(
-            shapes,
-            strategy="STRICT_SPREAD" if spread else "SPREAD",
-            bundle_label_selector=[{NODE_ID_LABEL_KEY: node} for node in nodes],
-        )
         bound = orders[0].settings.rendezvous_timeout
-        ready, _ = ray.wait([run.group.ready()], timeout=bound)
-        if not ready:
-            raise ClusterSetupError(
-                f"The Ray cluster did not reserve the run's {len(shapes)} bundles ({shapes[0]} "
-                f"each, on {', '.join(t.worker for _, t in run.waiting)}) within "
-                f"rendezvous_timeout={bound:g} s: other work holds those resources. Wait for "
-                f"it to end (ray status shows it), or add Ray nodes."
-            )
+        check_room(shapes, nodes, workers)
+        run.group = reserve(shapes, nodes)  # kept at once: forget removes it, come what may
+        wait_reserved(run.group, shapes, workers, bound)
+        start_workers(run.group, shapes, bound, run.hub, run.run_id)
         zygotes = ray.get([keeper(node).zygote.remote() for node in nodes], timeout=bound)
         node_task = remote_once(run_ray_node)
         for index, (order, task) in enumerate(run.waiting):

@@ -28,6 +28,7 @@ SIMULATED_NODE = "benchmarks._scale_node:main"
 # Not resolved: under tests.bite this folder is a link beside a broken copy of the package.
 _REPO = str(Path(__file__).absolute().parent.parent)
 _START_SECONDS = 120.0
+_OBJECT_STORE_BYTES = 200 << 20
 
 
 def simulate_nodes() -> None:
@@ -107,28 +108,45 @@ class DaskScale:
 class RayScale:
     """A local Ray instance whose worker processes run simulated nodes."""
 
-    def __init__(self, workers: int, per_process: int, folder: Path) -> None:
+    def __init__(self, workers: int, ranks_per_node: int, start_workers: bool = True) -> None:
+        """``start_workers``: start a Ray worker process for each node before any run (else
+        the first launch's own start does, as on a fresh Ray cluster)."""
         import ray
 
+        from notebook_kit.launch.cluster.engines import ray_actors
+
+        # A fresh instance: actors this process made on an earlier one are not there.
+        ray_actors._actors.clear()
+        ray_actors._deaths.clear()
         os.environ["PYTHONPATH"] = _environment()["PYTHONPATH"]
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(
             address="local",  # its own instance, never another one running on this machine
-            num_cpus=workers,  # one node task per logical CPU: Ray places one per worker
+            # A node task's bundle holds a CPU per rank: as many logical CPUs as ranks, or the
+            # run's placement group is never ready.
+            num_cpus=workers * ranks_per_node,
             include_dashboard=False,
             log_to_driver=False,
+            object_store_memory=_OBJECT_STORE_BYTES,  # the runs put only small objects there
+            _system_config={"enable_worker_prestart": False},  # its own start, below
             runtime_env={
                 "worker_process_setup_hook": "benchmarks._scale_cluster.simulate_nodes",
                 "env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]},
             },
         )
         self.cluster = "ray"
+        self.started_in = _start_ray_workers(workers, ranks_per_node) if start_workers else 0.0
 
     def scheduler_processes(self) -> list[psutil.Process]:
-        """Ray's own processes: its control store, raylet, and the run's hub actor."""
+        """Ray's own processes: its control store, raylet, and the run's hub actor. Only this
+        instance's (this process started them): another Ray on the machine is not counted."""
         names = ("gcs_server", "raylet", "RunHub")
         found = []
-        for process in psutil.process_iter(["name", "cmdline"]):
-            text = " ".join(process.info["cmdline"] or [process.info["name"] or ""])
+        for process in psutil.Process().children(recursive=True):
+            try:
+                text = " ".join(process.cmdline() or [process.name()])
+            except psutil.Error:
+                continue
             if any(name in text for name in names):
                 found.append(process)
         return found
@@ -137,6 +155,27 @@ class RayScale:
         import ray
 
         ray.shutdown()
+
+
+def _start_ray_workers(count: int, ranks_per_node: int) -> float:
+    """Start a Ray worker process for each node task before any run, as the Dask workers
+    are started before any run, so that no size's launch waits for Ray to start processes
+    (on 2 busy cores, several seconds each, two at a time); the seconds it took.
+
+    Each start-up task holds its process in the kernel's hub until all have one (what a
+    run's own start does per launch), so that Ray starts ``count`` processes, not one."""
+    import ray
+
+    from notebook_kit.launch.cluster.engines.ray_actors import kernel_hub, remote_once
+    from notebook_kit.node.links.ray import worker_started
+
+    started, hub, run = time.monotonic(), kernel_hub(), "benchmarks.scale-workers"
+    ray.get(hub.set_control.remote(run, b""))
+    task = remote_once(worker_started).options(num_cpus=ranks_per_node)
+    wait = 60.0 + 10.0 * count  # Ray starts worker processes a few at a time
+    ray.get([task.remote(hub, run, count, wait) for _ in range(count)], timeout=wait + 10)
+    ray.get(hub.forget.remote(run))
+    return time.monotonic() - started
 
 
 async def _serve_workers(address: str, count: int) -> None:

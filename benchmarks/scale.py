@@ -60,6 +60,10 @@ GOALS = {  # at 512 ranks, on a 2-core machine
 # imported torch, included): measured at 64 nodes, with room to spare.
 NODE_MIB = 60
 PROCESS_MIB = 700
+# Ray: a worker process per node task (Ray imported, no torch; about 115 MiB resident at 8
+# nodes), and Ray's own processes once (its control store, raylet, agents, object store).
+RAY_WORKER_MIB = 150
+RAY_MIB = 1500
 MAX_NODES_PER_PROCESS = 16  # threads of one worker process's event loop; more starve it
 
 
@@ -105,17 +109,20 @@ def check_arguments(arguments: argparse.Namespace) -> str:
 
 def _capacity(nodes: int, arguments: argparse.Namespace) -> str:
     """ "" when this machine can hold ``nodes`` simulated nodes, else why not."""
-    processes = -(-nodes // arguments.nodes_per_process)
-    if arguments.engine == "ray":
-        processes = nodes  # a Ray worker process per node task
-    need = processes * PROCESS_MIB + nodes * NODE_MIB
+    if arguments.engine == "ray":  # one zygote, and a Ray worker process per node task
+        fixed, each = RAY_MIB + PROCESS_MIB, RAY_WORKER_MIB + NODE_MIB
+        what = f"{nodes} simulated nodes and a Ray worker process for each"
+    else:  # processes of --nodes-per-process Dask workers, each with its zygote
+        fixed, each = 0, PROCESS_MIB / arguments.nodes_per_process + NODE_MIB
+        what = f"{nodes} simulated nodes"
+    need = round(fixed + nodes * each)
     have = psutil.virtual_memory().available >> 20
     if need > have:
-        most = nodes * have // need * arguments.ranks_per_node
+        most = max(int((have - fixed) / each), 0) * arguments.ranks_per_node
         return (
-            f"--ranks {max(arguments.ranks)} needs {nodes} simulated nodes, about {need} MiB "
-            f"of memory, and this machine has {have} MiB free: pass --ranks up to about "
-            f"{most}, or more --ranks-per-node."
+            f"--ranks {max(arguments.ranks)} needs {what}, about {need} MiB of memory, and "
+            f"this machine has {have} MiB free: pass --ranks up to about {most}, or more "
+            f"--ranks-per-node."
         )
     return ""
 
@@ -129,10 +136,13 @@ def run(arguments: argparse.Namespace) -> list[ScaleResult]:
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     nodes = max(arguments.ranks) // arguments.ranks_per_node
-    folder = Path(tempfile.mkdtemp(prefix="nk_scale_cluster_"))
-    make = RayScale if arguments.engine == "ray" else DaskScale
     rates = Rates(arguments.metrics_per_second, arguments.lines_per_second, arguments.seconds)
-    scale = make(nodes, arguments.nodes_per_process, folder)
+    if arguments.engine == "ray":
+        scale: DaskScale | RayScale = RayScale(nodes, arguments.ranks_per_node)
+        print(f"Ray started a worker process for each of {nodes} nodes in {scale.started_in:.0f} s")
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="nk_scale_cluster_"))
+        scale = DaskScale(nodes, arguments.nodes_per_process, folder)
     try:
         warm_up(scale.cluster, scale.scheduler_processes(), arguments.ranks_per_node, rates)
         return [

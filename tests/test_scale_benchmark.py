@@ -93,6 +93,7 @@ def test_a_stop_that_did_not_reach_every_rank_reads_never() -> None:
         (["--seconds", "0"], "--seconds"),
         (["--nodes-per-process", "99"], "--nodes-per-process"),
         (["--ranks", "8000000"], "--ranks 8000000 needs 1000000 simulated nodes"),
+        (["--engine", "ray", "--ranks", "8000000"], "and a Ray worker process for each"),
     ],
 )
 def test_bad_input_is_refused_naming_the_option_before_anything_starts(
@@ -107,3 +108,22 @@ def test_bad_input_is_refused_naming_the_option_before_anything_starts(
     with pytest.raises(SystemExit) as ended:
         scale.main(argv)
     assert ended.value.code == 2
+
+
+def test_on_ray_a_size_dask_holds_is_refused_when_its_worker_processes_would_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With 10 GiB free, 64 nodes fit as 8 processes of Dask workers (9.4 GiB) but not as 64
+    Ray worker processes beside Ray's own (15.6 GiB): the refusal names the option and the
+    largest size that fits."""
+
+    class Free:
+        available = 10 << 30
+
+    monkeypatch.setattr(scale.psutil, "virtual_memory", lambda: Free())
+    assert scale.check_arguments(scale.parser().parse_args(["--ranks", "512"])) == ""
+    problem = scale.check_arguments(
+        scale.parser().parse_args(["--engine", "ray", "--ranks", "512"])
+    )
+    assert problem.startswith("--ranks 512 needs 64 simulated nodes and a Ray worker process")
+    assert "pass --ranks up to about 304" in problem

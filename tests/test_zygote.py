@@ -75,6 +75,15 @@ def test_signals_reach_the_child_through_the_zygote_and_its_status_comes_back(zy
     child.kill()  # after the end: nothing to signal, and no error
 
 
+def test_poll_alone_reads_the_end_of_a_child(zygote):
+    child = _sleeping(zygote.path)
+    child.kill()
+    deadline = time.monotonic() + 10
+    while child.poll() is None and time.monotonic() < deadline:  # as a node task watches it
+        time.sleep(0.02)
+    assert child.poll() == -signal.SIGKILL
+
+
 def test_sigint_and_sigterm_to_the_zygote_leave_it_serving(zygote):
     for signum in (signal.SIGINT, signal.SIGTERM):
         os.kill(zygote.process.pid, signum)

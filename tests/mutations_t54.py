@@ -113,7 +113,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "",
             ),
             Edit(
-                "launch/template.py",
+                "launch/template_start.py",
                 "start_new_session=True,",
                 "start_new_session=False,",
             ),

@@ -3358,6 +3358,7 @@ from tests import (  # noqa: E402  (they import Edit and Mutation from here)
     mutations_s55,
     mutations_storage,
     mutations_t54,
+    mutations_ti59,
     mutations_tp59,
     mutations_v55,
     mutations_w54,
@@ -3395,5 +3396,6 @@ MUTATIONS = (
     + mutations_s55.MUTATIONS
     + mutations_r59.MUTATIONS
     + mutations_tp59.MUTATIONS
+    + mutations_ti59.MUTATIONS
     + mutations_l59.MUTATIONS
 )

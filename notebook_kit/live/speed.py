@@ -83,7 +83,7 @@ class SpeedTracker:
 
     Example::
 
-        tracker = SpeedTracker(); tracker.take(batch); tracker.speed()
+        tracker = SpeedTracker(); tracker.take(batch.rank, batch.speed); tracker.speed()
     """
 
     def __init__(self) -> None:

@@ -363,7 +363,12 @@ class RayEngine(Engine):
         run.group = reserve(shapes, nodes)  # kept at once: forget removes it, come what may
         wait_reserved(run.group, shapes, workers, bound)
         start_workers(run.group, shapes, bound, run.hub, run.run_id)
-        zygotes = ray.get([keeper(node).zygote.remote() for node in nodes], timeout=bound)
+        # Once per Ray node, not per node: each call reads the node's environment (tenths of a
+        # second on a busy machine), and 64 nodes on one Ray node waited minutes for them.
+        keepers = {node: keeper(node) for node in dict.fromkeys(nodes)}
+        sockets = ray.get([kept.zygote.remote() for kept in keepers.values()], timeout=bound)
+        by_node = dict(zip(keepers, sockets, strict=True))
+        zygotes = [by_node[node] for node in nodes]
         node_task = remote_once(run_ray_node)
         for index, (order, task) in enumerate(run.waiting):
             task.ref = node_task.options(

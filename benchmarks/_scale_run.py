@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from benchmarks._scale_node import ScaleSpec, simulated_rank
+from notebook_kit.errors import WorkerError
 from notebook_kit.live.headless import QuietObserver
 from notebook_kit.live.observer import LaunchInfo
 from notebook_kit.runtime.messages import MetricsBatch
@@ -165,6 +166,9 @@ def _stopped_run(
             else f"only {len(observer.ranks)} of {result.ranks} ranks sent a point within "
             f"{rates.start_timeout:g} s: interrupted"
         )
+    except WorkerError as error:  # the next sizes are still measured; the table says why
+        why = (str(error).splitlines() or [""])[0]
+        result.notes.append(f"the run ended with {type(error).__name__} before Stop: {why}")
     finally:
         returned.set()
     watcher.join(timeout=5)
@@ -189,6 +193,8 @@ def _watch(
     """Wait for every rank's first point, measure the window, press Stop."""
     deadline = time.monotonic() + rates.start_timeout
     while len(observer.ranks) < result.ranks or observer.info is None:
+        if returned.is_set():  # the launch ended already (a failure): nothing to measure
+            return
         if len(observer.printing) == result.ranks:  # every rank runs: its points are due
             deadline = min(deadline, time.monotonic() + _POINTS_DUE_SECONDS)
         if time.monotonic() > deadline:
@@ -234,7 +240,7 @@ def _failing_run(cluster: Any, result: ScaleResult, per_node: int, rates: Rates)
     """The last rank raises a few seconds in: seconds until the kernel names it (the notice
     printed while the other nodes end, or the ``WorkerError``, whichever comes first) and
     until the error is raised."""
-    from notebook_kit.errors import WorkerError, choose_root_cause
+    from notebook_kit.errors import choose_root_cause
 
     run_dir = Path(tempfile.mkdtemp(prefix="nk_scale_fail_"))
     failing = result.ranks - 1

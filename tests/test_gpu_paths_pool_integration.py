@@ -62,6 +62,8 @@ def test_restart_refuses_a_kernel_that_can_no_longer_fork_and_keeps_the_workers(
 ) -> None:
     pids = pool.pids
     pool.run_cell("kept = 41")
+    # With "auto" new workers would start from the clean template: "fork" asks to refuse.
+    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")
     # What the fork probe's child sees after cupy or a bare cuInit in the kernel.
     monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(environment, "_driver_init_status", lambda: 3)

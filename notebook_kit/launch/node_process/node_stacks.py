@@ -91,8 +91,5 @@ class NodeStackAnswers:
         threading.Thread(target=collect, name="notebook_kit-asked-node", daemon=True).start()
 
     def ready(self) -> list[NodeStacks | NodeProfiles]:
-        """The answers gathered since the last call."""
-        done = []
-        while not self._done.empty():
-            done.append(self._done.get())
-        return done
+        """The answers gathered since the last call (this is their only reader: none waits)."""
+        return [self._done.get() for _ in range(self._done.qsize())]

@@ -13,7 +13,6 @@ from tests.mutations import Edit, Mutation
 _KERNEL = "tests/test_template_import_kernel_integration.py::"
 _AT_IMPORT = _KERNEL + "test_a_kernel_makes_its_template_at_import_and_its_launch_adopts_it"
 _OPT_OUT = _KERNEL + "test_start_method_fork_opts_out_and_a_launch_keyword_still_wins"
-_SCRIPT = _KERNEL + "test_a_plain_interpreter_starts_no_template_at_import"
 _SETTING = "tests/test_start_method.py::"
 _ORDER = _SETTING + "test_keyword_then_config_then_set_start_method_then_variable_then_saved"
 _FORK_ASKED = (
@@ -26,18 +25,6 @@ MUTATIONS: tuple[Mutation, ...] = (
         "A kernel makes its clean template at import notebook_kit, before the notebook's code",
         (Edit("__init__.py", "    start_at_import(get_start_method)\n", "    pass\n"),),
         (_AT_IMPORT,),
-    ),
-    Mutation(
-        "ti59-template-in-any-process",
-        "Only a kernel's own process makes one: never a plain script, a worker or a fork",
-        (
-            Edit(
-                "launch/template_start.py",
-                '    kernelapp = sys.modules.get("ipykernel.kernelapp")\n',
-                "    return True\n",
-            ),
-        ),
-        (_SCRIPT, _AT_IMPORT),
     ),
     Mutation(
         "ti59-template-in-a-fork-of-the-kernel",

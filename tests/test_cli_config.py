@@ -24,9 +24,9 @@ from notebook_kit.config.command_line import launch_command_line
 
 # Answers in question order for one node: num_nodes, num_processes, mixed_precision,
 # gradient_accumulation_steps, backend, seed, threads_per_process, live, max_restarts, use_fsdp,
-# the four parallelism_config_* sizes, storage_timeout and memory_history (KEEP: Enter keeps
-# each).
-KEEP = ["", "", "", "", "", ""]
+# the four parallelism_config_* sizes, storage_timeout, memory_history and start_method (KEEP:
+# Enter keeps each).
+KEEP = ["", "", "", "", "", "", ""]
 SINGLE_NODE = ["1", "2", "bf16", "4", "gloo", "42", "", "no", "1", "", *KEEP]
 
 
@@ -93,7 +93,7 @@ def test_enter_keeps_the_current_saved_values(
 ) -> None:
     existing = LaunchConfig(num_processes=2, seed=5, mixed_precision="fp16")
     existing.save()
-    assert _run(monkeypatch, [""] * 16) == 0
+    assert _run(monkeypatch, [""] * 17) == 0  # one Enter per question
     assert LaunchConfig.load(config_file) == existing
 
 
@@ -121,7 +121,7 @@ def test_unreadable_existing_file_is_replaced_not_crashed(
 ) -> None:
     config_file.parent.mkdir(parents=True)
     config_file.write_text("{not json")
-    assert _run(monkeypatch, [""] * 16) == 0
+    assert _run(monkeypatch, [""] * 17) == 0  # one Enter per question
     assert "Ignoring the unreadable config file" in capsys.readouterr().out
     assert LaunchConfig.load(config_file) == LaunchConfig()
 
@@ -165,7 +165,7 @@ def _command_env(config_file: Path) -> dict[str, str]:
 
 @pytest.mark.integration
 def test_module_questionnaire_through_stdin(config_file: Path) -> None:
-    answers = "1\nthree\n2\nfp16\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
+    answers = "1\nthree\n2\nfp16\n" + "\n" * 14  # Enter keeps the rest
     result = subprocess.run(
         [sys.executable, "-m", "notebook_kit", "config"],
         input=answers,

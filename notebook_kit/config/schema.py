@@ -240,11 +240,12 @@ SETTINGS: dict[str, Setting] = _declare(
         "Record CUDA allocations; on out-of-memory, save them and name the largest.",
         bool, widget="choice", switch=True,
     ),
-    # The kernel forks or asks its template; a cluster's nodes were started clean and fork.
+    # The kernel forks or asks its template. A cluster's node gets it too, but was started
+    # clean, so its launcher always forks (launch/launchers/forked.py, ``seat``).
     Setting(
         "start_method", "choice", "auto",
         "Workers fork the kernel or its clean process; auto = fork when that is safe.",
-        StartMethod, choices=START_METHOD_CHOICES, widget="choice", scope=("kernel",),
+        StartMethod, choices=START_METHOD_CHOICES, widget="choice",
     ),
 )  # fmt: skip
 

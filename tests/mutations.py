@@ -1661,7 +1661,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/pool/worker_pool.py",
-                "        self._backend.check_start()  # before stopping",
+                "        self._backend.check_start(self._plan)  # before stopping",
                 "        pass  # before stopping",
             ),
         ),

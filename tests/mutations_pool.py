@@ -35,8 +35,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/pool/worker_pool.py",
-                "        self._check_process()\n        self._backend.check_start()  # before",
-                "        self._check_usable()\n        self._backend.check_start()  # before",
+                "        self._check_process()\n        self._backend.check_start(",
+                "        self._check_usable()\n        self._backend.check_start(",
             ),
         ),
         (

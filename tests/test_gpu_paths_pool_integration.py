@@ -25,9 +25,10 @@ SETUP = (
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerPool]:
     # The workers inherit this through the fork: the CPU collectives get a group of their own,
-    # as they do beside nccl, though the default group here is gloo.
+    # as they do beside nccl, though the default group here is gloo. "fork", never the clean
+    # template ("auto" would take it for a restart from a tainted kernel, below).
     monkeypatch.setattr(process_group, "_needs_cpu_group", lambda: True)
-    shared = WorkerPool(num_processes=2, live=False)
+    shared = WorkerPool(num_processes=2, live=False, start_method="fork")
     shared.run_cell(SETUP)
     yield shared
     shared.close()
@@ -62,8 +63,6 @@ def test_restart_refuses_a_kernel_that_can_no_longer_fork_and_keeps_the_workers(
 ) -> None:
     pids = pool.pids
     pool.run_cell("kept = 41")
-    # With "auto" new workers would start from the clean template: "fork" asks to refuse.
-    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", "fork")
     # What the fork probe's child sees after cupy or a bare cuInit in the kernel.
     monkeypatch.setattr(environment, "_cuda_compiled", lambda: True)
     monkeypatch.setattr(environment, "_driver_init_status", lambda: 3)

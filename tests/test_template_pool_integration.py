@@ -4,8 +4,8 @@ In this process, with the start method "fork": a pool is refused before anything
 the hint that "auto" would work. In a fresh process holding a gloo process group (as a
 notebook would): a function defined in ``__main__`` runs as the first command, Stop reaches
 the ranks through the memory both sides map, a value that cannot be sent is named with the
-fix, a restart with "fork" is refused with the workers kept, one with "auto" starts new workers
-from the template, and nothing outlives the process, a pool left open included.
+fix, a restart of a pool made with "fork" is refused with the workers kept, one with "auto"
+starts new workers from the template, and nothing outlives the process, a pool left open included.
 """
 
 from __future__ import annotations
@@ -31,9 +31,16 @@ from notebook_kit import WorkerPool, should_stop
 from notebook_kit.launch.template import template_pid
 from notebook_kit.launch.template_shipping import UnshippableError
 
+forked = WorkerPool(num_processes=2, live=False, start_method="fork")  # while it is safe
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+kept = forked.pids
+try:  # "fork" is kept for the pool's life: refused before its workers are stopped
+    forked.restart()
+except Exception as error:
+    found = {"refused": [type(error).__name__, forked.pids == kept, str(error)]}
+forked.close()
 pool = WorkerPool(num_processes=2, live=False)
-found = {"where": pool.where}
+found["where"] = pool.where
 
 def ranks_and_builtins():  # the workers' __main__ is their own: builtins, no template names
     return dist.get_rank(), len("abc"), "_serve" in globals()
@@ -66,12 +73,6 @@ except UnshippableError as error:
     found["unshippable"] = str(error)
 
 first = pool.pids
-os.environ["NOTEBOOK_KIT_START_METHOD"] = "fork"
-try:
-    pool.restart()
-except Exception as error:  # refused before the workers were stopped: they are kept
-    found["refused"] = [type(error).__name__, pool.pids == first]
-del os.environ["NOTEBOOK_KIT_START_METHOD"]
 pool.restart()
 found["restarted"] = [pool.pids != first, pool.run_cell("dist.get_world_size()")]
 template = template_pid()
@@ -116,7 +117,9 @@ def test_a_pool_in_a_process_holding_a_process_group_works_from_the_template(tmp
     assert found["stop"] == ["stopped", "stopped"]
     unshippable = found["unshippable"]
     assert "`guard` (lock)" in unshippable and "Create the lock inside" in unshippable
-    assert found["refused"] == ["ForkSafetyError", True]
+    refused, kept, words = found["refused"]
+    assert refused == "ForkSafetyError" and kept, found["refused"]
+    assert "with 'auto' the workers would start from a clean process" in words
     assert found["restarted"] == [True, 2]
     assert found["below"] == [found["template"]], "close left a worker or guardian behind"
     deadline = time.monotonic() + 10  # the template ends with the process that started it

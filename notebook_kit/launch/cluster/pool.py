@@ -118,7 +118,7 @@ class ClusterNodes:
         return nodes
 
     @staticmethod
-    def check_start() -> None:
+    def check_start(plan: ClusterPlan) -> None:
         """Nothing to check in the kernel: a node's ranks are forked on the node."""
 
     @staticmethod

@@ -298,7 +298,7 @@ class WorkerPool:
                 appeared in it); the workers running now are kept.
         """
         self._check_process()
-        self._backend.check_start()  # before stopping: a refused restart must not cost them
+        self._backend.check_start(self._plan)  # before stopping: a refusal must not cost them
         self._stop("restart() was called")
         if self._closed:
             self._open()
@@ -427,7 +427,7 @@ class WorkerPool:
                 f"stopped: {reason}); they start from this kernel's namespace as it is now.",
                 flush=True,
             )
-            self._backend.check_start()
+            self._backend.check_start(self._plan)
             self._start()
         assert self._live.processes is not None
         return self._live.processes

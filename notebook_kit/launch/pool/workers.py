@@ -125,10 +125,10 @@ class PoolProcesses:
         return run_blocking(launcher.run(launcher.call(weights), observer=None))
 
     @staticmethod
-    def check_start() -> None:
+    def check_start(plan: LaunchPlan) -> None:
         """Before workers are stopped for new ones: refuse a kernel that cannot fork them,
         when the start method is ``"fork"`` (else the template starts them)."""
-        start_route(caller="WorkerPool")
+        start_route(caller="WorkerPool", method=plan.start_method)
 
     @staticmethod
     def weights_file() -> WeightsFile:

@@ -68,8 +68,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/template_process.py",
-                "os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _IMPORT_NICENESS)",
-                "os.setpriority(os.PRIO_PROCESS, os.getpid(), _IMPORT_NICENESS)",
+                "os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)",
+                "os.setpriority(os.PRIO_PROCESS, os.getpid(), niceness)",
             ),
         ),
         (_AT_IMPORT,),

@@ -29,11 +29,11 @@ import traceback
 from typing import Any
 
 _CHECK_SECONDS = 0.5  # how often the parent is checked and finished guardians are reaped
-_IMPORT_NICENESS = 10  # the imports' share of a busy CPU: about a tenth of a normal process's
 
 
 def main(argv: list[str]) -> None:
-    """Serve fork requests on the socket ``argv[1]`` until the kernel goes."""
+    """Serve fork requests on the socket ``argv[1]`` until the kernel goes; ``argv[2]``,
+    when there, is the niceness its imports run at (see :func:`_import_quietly`)."""
     sock = socket.socket(fileno=int(argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent, here = os.getppid(), os.getpid()
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
                 os.close(sock.fileno())
 
     os.register_at_fork(after_in_child=leave_the_kernels_line)
-    _import_at_low_priority(sock, parent)
+    _import_quietly(sock, parent, int(argv[2]) if len(argv) > 2 else 0)
     from notebook_kit.launch.template_wire import Ready, send
 
     try:
@@ -55,10 +55,11 @@ def main(argv: list[str]) -> None:
         pass  # the kernel went while this answered: nothing is left to serve
 
 
-def _import_at_low_priority(sock: socket.socket, parent: int) -> None:
-    """Import torch and the launch's code, and start the warm-up imports, in a thread of low
-    CPU priority: a kernel's template is made at ``import notebook_kit``, while the kernel (or
-    a machine's other kernels) may be busy, and most kernels never use it.
+def _import_quietly(sock: socket.socket, parent: int, niceness: int) -> None:
+    """Import torch and the launch's code, and start the warm-up imports, in a thread at
+    ``niceness``: the template made at ``import notebook_kit`` asks for a low CPU priority, as
+    nobody waits for it yet, the kernel (or a machine's other kernels) may be busy, and most
+    kernels never use it; one a launch starts because it needs it now asks for none.
 
     Niceness is a thread's own on Linux, so this thread and the warm-up thread it starts are
     lowered, never the main thread, which forks every guardian: the workers run at the
@@ -69,7 +70,7 @@ def _import_at_low_priority(sock: socket.socket, parent: int) -> None:
 
     def imports() -> None:
         with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _IMPORT_NICENESS)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
         try:
             import torch.distributed  # noqa: F401 - paid once here, inherited by every worker
 

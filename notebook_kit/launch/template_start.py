@@ -3,7 +3,8 @@
 Runs in the kernel, at import, so it imports nothing heavy (no torch): a socket pair and one
 ``Popen`` of a fresh interpreter (:mod:`notebook_kit.launch.template_process`), about a
 millisecond; the template then imports torch and the launch's code by itself, in the
-background, at a low CPU priority. :mod:`notebook_kit.launch.template` adopts it at the first
+background, at a low CPU priority (one a launch starts because it needs it now: at the
+kernel's). :mod:`notebook_kit.launch.template` adopts it at the first
 launch that needs it, so that launch finds it ready instead of waiting seconds for it.
 
 Only an IPython kernel's own process starts one at import: a launch from a kernel is what may
@@ -35,11 +36,14 @@ if TYPE_CHECKING:  # imported when a template is started: a plain script's impor
 __all__ = ["early_template_pid", "spawn_template", "start_at_import", "take_early_template"]
 
 _MAIN = "notebook_kit.launch.template_process"
+# Nobody waits for the one made at import: its imports take about a tenth of a busy CPU's share.
+_AT_IMPORT_NICENESS = 10
 _early: tuple[subprocess.Popen[bytes], socket.socket] | None = None
 
 
-def spawn_template() -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """Start a template process; its handle and the kernel's end of the socket to it.
+def spawn_template(niceness: int = 0) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a template process whose imports run at ``niceness``; its handle and the kernel's
+    end of the socket to it.
 
     Example::
 
@@ -51,7 +55,7 @@ def spawn_template() -> tuple[subprocess.Popen[bytes], socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", _MAIN, str(theirs.fileno())],
+            [sys.executable, "-m", _MAIN, str(theirs.fileno()), str(niceness)],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # the kernel's interrupts are not the template's
@@ -103,7 +107,7 @@ def start_at_import(start_method: Callable[[], str]) -> bool:
             return False
     except ValueError:
         return False  # a bad NOTEBOOK_KIT_START_METHOD: the launch names it, not the import
-    _early = spawn_template()
+    _early = spawn_template(_AT_IMPORT_NICENESS)
     return True
 
 

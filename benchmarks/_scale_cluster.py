@@ -128,7 +128,12 @@ class RayScale:
             include_dashboard=False,
             log_to_driver=False,
             object_store_memory=_OBJECT_STORE_BYTES,  # the runs put only small objects there
-            _system_config={"enable_worker_prestart": False},  # its own start, below
+            _system_config={
+                "enable_worker_prestart": False,  # its own start, below
+                # Kept between sizes: Ray ends idle worker processes after a second (61 of
+                # 64 were gone by the next size), and each launch then started them again.
+                "idle_worker_killing_time_threshold_ms": 3_600_000,
+            },
             runtime_env={
                 "worker_process_setup_hook": "benchmarks._scale_cluster.simulate_nodes",
                 "env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]},

@@ -17,6 +17,8 @@ speed line, ranks' output and Stop).
 
 Dask: a scheduler process and worker processes of ``--nodes-per-process`` Dask workers each,
 made once for the largest size; a size of N ranks runs on N / ``--ranks-per-node`` of them.
+Ray: a local instance with a logical CPU per simulated rank (a node task's bundle holds one
+per rank) and a worker process started for each node of the largest size before the first.
 
 For each size, two runs. The first: every rank sends for ``--seconds`` after every rank's
 first point has arrived (and 2 s more); over that window, the kernel process's CPU (one core =
@@ -27,9 +29,9 @@ is pressed (the stop flag the Stop button sets) and the time to the last rank's 
 read from the nodes. The second: the last rank raises a few seconds in; the time from its
 raise to the kernel's ``WorkerError`` naming it.
 
-Writes ``benchmarks/results/scale.md`` and ``scale.json``; the last line printed is the
-largest size's: ``scale N ranks: kernel cpu X% · newest point Y s · stop Z s · failure
-named W s · kernel rss +R MiB``.
+Writes ``benchmarks/results/scale.md`` and ``scale.json`` (Ray: ``scale_ray.md`` and
+``scale_ray.json``); the last line printed is the largest size's: ``scale N ranks: kernel
+cpu X% · newest point Y s · stop Z s · failure named W s · kernel rss +R MiB``.
 """
 
 from __future__ import annotations
@@ -215,8 +217,9 @@ def main(argv: list[str] | None = None) -> None:
         + "".join(f"\n- {r.ranks} ranks: {note}" for r in results for note in r.notes)
     )
     arguments.out.mkdir(parents=True, exist_ok=True)
-    (arguments.out / "scale.md").write_text(text + "\n")
-    (arguments.out / "scale.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    name = "scale" if arguments.engine == "dask" else f"scale_{arguments.engine}"
+    (arguments.out / f"{name}.md").write_text(text + "\n")
+    (arguments.out / f"{name}.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
     print(text)
     print(last_line(largest))
 

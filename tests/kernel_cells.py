@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -67,5 +68,27 @@ def real_kernel() -> Iterator[tuple[Any, Any]]:
     try:
         yield manager, client
     finally:
+        templates = [p for p in _children(manager.provisioner.process.pid) if is_template(p)]
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+        _reap_orphaned(templates)
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
+def _reap_orphaned(processes: list[psutil.Process]) -> None:
+    """Wait for the killed kernel's template to end (its socket to the kernel closed), and
+    reap it where this process, a subreaper in tests that count what is left, adopted it."""
+    deadline = time.monotonic() + 10.0
+    for process in processes:
+        while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"the template {process.pid} outlived its kernel"
+            time.sleep(0.05)
+        with contextlib.suppress(ChildProcessError, psutil.Error):
+            if process.ppid() == os.getpid():
+                os.waitpid(process.pid, 0)

@@ -24,6 +24,7 @@ has the figures).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Callable
@@ -109,6 +110,25 @@ def start_at_import(start_method: Callable[[], str]) -> bool:
         return False  # a bad NOTEBOOK_KIT_START_METHOD: the launch names it, not the import
     _early = spawn_template(_AT_IMPORT_NICENESS)
     return True
+
+
+@atexit.register
+def _end_early_template() -> None:
+    """At the kernel's exit, end the template made at import that no launch adopted (an
+    adopted one is ended by :func:`~notebook_kit.launch.template.end_template`): its end of
+    the socket closing ends it, and the kernel reaps it rather than leave that to others."""
+    early = take_early_template()
+    if early is None:
+        return
+    import subprocess
+
+    process, sock = early
+    sock.close()
+    try:
+        process.wait(2.0)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _in_a_kernels_own_process() -> bool:

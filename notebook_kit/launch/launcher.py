@@ -165,7 +165,8 @@ def notebook_launcher(options: dict[str, Any]) -> Any:
     Raises:
         WorkerError: A rank raised or died; the message holds its traceback.
         TimeoutError: ``timeout`` passed; all workers were stopped.
-        ForkSafetyError: CUDA or a process group is already initialised in the kernel.
+        ForkSafetyError: start_method is "fork" and CUDA or a process group is already
+            initialised in the kernel (with "auto" the workers start from a clean process).
         PortInUseError: ``use_port`` is taken.
 
     Example::

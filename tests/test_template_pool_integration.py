@@ -48,7 +48,7 @@ def ranks_and_builtins():  # the workers' __main__ is their own: builtins, no te
 found["first"] = pool.run(ranks_and_builtins, ranks="all")
 
 def until_stopped():  # bounded: a Stop that never arrives fails the test, never hangs it
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if should_stop():
             return "stopped"

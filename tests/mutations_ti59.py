@@ -14,6 +14,9 @@ _KERNEL = "tests/test_template_import_kernel_integration.py::"
 _AT_IMPORT = _KERNEL + "test_a_kernel_makes_its_template_at_import_and_its_launch_adopts_it"
 _OPT_OUT = _KERNEL + "test_start_method_fork_opts_out_and_a_launch_keyword_still_wins"
 _SETTING = "tests/test_start_method.py::"
+_ELSEWHERE = (
+    "tests/test_start_method.py::test_a_script_launch_and_a_cluster_launch_refuse_it_naming_why"
+)
 _ORDER = _SETTING + "test_keyword_then_config_then_set_start_method_then_variable_then_saved"
 _FORK_ASKED = (
     _SETTING + "test_fork_asked_of_a_process_that_cannot_fork_is_refused_for_a_launch_and_a_pool"
@@ -114,5 +117,29 @@ MUTATIONS: tuple[Mutation, ...] = (
             ),
         ),
         (_FORK_ASKED,),
+    ),
+    Mutation(
+        "start-method-given-to-a-script-ignored",
+        "notebook-kit launch refuses a start_method, which torchrun would never use",
+        (
+            Edit(
+                "cli/script_launch.py",
+                '    if config.start_method != "auto":',
+                "    if False:",
+            ),
+        ),
+        (_ELSEWHERE,),
+    ),
+    Mutation(
+        "start-method-given-to-a-cluster-ignored",
+        "A cluster launch refuses a start_method: each node is started clean and forks its ranks",
+        (
+            Edit(
+                "config/schema.py",
+                'widget="choice", scope=("cluster",),\n',
+                'widget="choice",\n',
+            ),
+        ),
+        (_ELSEWHERE,),
     ),
 )

@@ -45,7 +45,7 @@ _ON_A_CLUSTER = {
     "parallelism_config_cp_size": ("node", "parallelism_config_cp_size", 2),
     "storage_timeout": ("node", "storage_timeout", 5),
     "memory_history": ("node", "memory_history", True),
-    "start_method": ("node", "start_method", "template"),  # a node, started clean, forks
+    "start_method": ("refused", None, "template"),  # a node, started clean, always forks
     "post_mortem": ("node", "post_mortem", True),
 }
 # What a setting needs beside it to be valid: sharding sizes need FSDP, replicas need shards.

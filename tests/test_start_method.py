@@ -108,3 +108,21 @@ def test_fork_asked_of_a_process_that_cannot_fork_is_refused_for_a_launch_and_a_
     finally:
         dist.destroy_process_group()
     assert not (tmp_path / "ran").exists() and _children() <= before
+
+
+@pytest.mark.parametrize("method", ["fork", "template"])
+def test_a_script_launch_and_a_cluster_launch_refuse_it_naming_why(tmp_path, monkeypatch, method):
+    from notebook_kit.cli.script_launch import LaunchInputError, plan_script_launch
+    from notebook_kit.launch.cluster.cluster_plan import resolve_cluster_plan
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(LaunchInputError, match=r"^--start-method: torchrun starts a script's"):
+        plan_script_launch(str(script), given={"start_method": method})
+    monkeypatch.setenv("NOTEBOOK_KIT_START_METHOD", method)
+    with pytest.raises(LaunchInputError, match=r"NOTEBOOK_KIT_START_METHOD\)\.$"):
+        plan_script_launch(str(script), environ={"NOTEBOOK_KIT_START_METHOD": method})
+    with pytest.raises(
+        ValueError, match=r"start_method is chosen by the cluster .*forks its ranks"
+    ):
+        resolve_cluster_plan("tcp://127.0.0.1:1", {"start_method": method})

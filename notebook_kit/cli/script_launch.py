@@ -233,6 +233,12 @@ def plan_script_launch(
             "(torch.cuda.memory._record_memory_history); memory_history is for notebook_launcher "
             f"and WorkerPool. Leave it out{origins['memory_history']}."
         )
+    if config.start_method != "auto":  # torchrun starts the script's processes itself
+        raise LaunchInputError(
+            f"{option_name('start_method')}: torchrun starts a script's processes itself; "
+            "start_method is for notebook_launcher and WorkerPool. Leave it out"
+            f"{origins['start_method']}."
+        )
     threads = config.threads_per_process or _exported_threads() or auto_threads(num_processes)
     return ScriptLaunch(config, num_processes, threads, script, tuple(script_args), placement)
 

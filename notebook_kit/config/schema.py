@@ -240,12 +240,13 @@ SETTINGS: dict[str, Setting] = _declare(
         "Record CUDA allocations; on out-of-memory, save them and name the largest.",
         bool, widget="choice", switch=True,
     ),
-    # The kernel forks or asks its template. A cluster's node gets it too, but was started
-    # clean, so its launcher always forks (launch/launchers/forked.py, ``seat``).
+    # The kernel forks or asks its template. A cluster's node was started clean by its engine,
+    # so its launcher always forks (launch/launchers/forked.py, ``seat``): a value is refused.
     Setting(
         "start_method", "choice", "auto",
         "Workers fork the kernel or its clean process; auto = fork when that is safe.",
-        StartMethod, choices=START_METHOD_CHOICES, widget="choice",
+        StartMethod, choices=START_METHOD_CHOICES, widget="choice", scope=("cluster",),
+        cluster_decides="each node is started clean by its engine and forks its ranks",
     ),
 )  # fmt: skip
 

@@ -83,8 +83,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "launch/launchers/forked.py",
-                'method = "fork" if self.seat is not None else self.plan.start_method',
-                'method = "fork" if self.seat is not None else "auto"',
+                'start_route(self.plan.kernel, "notebook_launcher", self.plan.start_method)',
+                'start_route(self.plan.kernel, "notebook_launcher", "auto")',
             ),
         ),
         (_FORK_ASKED, _OPT_OUT),

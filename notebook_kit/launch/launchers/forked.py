@@ -21,12 +21,7 @@ from notebook_kit.launch.interrupts import interrupt_taken, interrupts_deferred,
 from notebook_kit.launch.kernel_models import find_kernel_models, load_home_weights
 from notebook_kit.launch.launchers.base import Launcher, Steps, WaitRequest, prepare_view
 from notebook_kit.launch.plan import Call
-from notebook_kit.launch.preflight import (
-    ForkSafetyError,
-    check_fork_safety,
-    check_not_in_a_launch,
-    fork_hazard,
-)
+from notebook_kit.launch.preflight import check_fork_safety, check_not_in_a_launch, start_route
 from notebook_kit.launch.restarts import AttemptEnding, RestartPolicy
 from notebook_kit.launch.supervisor import LaunchOutcome, Supervisor
 from notebook_kit.launch.template import TemplateRoute
@@ -81,23 +76,12 @@ class ForkedLauncher(Launcher):
 
         A cluster's node process (``seat``) was itself started clean: it always forks.
         """
-        check_not_in_a_launch()
-        method = "fork" if self.seat is not None else self.plan.start_method
-        hazard = None if method == "fork" else fork_hazard(self.plan.kernel)
-        if method == "fork" or (method == "auto" and hazard is None):
-            try:
-                check_fork_safety(self.plan.kernel)
-            except ForkSafetyError as error:
-                if self.seat is not None:
-                    raise
-                raise ForkSafetyError(
-                    f"{error} (start_method is 'fork', from the launch's keyword, config=, "
-                    "set_start_method() or NOTEBOOK_KIT_START_METHOD: with 'auto' the workers "
-                    "would start from a clean process instead.)"
-                ) from None
+        if self.seat is not None:
+            check_not_in_a_launch()
+            check_fork_safety(self.plan.kernel)
             return None
-        reason = hazard or "the start method is 'template'"
-        return TemplateRoute(reason, call, kernel_models)
+        reason = start_route(self.plan.kernel, "notebook_launcher", self.plan.start_method)
+        return None if reason is None else TemplateRoute(reason, call, kernel_models)
 
     def _attempts(
         self, call: Call, observer: LaunchObserver | None, kernel_models: dict[int, Any]

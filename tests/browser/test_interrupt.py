@@ -11,6 +11,7 @@ import pytest
 
 from tests.browser.lab import LabNotebook
 from tests.browser.server import LabServer
+from tests.kernel_cells import is_template
 
 pytestmark = pytest.mark.browser
 
@@ -21,7 +22,7 @@ LAUNCH = 'notebook_launcher(lambda: time.sleep(seconds) or "rested", num_process
 def _wait_for_workers(kernel: psutil.Process, count: int, timeout: float) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        workers = kernel.children(recursive=True)
+        workers = [c for c in kernel.children(recursive=True) if not is_template(c)]
         if len(workers) >= count:
             return workers
         time.sleep(0.2)
@@ -29,13 +30,14 @@ def _wait_for_workers(kernel: psutil.Process, count: int, timeout: float) -> lis
 
 
 def _live_children(kernel: psutil.Process, timeout: float) -> list[psutil.Process]:
-    """The kernel's child processes still alive (not zombies) after up to ``timeout`` s."""
+    """The kernel's child processes still alive (not zombies), its clean template aside, after
+    up to ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         alive = []
         for child in kernel.children(recursive=True):
             try:
-                if child.status() != psutil.STATUS_ZOMBIE:
+                if child.status() != psutil.STATUS_ZOMBIE and not is_template(child):
                     alive.append(child)
             except psutil.NoSuchProcess:
                 pass

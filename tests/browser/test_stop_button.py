@@ -6,11 +6,11 @@ import re
 import time
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.browser.lab import LabNotebook
 from tests.browser.server import LabServer
+from tests.kernel_cells import launched_below
 
 pytestmark = pytest.mark.browser
 
@@ -65,4 +65,4 @@ def test_stop_button_ends_run_early_with_normal_result(
     shown = notebook.outputs(show)[-1]["data"]["text/plain"]
     steps, stopped = shown.strip("()").split(", ")
     assert stopped == "True" and 20 <= int(steps) < TOTAL_STEPS, shown
-    assert not [c for c in kernel.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    assert not launched_below(kernel.pid)  # the kernel's clean template aside

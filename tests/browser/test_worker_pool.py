@@ -15,6 +15,7 @@ import pytest
 
 from tests.browser.lab import LabNotebook
 from tests.browser.server import LabServer
+from tests.kernel_cells import launched_below
 
 pytestmark = pytest.mark.browser
 
@@ -65,9 +66,7 @@ def _open_with_a_trained_model(
 
 
 def _workers(kernel: psutil.Process) -> list[int]:
-    return sorted(
-        c.pid for c in kernel.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE
-    )
+    return sorted(c.pid for c in launched_below(kernel.pid))  # the clean template aside
 
 
 def test_stop_button_ends_a_distributed_cell_and_the_workers_keep_the_model(

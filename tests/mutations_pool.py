@@ -92,4 +92,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         (_DASHBOARD,),
     ),
+    Mutation(
+        "pool-failure-interrupts-its-peers-at-once",
+        "A failed rank's peers get a moment to answer by themselves: a rank failing the same "
+        "way a moment later is named so, not cut short by the interrupt",
+        (
+            Edit(
+                "launch/pool/workers.py",
+                "_PEERS_GRACE_SECONDS = 0.2",
+                "_PEERS_GRACE_SECONDS = 0.0",
+            ),
+        ),
+        (
+            "tests/test_pool_integration.py::"
+            "test_a_peer_failing_a_moment_after_the_first_is_named_too_not_interrupted",
+        ),
+    ),
 )

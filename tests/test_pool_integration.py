@@ -147,6 +147,16 @@ def test_an_error_on_every_rank_names_the_rank_and_keeps_the_workers(pool: Worke
     assert pool.pids == pids and pool.run_cell("kept") == 7
 
 
+def test_a_peer_failing_a_moment_after_the_first_is_named_too_not_interrupted(
+    pool: WorkerPool,
+) -> None:
+    with pytest.raises(WorkerError) as raised:
+        pool.run_cell("if rank == 1:\n    time.sleep(0.05)\n1 / 0")
+    message = str(raised.value)
+    assert message.startswith("Rank 0 of 2 failed: ZeroDivisionError"), message
+    assert "Rank 1 failed the same way" in message, message
+
+
 def test_an_error_while_a_peer_waits_in_a_collective_restarts_the_workers(
     own_pool: WorkerPool,
 ) -> None:

@@ -74,17 +74,23 @@ class Settle:
         self.seconds, self.party, self.verb, self.why = seconds, party, verb, why
         self.ends: float | None = None  # when settling ends, once it has begun
         self.interrupted = False
+        self.first: float | None = None  # when the first fault was seen
 
     def begin(self, now: float) -> None:
         """Start the clock (once): the answers are due within ``seconds`` from now."""
         if self.ends is None:
             self.ends = now + self.seconds
 
-    def fault(self, now: float, interrupt: Callable[[], None]) -> None:
-        """A fault: interrupt the others (the first time only) and start the clock."""
-        if not self.interrupted:
-            self.interrupted = True
-            interrupt()
+    def fault(self, now: float, interrupt: Callable[[], None], grace: float = 0.0) -> None:
+        """A fault: interrupt the others (the first time only) and start the clock; with a
+        ``grace``, only once that long has passed since the first fault, so that ranks about
+        to answer on their own (failing the same way) are not cut short."""
+        if self.first is None:
+            self.first = now
+        if self.interrupted or now - self.first < grace:
+            return
+        self.interrupted = True
+        interrupt()
         self.begin(now)
 
     def over(self, now: float) -> bool:

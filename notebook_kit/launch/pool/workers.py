@@ -55,6 +55,10 @@ from notebook_kit.worker.pool.command_loop import PoolChannels, serve_pool
 __all__ = ["LOST", "PersistentLauncher", "PoolProcesses"]
 
 _TICK_SECONDS = 0.25
+# After a rank fails: how long the others may take to answer by themselves before they are
+# interrupted (every rank failing at the same line is then named so; a peer waiting in a
+# collective for the failed rank is interrupted a moment later, at the next tick).
+_PEERS_GRACE_SECONDS = 0.2
 _SETTLE_SECONDS = 1.0  # after a failure or interrupt: how long the other ranks get to stop
 _CLOSE_SECONDS = 3.0  # for workers to leave the group cleanly when the pool closes
 _READY_SLACK = 30.0  # beyond the rendezvous timeout, to import and form the group
@@ -249,8 +253,9 @@ class PoolProcesses:
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             outcome.timed_out = True
-        if outcome.faulted:
-            settle.fault(now, lambda: self._interrupt(command, pending))
+        if outcome.faulted:  # a failed rank's peers get a moment to answer by themselves
+            grace = 0.0 if outcome.interrupted or outcome.timed_out else _PEERS_GRACE_SECONDS
+            settle.fault(now, lambda: self._interrupt(command, pending), grace)
         if settle.over(now):
             self._poll()  # a slow step may have kept answers that did come in time unread
             outcome.answers.update({r: a for r, a in self.relay.answers.items() if r in ranks})

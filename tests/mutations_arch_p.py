@@ -40,7 +40,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "pool-settle-interrupts-no-one",
         "on a fault or Ctrl-C the pool interrupts the ranks still running; they keep their state",
-        (Edit("launch/pool/backend.py", "            interrupt()\n", "            pass\n"),),
+        (Edit("launch/pool/backend.py", "        interrupt()\n", "        pass\n"),),
         (_POOL + "test_interrupt_of_python_code_keeps_the_workers_and_their_names",),
     ),
     Mutation(

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.append(str(ROOT))  # after the package's own folder (tests.bite's broken copy)
 
-from benchmarks import scale  # noqa: E402
 from benchmarks._scale_run import Rates, measure_size  # noqa: E402
+from tests.test_scale_benchmark import check_tiny_run  # noqa: E402
 
 # Short bounds, as the Dask test's: a run that cannot end says so within seconds.
 _RATES = Rates(seconds=1.0, fail_after=1.0, start_timeout=60.0, patience=10.0)
@@ -45,20 +45,7 @@ def test_on_ray_points_lines_stop_and_the_failure_are_all_measured_at_a_tiny_siz
     names = " ".join(" ".join(p.cmdline()) for p in processes)
     assert "gcs_server" in names and "raylet" in names  # this instance's own, counted
     tiny = measure_size("ray", processes, 4, 2, _RATES)
-    assert tiny.notes == []
-    # Every simulated rank's points reached the plot feed through the hub, and its lines.
-    assert tiny.ranks_seen == 4
-    assert tiny.lines_seen >= 4
-    assert tiny.newest_point_median > 0.0
-    # Stop reached every rank of both nodes through the hub and each node task's relay.
-    assert tiny.ranks_stopped == 4
-    assert tiny.stop is not None and tiny.stop >= 0.0
-    # The kernel's error named the rank that raised (the last one, on node 1).
-    assert tiny.failed_rank_named == 3
-    assert tiny.failure_named is not None and tiny.failure_named >= 0.0
-    assert tiny.kernel_cpu >= 0.0 and tiny.scheduler_cpu >= 0.0
-    line = scale.last_line(tiny)
-    assert line.startswith("scale 4 ranks: kernel cpu ") and "never" not in line
+    check_tiny_run(tiny)  # through the hub and each node task's relay
 
 
 @pytest.mark.integration
